@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Set up looprl on a fresh machine: system packages (bubblewrap), a venv, torch pinned to the
+# CPU build where no NVIDIA GPU is present, and the package in editable mode.
+# Usage: bash scripts/setup.sh [python] [venv-dir]
+set -euo pipefail
+PY="${1:-python3}"
+VENV="${2:-.venv}"
+
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing bubblewrap (sandbox isolation)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    sudo apt-get update -qq >/dev/null && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "[setup] WARNING: bubblewrap is missing and cannot be installed here; install it with your" \
+         "package manager (e.g. 'apt-get install bubblewrap'). Sandboxed commands will fail until then." >&2
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating venv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip 2>/dev/null || true
+
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+    echo "[setup] NVIDIA GPU found: installing the default torch build"
+    "$VENV/bin/python" -m pip install -q "torch>=2.4"
+  else
+    # A bare `torch` would pull a multi-GB CUDA build; the pinned release has a CPU wheel.
+    echo "[setup] no NVIDIA GPU: installing torch==2.13.0 (CPU)"
+    "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+  fi
+fi
+echo "[setup] installing looprl and its dependencies"
+"$VENV/bin/python" -m pip install -q -e .
+"$VENV/bin/python" -c "import looprl, torch; print('[setup] looprl ready, torch', torch.__version__)"

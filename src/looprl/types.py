@@ -1,0 +1,388 @@
+"""Core records: the contract every part of looprl reads and writes.
+
+Glossary (the vocabulary is fixed here, once):
+- *Sandbox*: where commands run — an isolated copy-on-write workspace over a task's repository.
+- *Task*: one problem — a repository snapshot, a terse prompt and its hidden grader.
+- *Trajectory*: one run of the agent on a task, token-exact.
+- *Segment*: one generation context inside a trajectory; a self-summarization chain has several.
+- *Group*: the G trajectories of one task; advantages are computed over a group.
+- *RewardBreakdown*: a reward's named components and their total, so every reward is explainable.
+
+Tensors and per-token lists carry their shape as a suffix: ``token_ids_T`` is one entry per token
+of a segment, ``rewards_G`` one per trajectory of a group.
+
+Every record round-trips through JSON: ``Record.from_dict(json.loads(json.dumps(r.to_dict())))``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict, TypeVar
+
+JSONScalar = str | int | float | bool | None
+Metadata = dict[str, JSONScalar]
+
+R = TypeVar("R")
+
+
+class StopReason(str, enum.Enum):
+    """Why a trajectory ended. Only ``INFRA_ERROR`` is not the model's doing."""
+
+    FINISHED = "finished"  # the model called `finish`
+    ANSWERED = "answered"  # the model replied with text and no tool call (ends the turn, as in chat)
+    MAX_TURNS = "max_turns"
+    MAX_TOKENS = "max_tokens"  # the trajectory's total generated-token budget ran out
+    CONTEXT_FULL = "context_full"  # the context window filled and summarization was off or failed
+    WALL_TIME = "wall_time"
+    INFRA_ERROR = "infra_error"  # sandbox / engine / grader failure: dropped, never scored
+
+
+class Message(TypedDict, total=False):
+    """One chat message in OpenAI shape. ``tool_calls`` only on assistant messages."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: list[dict[str, Any]]
+    tool_call_id: str
+    name: str
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    return value
+
+
+class _Record:
+    """JSON helpers shared by the records (no behaviour beyond (de)serialisation)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls: type[R], text: str) -> R:
+        return cls.from_dict(json.loads(text))  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Grader(_Record):
+    """How a task is graded: its own test suite, run in a fresh sandbox over the agent's diff."""
+
+    test_command: str
+    """Shell command run in the workspace root; test ids are appended (pytest node ids)."""
+    fail_to_pass: tuple[str, ...] = ()
+    """Tests that fail on the untouched task and must pass after a correct fix."""
+    pass_to_pass: tuple[str, ...] = ()
+    """Tests that pass on the untouched task and must still pass."""
+    test_files: tuple[str, ...] = ()
+    """Test files and test config restored from the pristine base before grading."""
+    timeout_s: float = 120.0
+    """Wall-clock limit for one grading run."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Grader:
+        return cls(
+            test_command=d["test_command"],
+            fail_to_pass=tuple(d.get("fail_to_pass", ())),
+            pass_to_pass=tuple(d.get("pass_to_pass", ())),
+            test_files=tuple(d.get("test_files", ())),
+            timeout_s=float(d.get("timeout_s", 120.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Task(_Record):
+    """One problem: an immutable repository snapshot, a terse prompt, and a hidden grader."""
+
+    id: str
+    repo: str
+    """Path (or store URL) of the immutable base snapshot of the repository."""
+    prompt: str
+    grader: Grader
+    venv: str | None = None
+    """The task's Python environment (a venv directory), made visible inside sandboxes."""
+    gold_patch: str | None = None
+    """A unified diff that solves the task (proves it solvable; source of SFT data)."""
+    metadata: Metadata = field(default_factory=dict)
+    """package, version, source kind, mutation kind, lines changed, split, prompt style, ..."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Task:
+        return cls(
+            id=str(d["id"]),
+            repo=str(d["repo"]),
+            prompt=str(d["prompt"]),
+            grader=Grader.from_dict(d["grader"]),
+            venv=d.get("venv"),
+            gold_patch=d.get("gold_patch"),
+            metadata=dict(d.get("metadata") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class ToolCall(_Record):
+    """A call as the model wrote it, OpenAI function-calling shape. ``arguments`` is raw JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolCall:
+        return cls(id=str(d["id"]), name=str(d["name"]), arguments=str(d["arguments"]))
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+ToolStatus = Literal["ok", "error", "broken", "infra_error"]
+"""ok: ran; error: ran and failed (e.g. 0 matches) — the model sees it; broken: the call itself was
+malformed (bad JSON, unknown tool, bad arguments) — counted against the model; infra_error: the
+sandbox failed — not the model's fault."""
+
+
+@dataclass(frozen=True)
+class ToolResult(_Record):
+    """What a tool call returned; ``content`` is exactly what the model sees."""
+
+    call_id: str
+    name: str
+    content: str
+    status: ToolStatus = "ok"
+    wall_s: float = 0.0
+
+    @property
+    def broken(self) -> bool:
+        return self.status == "broken"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolResult:
+        return cls(call_id=str(d["call_id"]), name=str(d["name"]), content=str(d["content"]),
+                   status=d.get("status", "ok"), wall_s=float(d.get("wall_s", 0.0)))
+
+
+@dataclass(frozen=True)
+class Segment(_Record):
+    """One generation context, token-exact: what the policy saw and what it emitted.
+
+    ``loss_mask_T`` is 1 on tokens the model sampled, 0 on prompt and tool-output tokens.
+    ``logprobs_T`` holds the sampling engine's logprob for model tokens and 0.0 elsewhere.
+    ``policy_version_T`` is the weight version that sampled each model token (-1 elsewhere), so a
+    trajectory that crosses a weight update mid-rollout is corrected token by token.
+    """
+
+    token_ids_T: tuple[int, ...]
+    logprobs_T: tuple[float, ...]
+    loss_mask_T: tuple[int, ...]
+    policy_version_T: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids_T)
+        assert len(self.logprobs_T) == n and len(self.loss_mask_T) == n and len(
+            self.policy_version_T) == n, "Segment fields must all have one entry per token"
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.loss_mask_T)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Segment:
+        return cls(tuple(d["token_ids_T"]), tuple(float(x) for x in d["logprobs_T"]),
+                   tuple(d["loss_mask_T"]), tuple(d["policy_version_T"]))
+
+
+@dataclass(frozen=True)
+class Counters(_Record):
+    """Effort counters of a trajectory (inputs of the length/effort penalty)."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    broken_tool_calls: int = 0
+    thinking_tokens: int = 0  # model tokens inside <think>...</think>
+    output_tokens: int = 0  # all model-sampled tokens (thinking included)
+    tool_call_tokens: int = 0  # model tokens inside <tool_call> blocks
+    tool_output_tokens: int = 0  # tokens of tool results fed back to the model
+    summaries: int = 0
+    summary_tokens: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Counters:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: int(v) for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class RewardBreakdown(_Record):
+    """A reward's named components and their total, plus the monitors' flags.
+
+    >>> r = RewardBreakdown.of({"tests": 1.0, "length": -0.25})
+    >>> r.total
+    0.75
+    """
+
+    components: dict[str, float]
+    total: float
+    flags: tuple[str, ...] = ()
+    """Reward-hacking and behaviour monitors that fired (e.g. "edited_tests")."""
+    details: Metadata = field(default_factory=dict)
+    """Per-test outcomes, grading wall time, ... for people reading the record."""
+
+    @classmethod
+    def of(cls, components: dict[str, float], flags: tuple[str, ...] = (),
+           details: Metadata | None = None) -> RewardBreakdown:
+        return cls(dict(components), float(sum(components.values())), tuple(flags),
+                   dict(details or {}))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RewardBreakdown:
+        return cls({k: float(v) for k, v in d["components"].items()}, float(d["total"]),
+                   tuple(d.get("flags", ())), dict(d.get("details") or {}))
+
+
+@dataclass(frozen=True)
+class Trajectory(_Record):
+    """One run of the agent on a task. The message list is the readable trajectory; the
+    segments are the token-exact one the trainer consumes."""
+
+    task_id: str
+    group_id: str
+    segments: tuple[Segment, ...]
+    messages: tuple[Message, ...]
+    counters: Counters
+    stop_reason: StopReason
+    diff: str = ""
+    """The final workspace diff against the task's base (unified)."""
+    reward: RewardBreakdown | None = None
+    error: str | None = None
+    """For infra errors: what failed (the trajectory is dropped, never scored)."""
+    wall_s: float = 0.0
+    id: str = ""
+    metadata: Metadata = field(default_factory=dict)
+
+    @property
+    def is_infra_error(self) -> bool:
+        return self.stop_reason == StopReason.INFRA_ERROR
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        return cls(
+            task_id=str(d["task_id"]),
+            group_id=str(d["group_id"]),
+            segments=tuple(Segment.from_dict(s) for s in d["segments"]),
+            messages=tuple(d["messages"]),
+            counters=Counters.from_dict(d.get("counters", {})),
+            stop_reason=StopReason(d["stop_reason"]),
+            diff=d.get("diff", ""),
+            reward=RewardBreakdown.from_dict(d["reward"]) if d.get("reward") else None,
+            error=d.get("error"),
+            wall_s=float(d.get("wall_s", 0.0)),
+            id=str(d.get("id", "")),
+            metadata=dict(d.get("metadata") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Group(_Record):
+    """The G trajectories of one task (infra-failed ones already dropped)."""
+
+    task_id: str
+    group_id: str
+    trajectories: tuple[Trajectory, ...]
+    metadata: Metadata = field(default_factory=dict)
+
+    @property
+    def rewards_G(self) -> list[float]:
+        out = []
+        for t in self.trajectories:
+            assert t.reward is not None, f"trajectory {t.id} of group {self.group_id} has no reward"
+            out.append(t.reward.total)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Group:
+        return cls(str(d["task_id"]), str(d["group_id"]),
+                   tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
+                   dict(d.get("metadata") or {}))
+
+
+@dataclass(frozen=True)
+class ExecResult(_Record):
+    """The outcome of one command in a sandbox. Output is already capped (head + tail)."""
+
+    exit_code: int | None
+    """None when the command was killed (timeout or resource limit)."""
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExecResult:
+        return cls(d["exit_code"], d["stdout"], d["stderr"], bool(d.get("timed_out")),
+                   bool(d.get("truncated")), float(d.get("wall_s", 0.0)))
+
+
+@dataclass(frozen=True)
+class FileEntry(_Record):
+    """One entry of a workspace listing; ``path`` is workspace-relative with '/' separators."""
+
+    path: str
+    kind: Literal["file", "dir", "link"]
+    size: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FileEntry:
+        return cls(d["path"], d["kind"], int(d.get("size", 0)))
+
+
+@dataclass(frozen=True)
+class Generation(_Record):
+    """What an engine returns for one request: sampled tokens with their logprobs."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    """Logprob of each sampled token under exactly the distribution it was sampled from."""
+    policy_versions: tuple[int, ...]
+    finish_reason: Literal["stop", "length", "abort"]
+    """stop: an end-of-turn token or stop string; length: the token budget ran out."""
+    text: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Generation:
+        return cls(tuple(d["token_ids"]), tuple(d["logprobs"]), tuple(d["policy_versions"]),
+                   d["finish_reason"], d.get("text", ""))
+
+
+@dataclass(frozen=True)
+class SamplingParams(_Record):
+    """How to sample one generation."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    """Stop strings (checked on decoded text); the engine's end-of-turn tokens always stop."""
+    seed: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
+        return cls(int(d.get("max_new_tokens", 256)), float(d.get("temperature", 1.0)),
+                   float(d.get("top_p", 1.0)), tuple(d.get("stop", ())), d.get("seed"))
