@@ -43,7 +43,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a table of fields, got {value!r}")
-        return from_dict(tp, value, where)
+        return from_dict(tp, value, where + ".")
     if origin in (list, tuple):
         if isinstance(value, str):
             value = [v for v in value.split(",") if v] if not value.startswith("[") else json.loads(value)
