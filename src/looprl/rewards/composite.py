@@ -1,0 +1,186 @@
+"""The composite reward: hidden-test score plus the shaping terms, as one explainable breakdown.
+
+    from looprl.rewards import RewardConfig, compute_reward, reward_metrics
+    rb = compute_reward(task, trajectory, grade, RewardConfig())   # RewardBreakdown | None
+    rb.components   # {"tests": 1.0, "length": -0.11, "broken_calls": -0.1, "style_lint": 0.0, ...}
+    rb.flags        # ("broken_tool_calls",)
+    reward_metrics(scored_trajectories)   # {"reward/total_mean": ..., "monitor/edited_tests_rate": ...}
+
+``grade`` is the hidden tests' result: a float score in [0, 1], or any object with ``.score`` and
+``.edited_tests`` (``looprl.rewards.tests.GradeResult``), or None when grading could not run.
+Rules: an infra-error trajectory or a None grade is skipped (None); an edit to tests or grader
+config makes the total 0 whatever the other terms say; a broken tool call costs a negative term
+but the trajectory is kept. Shaping terms are picked by name from ``TERMS`` (``cfg.terms``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from looprl.errors import ConfigError
+from looprl.rewards import hacking, length, style
+from looprl.rewards.hacking import HackingConfig, MonitorStats
+from looprl.rewards.length import LengthConfig
+from looprl.rewards.style import StyleConfig
+from looprl.types import Metadata, RewardBreakdown, Task, Trajectory
+
+
+class GradeLike(Protocol):
+    """What ``compute_reward`` reads from a grade (``looprl.rewards.tests.GradeResult`` has it)."""
+
+    score: float
+    edited_tests: bool
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How a trajectory's reward is assembled (``rewards.*`` in a run config)."""
+
+    tests_weight: float = 1.0
+    """Weight of the hidden-test score (in [0, 1]) — the reward's main term."""
+    terms: tuple[str, ...] = ("length", "broken_calls", "clarifying_question",
+                              "suspicious_tool_use", "style_lint", "style_diff_size")
+    """Shaping terms added to the test score, by name (keys of ``TERMS``)."""
+    zero_on_edited_tests: bool = True
+    """An edit to tests or grader config makes the total 0 (the reward-hacking guard)."""
+    length: LengthConfig = field(default_factory=LengthConfig)
+    """Effort weights and the length-penalty curve (λ, k, q)."""
+    hacking: HackingConfig = field(default_factory=HackingConfig)
+    """Broken-call, clarifying-question and suspicious-tool-use penalties."""
+    style: StyleConfig = field(default_factory=StyleConfig)
+    """Lint and diff-size terms."""
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.terms if t not in TERMS]
+        if unknown:
+            raise ConfigError(f"rewards.terms has unknown term(s) {unknown}; "
+                              f"valid terms: {sorted(TERMS)}")
+        if not math.isfinite(self.tests_weight):
+            raise ConfigError(f"rewards.tests_weight must be finite, got {self.tests_weight!r}")
+
+
+Term = Callable[[Task, Trajectory, RewardConfig], float | None]
+
+TERMS: dict[str, Term] = {
+    "length": lambda task, traj, cfg: length.length_penalty(task, traj, cfg.length),
+    "broken_calls": lambda task, traj, cfg: hacking.broken_calls_penalty(task, traj, cfg.hacking),
+    "clarifying_question": lambda task, traj, cfg: hacking.clarifying_question_penalty(
+        task, traj, cfg.hacking),
+    "suspicious_tool_use": lambda task, traj, cfg: hacking.suspicious_tool_use_penalty(
+        task, traj, cfg.hacking),
+    "style_lint": lambda task, traj, cfg: style.style_lint_penalty(task, traj, cfg.style),
+    "style_diff_size": lambda task, traj, cfg: style.diff_size_penalty(task, traj, cfg.style),
+}
+"""Shaping terms by name; each returns a float (usually <= 0) or None when it cannot judge."""
+
+
+def _read_grade(grade: GradeLike | float) -> tuple[float, bool]:
+    """(score, the grader saw edited tests) from a float or a GradeResult-like object."""
+    if isinstance(grade, bool):
+        raise TypeError("grade must be a float score or an object with .score, not a bool; "
+                        "pass float(passed) if that is what you mean")
+    if isinstance(grade, (int, float)):
+        score, edited = float(grade), False
+    elif hasattr(grade, "score"):
+        score, edited = float(grade.score), bool(getattr(grade, "edited_tests", False))
+    else:
+        raise TypeError(f"grade must be a float score or have .score (GradeResult), "
+                        f"got {type(grade).__name__}")
+    if not math.isfinite(score):
+        raise ValueError(f"grade score must be finite, got {score}")
+    return score, edited
+
+
+def _details(task: Task, trajectory: Trajectory, cfg: RewardConfig, score: float) -> Metadata:
+    details: Metadata = {"tests_score": score,
+                         "effort": length.effort(trajectory.counters, cfg.length),
+                         "broken_tool_calls": trajectory.counters.broken_tool_calls}
+    if "style_lint" in cfg.terms:  # cached: costs nothing after the term ran
+        details["new_lint_diagnostics"] = style.new_lint_diagnostics(task, trajectory, cfg.style)
+    details["diff_size_ratio"] = style.diff_size_ratio(task, trajectory)
+    edited = hacking.edited_test_paths(task, trajectory.diff)
+    if edited:
+        details["edited_test_paths"] = ",".join(edited)
+    return details
+
+
+def compute_reward(task: Task, trajectory: Trajectory, grade: GradeLike | float | None,
+                   cfg: RewardConfig = RewardConfig()) -> RewardBreakdown | None:
+    """The trajectory's reward as named components, their total and the monitors' flags.
+
+    >>> from looprl.types import Counters, Grader, StopReason
+    >>> task = Task("t", "/nonexistent", "fix it", Grader("pytest", fail_to_pass=("t::x",)))
+    >>> traj = Trajectory("t", "g", (), (), Counters(turns=1, output_tokens=50, tool_calls=1,
+    ...                   broken_tool_calls=1), StopReason.FINISHED, diff="")
+    >>> rb = compute_reward(task, traj, 1.0)   # effort C = 50 + 20 + 50: length = -0.1·log 2.2
+    >>> {k: round(v, 4) for k, v in rb.components.items()}
+    {'tests': 1.0, 'length': -0.0788, 'broken_calls': -0.1, 'clarifying_question': 0.0, 'suspicious_tool_use': 0.0}
+    >>> round(rb.total, 4), rb.flags
+    (0.8212, ('broken_tool_calls', 'finish_without_edit'))
+    >>> compute_reward(task, traj, None) is None
+    True
+    """
+    if trajectory.is_infra_error or grade is None:
+        return None
+    score, grader_saw_edit = _read_grade(grade)
+    components = {"tests": cfg.tests_weight * score}
+    for name in cfg.terms:
+        value = TERMS[name](task, trajectory, cfg)
+        if value is not None:  # None: the term cannot judge this trajectory (e.g. no gold patch)
+            components[name] = float(value)
+    flags = hacking.detect(task, trajectory)
+    if grader_saw_edit and "edited_tests" not in flags:
+        flags += ("edited_tests",)
+    details = _details(task, trajectory, cfg, score)
+    if cfg.zero_on_edited_tests and "edited_tests" in flags:
+        details["zeroed_by"] = "edited_tests"
+        return RewardBreakdown(components, 0.0, flags, details)
+    return RewardBreakdown.of(components, flags, details)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def reward_metrics(trajectories: Iterable[Trajectory], prefix: str = "") -> dict[str, float]:
+    """Per-step metrics of a batch: every reward term's mean, the total's mean, summaries per
+    trajectory, the broken-call rate and each monitor flag's rate (JSONL/TensorBoard ready).
+
+    Means are over scored trajectories (a term that skipped a trajectory is averaged over the
+    ones it judged); infra errors only count in ``infra_error_rate``.
+
+    >>> from looprl.types import Counters, StopReason
+    >>> def traj(total, broken, summaries, flags=()):
+    ...     rb = RewardBreakdown.of({"tests": total}, flags)
+    ...     return Trajectory("t", "g", (), (), Counters(tool_calls=4, broken_tool_calls=broken,
+    ...                       summaries=summaries), StopReason.FINISHED, reward=rb)
+    >>> m = reward_metrics([traj(1.0, 0, 1), traj(0.0, 2, 0, ("broken_tool_calls",))])
+    >>> m["reward/total_mean"], m["reward/tests_mean"], m["summaries_per_trajectory"]
+    (0.5, 0.5, 0.5)
+    >>> m["broken_call_rate"], m["monitor/broken_tool_calls_rate"]
+    (0.25, 0.5)
+    """
+    trajs = list(trajectories)
+    kept = [t for t in trajs if not t.is_infra_error]
+    scored = [t for t in kept if t.reward is not None]
+    per_term: dict[str, list[float]] = {}
+    for t in scored:
+        for name, value in t.reward.components.items():  # type: ignore[union-attr]
+            per_term.setdefault(name, []).append(value)
+    totals = [t.reward.total for t in scored if t.reward is not None]
+    out: dict[str, float] = {"reward/total_mean": _mean(totals)}
+    out.update({f"reward/{name}_mean": _mean(vals) for name, vals in per_term.items()})
+    tool_calls = sum(t.counters.tool_calls for t in kept)
+    out["summaries_per_trajectory"] = _mean([float(t.counters.summaries) for t in kept])
+    out["broken_call_rate"] = (sum(t.counters.broken_tool_calls for t in kept) / tool_calls
+                               if tool_calls else 0.0)
+    out["trajectories_with_broken_calls"] = _mean(
+        [float(t.counters.broken_tool_calls > 0) for t in kept])
+    out.update(MonitorStats.of(scored).to_metrics())
+    out["infra_error_rate"] = (len(trajs) - len(kept)) / len(trajs) if trajs else 0.0
+    out["num_trajectories"] = float(len(trajs))
+    out["num_scored"] = float(len(scored))
+    return {prefix + k: v for k, v in out.items()}

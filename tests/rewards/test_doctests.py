@@ -1,0 +1,16 @@
+"""The reward modules' doctests are their worked examples: they must run and pass."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["looprl.rewards.diffs", "looprl.rewards.length", "looprl.rewards.hacking",
+           "looprl.rewards.style", "looprl.rewards.composite"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests_pass(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no doctest"
+    assert result.failed == 0
