@@ -11,7 +11,9 @@ app = typer.Typer(help="looprl: RL for coding agents, in the harness they serve 
                   no_args_is_help=True, pretty_exceptions_show_locals=False)
 
 # (command name, module with a typer `app`, help). Sub-apps are imported eagerly so --help is complete.
-SUBCOMMANDS: list[tuple[str, str, str]] = []
+SUBCOMMANDS: list[tuple[str, str, str]] = [
+    ("rewards", "looprl.rewards.cli", "Inspect reward shaping: length curve, batch metrics, monitor flags."),
+]
 
 for _name, _module, _help in SUBCOMMANDS:
     app.add_typer(importlib.import_module(_module).app, name=_name, help=_help)

@@ -1,0 +1,229 @@
+"""The rollout runner: groups of trajectories through the harness, on one engine and a sandbox pool.
+
+    runner = RolloutRunner(engine, ChatFormat(tok), SandboxPool(32), score, RolloutConfig())
+    async for result in runner.run(tasks):      # GroupResults, in completion order
+        if result.group: queue.put(result.group)
+
+Load balancing: every trajectory of every group is its own coroutine, admitted by one
+semaphore of ``max_in_flight`` slots shared across groups. A short rollout frees its slot at once
+and the next trajectory (of this group or the next) takes it, so rollouts of very different
+lengths never leave the engine's continuous batch idle. Groups are admitted while fewer than one
+group's worth of trajectories is waiting, so the queue stays short and policy lag stays low.
+
+Failure policy: an infrastructure failure (sandbox, engine, grader) retries that trajectory in a
+fresh sandbox up to ``max_infra_retries`` times and is then dropped — never scored. Model errors
+(broken calls, timeouts, wrong answers) are kept: they are the signal. A group with fewer than
+``min_group_size`` scored trajectories is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from looprl.errors import LooprlError
+from looprl.harness.agent import AgentConfig, run_agent
+from looprl.harness.format import ChatFormat
+from looprl.harness.tools import DEFAULT_TOOLS, make_tools
+from looprl.protocols import Engine
+from looprl.types import Group, RewardBreakdown, StopReason, Task, Trajectory
+
+Scorer = Callable[[Task, Trajectory], Awaitable[RewardBreakdown | None]]
+"""Grades a finished trajectory; ``None`` = cannot be judged (dropped). Raises ``RewardError``
+(infra) when the grader itself fails."""
+
+PolicyFor = Callable[[Task], Engine]
+"""Per-task policies (the oracle) are built by a factory; a shared engine is passed as is."""
+
+ResourcesFor = Callable[[Task], dict[str, Any]]
+"""Per-task tool resources, e.g. ``{"search_index": ..., "test_command": ...}``."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How rollouts are run."""
+
+    group_size: int = 8
+    """G: trajectories per task; advantages are computed within a group."""
+    max_in_flight: int = 16
+    """Trajectories running at once across all groups (keep above the engine's batch size)."""
+    max_infra_retries: int = 2
+    """Fresh-sandbox retries of a trajectory that failed for infrastructure reasons."""
+    min_group_size: int = 2
+    """A group with fewer scored trajectories than this is dropped (no advantage to compute)."""
+    tools: tuple[str, ...] = DEFAULT_TOOLS
+    """Tool names from the harness registry offered to the model."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Budgets and sampling of each trajectory."""
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """One task's group after rollout and scoring."""
+
+    task: Task
+    group: Group | None
+    """None when the group was dropped (see ``dropped``)."""
+    infra_errors: int = 0
+    """Trajectory attempts lost to infrastructure failures (retried or dropped)."""
+    dropped: str | None = None
+    wall_s: float = 0.0
+
+
+@dataclass
+class RunnerStats:
+    """Counters for dashboards and training logs."""
+
+    trajectories: int = 0
+    infra_errors: int = 0
+    groups: int = 0
+    groups_dropped: int = 0
+    busy_s: float = 0.0
+
+
+class RolloutRunner:
+    """Runs groups concurrently through ``run_agent``; see the module docstring."""
+
+    def __init__(self, policy: Engine | PolicyFor, fmt: ChatFormat, pool: Any, score: Scorer,
+                 cfg: RolloutConfig | None = None, resources_for: ResourcesFor | None = None):
+        self.policy = policy
+        self.fmt = fmt
+        self.pool = pool
+        self.score = score
+        self.cfg = cfg or RolloutConfig()
+        self.resources_for = resources_for or (lambda task: {})
+        self.stats = RunnerStats()
+        self._slots = asyncio.Semaphore(self.cfg.max_in_flight)
+        self._pending = 0
+        """Admitted trajectory attempts that have not got a slot yet."""
+
+    def _engine_for(self, task: Task) -> Engine:
+        if hasattr(self.policy, "generate"):
+            return self.policy  # type: ignore[return-value]
+        return self.policy(task)  # type: ignore[operator]
+
+    async def run_trajectory(self, task: Task, group_id: str, index: int) -> tuple[Trajectory, int]:
+        """One scored trajectory (or an INFRA_ERROR one after the retries) and its failed attempts."""
+        failures = 0
+        while True:
+            traj = await self._attempt(task, group_id, f"{group_id}/{index}.{failures}")
+            if not traj.is_infra_error or failures >= self.cfg.max_infra_retries:
+                return traj, failures + int(traj.is_infra_error)
+            failures += 1
+            self._pending += 1
+
+    async def _attempt(self, task: Task, group_id: str, traj_id: str) -> Trajectory:
+        try:
+            await self._slots.acquire()
+        finally:
+            self._pending -= 1
+        t0 = time.monotonic()
+        try:
+            engine = self._engine_for(task)
+            tools = make_tools(list(self.cfg.tools), **{"test_command": task.grader.test_command,
+                                                          **self.resources_for(task)})
+            try:
+                async with self.pool.lease(task.repo, task.venv) as sandbox:
+                    traj = await run_agent(task, sandbox, engine, self.fmt, tools, self.cfg.agent,
+                                           group_id=group_id, trajectory_id=traj_id)
+            except LooprlError as e:
+                if not e.is_infra:
+                    raise
+                return _infra_trajectory(task, group_id, traj_id, e)
+            if traj.is_infra_error:
+                return traj
+            try:
+                reward = await self.score(task, traj)
+            except LooprlError as e:
+                if not e.is_infra:
+                    raise
+                return dataclasses.replace(traj, stop_reason=StopReason.INFRA_ERROR,
+                                           error=f"grading failed: {type(e).__name__}: {e}")
+            if reward is None:
+                return dataclasses.replace(traj, stop_reason=StopReason.INFRA_ERROR,
+                                           error="the scorer could not judge this trajectory")
+            return dataclasses.replace(traj, reward=reward)
+        finally:
+            self.stats.busy_s += time.monotonic() - t0
+            self._slots.release()
+
+    async def run_group(self, task: Task) -> GroupResult:
+        """G trajectories of ``task``, concurrently; infra failures dropped, the rest scored."""
+        self._pending += self.cfg.group_size
+        return await self._group(task)
+
+    async def _group(self, task: Task) -> GroupResult:
+        t0 = time.monotonic()
+        group_id = f"{task.id}@{uuid.uuid4().hex[:8]}"
+        results = await asyncio.gather(*(self.run_trajectory(task, group_id, i)
+                                         for i in range(self.cfg.group_size)))
+        kept = tuple(t for t, _ in results if not t.is_infra_error)
+        infra = sum(n for _, n in results)
+        self.stats.trajectories += len(results)
+        self.stats.infra_errors += infra
+        wall = time.monotonic() - t0
+        if len(kept) < self.cfg.min_group_size:
+            self.stats.groups_dropped += 1
+            errors = sorted({t.error or "" for t, _ in results if t.is_infra_error})
+            return GroupResult(task, None, infra, f"only {len(kept)} of {len(results)} trajectories "
+                               f"survived infrastructure failures: {errors[:3]}", wall)
+        self.stats.groups += 1
+        versions = [v for t in kept for s in t.segments for v in s.policy_version_T if v >= 0]
+        meta = {"min_policy_version": min(versions, default=-1),
+                "max_policy_version": max(versions, default=-1), "wall_s": round(wall, 3)}
+        return GroupResult(task, Group(task.id, group_id, kept, meta), infra, None, wall)
+
+    async def run(self, tasks: Iterable[Task]) -> AsyncIterator[GroupResult]:
+        """Run a group per task, admitting groups as slots free up; yield in completion order."""
+        done: asyncio.Queue[GroupResult | BaseException] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(task: Task) -> None:
+            try:
+                await done.put(await self._group(task))
+            except BaseException as e:  # noqa: BLE001 — surfaced to the consumer below
+                await done.put(e)
+
+        async def admit() -> None:
+            for task in tasks:
+                # Admit the next group once fewer than a group's worth of trajectories is queued.
+                while self._pending >= self.cfg.group_size:
+                    await asyncio.sleep(0.005)
+                self._pending += self.cfg.group_size
+                t = asyncio.create_task(one(task))
+                running.add(t)
+                t.add_done_callback(running.discard)
+                await asyncio.sleep(0)
+
+        admitter = asyncio.create_task(admit())
+        try:
+            while not (admitter.done() and not running and done.empty()):
+                try:
+                    item = await asyncio.wait_for(done.get(), timeout=0.05)
+                except asyncio.TimeoutError:
+                    if admitter.done() and admitter.exception():
+                        raise admitter.exception()  # type: ignore[misc]
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            admitter.cancel()
+            for t in list(running):
+                t.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(admitter, *running, return_exceptions=True)
+
+
+def _infra_trajectory(task: Task, group_id: str, traj_id: str, e: LooprlError) -> Trajectory:
+    from looprl.types import Counters
+
+    return Trajectory(task_id=task.id, group_id=group_id, segments=(), messages=(),
+                      counters=Counters(), stop_reason=StopReason.INFRA_ERROR,
+                      error=f"{type(e).__name__}: {e}", id=traj_id)

@@ -1,0 +1,149 @@
+"""The rollout runner over real sandboxes: oracle groups score 1, null groups 0, infrastructure
+failures are retried and never scored, and groups overlap under one in-flight bound."""
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from looprl.errors import SandboxError
+from looprl.harness.agent import AgentConfig
+from looprl.harness.format import ChatFormat
+from looprl.harness.policies import OracleAgent, ScriptedPolicy
+from looprl.models.tokenizer import build_tokenizer
+from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rewards.tests import pytest_command
+from looprl.rollout.score import make_scorer
+from looprl.sandbox import SandboxPool
+from looprl.types import Grader, StopReason, Task
+
+pytestmark = pytest.mark.needs_bwrap
+VENV = str(Path(sys.executable).parent.parent)
+
+GOLD = """--- a/calc.py
++++ b/calc.py
+@@ -1,2 +1,2 @@
+ def add(a, b):
+-    return a - b
++    return a + b
+"""
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory) -> Task:
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "test_calc.py").write_text("from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n\n"
+                                       "def test_zero():\n    assert add(0, 0) == 0\n")
+    grader = Grader(pytest_command(), ("test_calc.py::test_add",),
+                    ("test_calc.py::test_zero",), ("test_calc.py",), timeout_s=60)
+    return Task("calc-1", str(repo), "add() gives -1 for add(2, 3)", grader, VENV, GOLD)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer(None)
+
+
+def _runner(policy, tok, pool, g=3, **kw) -> RolloutRunner:
+    cfg = RolloutConfig(group_size=g, max_in_flight=kw.pop("max_in_flight", 4),
+                        agent=AgentConfig(max_turns=6), **kw)
+    return RolloutRunner(policy, ChatFormat(tok), pool, make_scorer(), cfg)
+
+
+async def _collect(runner, tasks):
+    return [r async for r in runner.run(tasks)]
+
+
+def test_oracle_groups_score_one_and_null_groups_zero(task, tok):
+    async def main():
+        pool = SandboxPool(max_running=8)
+        try:
+            oracle = _runner(lambda t: OracleAgent(t, tok), tok, pool)
+            null = _runner(ScriptedPolicy(tok, ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>'] * 9),
+                           tok, pool)
+            return await _collect(oracle, [task, task]), await _collect(null, [task])
+        finally:
+            await pool.close()
+
+    oracle_results, null_results = asyncio.run(main())
+    assert len(oracle_results) == 2
+    for r in oracle_results:
+        assert r.group is not None and len(r.group.trajectories) == 3
+        assert r.group.rewards_G and all(t.reward.components["tests"] == 1.0 for t in r.group.trajectories)
+        assert all(t.stop_reason == StopReason.FINISHED for t in r.group.trajectories)
+    (null,) = null_results
+    assert null.group is not None
+    assert [t.reward.components["tests"] for t in null.group.trajectories] == [0.0, 0.0, 0.0]
+
+
+class FlakyPool:
+    """A test double over the real pool whose first ``failures`` leases crash (an infra failure)."""
+
+    def __init__(self, inner: SandboxPool, failures: int):
+        self.inner, self.failures = inner, failures
+
+    def lease(self, base, venv=None):
+        if self.failures > 0:
+            self.failures -= 1
+            raise SandboxError("sandbox host crashed (injected)")
+        return self.inner.lease(base, venv)
+
+
+def test_infra_failures_are_retried_then_dropped_never_scored(task, tok):
+    async def main(failures, retries):
+        pool = SandboxPool(max_running=4)
+        try:
+            runner = _runner(lambda t: OracleAgent(t, tok), tok, FlakyPool(pool, failures), g=2,
+                             max_infra_retries=retries, max_in_flight=1)
+            return await runner.run_group(task), runner.stats
+        finally:
+            await pool.close()
+
+    result, stats = asyncio.run(main(failures=1, retries=1))
+    assert result.group is not None and len(result.group.trajectories) == 2
+    assert result.infra_errors == 1 and stats.infra_errors == 1
+    assert all(t.reward.components["tests"] == 1.0 for t in result.group.trajectories)
+
+    result, stats = asyncio.run(main(failures=3, retries=0))
+    assert result.group is None and "infrastructure" in result.dropped
+    assert stats.groups_dropped == 1
+
+
+def test_groups_overlap_under_one_bound(task, tok):
+    """Slow and fast rollouts share the slots: total wall ≈ the busiest slot, not the sum of groups."""
+    in_flight = []
+
+    class CountingPool(FlakyPool):
+        def lease(self, base, venv=None):
+            cm = self.inner.lease(base, venv)
+            outer = self
+
+            class _CM:
+                async def __aenter__(self):
+                    sb = await cm.__aenter__()
+                    outer.now = getattr(outer, "now", 0) + 1
+                    in_flight.append(outer.now)
+                    return sb
+
+                async def __aexit__(self, *exc):
+                    outer.now -= 1
+                    return await cm.__aexit__(*exc)
+            return _CM()
+
+    async def main():
+        pool = SandboxPool(max_running=8)
+        try:
+            runner = _runner(lambda t: OracleAgent(t, tok), tok, CountingPool(pool, 0), g=2,
+                             max_in_flight=4)
+            return await _collect(runner, [task] * 4)
+        finally:
+            await pool.close()
+
+    results = asyncio.run(main())
+    assert len(results) == 4 and all(r.group for r in results)
+    assert max(in_flight) <= 4
+    assert max(in_flight) > 2, "trajectories of different groups should run at the same time"
