@@ -1,0 +1,306 @@
+"""The agent loop: policy <-> tools until the model finishes, answers, or a budget runs out.
+
+    traj = await run_agent(task, sandbox, engine, ChatFormat(tok), make_tools(), AgentConfig(),
+                           group_id="g0", trajectory_id="g0/0")
+
+Read top to bottom: ``run_agent`` -> ``_loop`` (one turn: generate -> parse -> execute) ->
+``execute_calls``. The message list (OpenAI shape) is the readable trajectory; the ``Segment``s
+hold exactly the tokens the policy saw and emitted — prompt, sampled tokens (loss mask 1, the
+engine's logprobs and policy versions), then observation tokens appended after each turn.
+Failures are attributed once: a malformed call is a *broken* tool result the model sees; a tool's
+``ToolError`` is an *error* result; ``SandboxError`` / ``PolicyError`` end the trajectory as
+``INFRA_ERROR``, which is dropped and never scored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from looprl.errors import PolicyError, SandboxError, ToolCallError, ToolError
+from looprl.harness.format import ChatFormat, ParsedTurn
+from looprl.harness.tools import ToolContext, tool_schemas, validate_args
+from looprl.protocols import Engine, Sandbox, Tool
+from looprl.types import (
+    Counters,
+    Generation,
+    Message,
+    SamplingParams,
+    Segment,
+    StopReason,
+    Task,
+    ToolResult,
+    Trajectory,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Budgets and sampling of one agent run."""
+
+    max_turns: int = 30
+    """Model turns (generations) before the run stops with MAX_TURNS."""
+    max_total_new_tokens: int = 16_384
+    """Model-sampled tokens over the whole trajectory before MAX_TOKENS."""
+    max_new_tokens: int = 1_024
+    """Tokens one turn may sample; a turn cut here with no tool call ends with MAX_TOKENS."""
+    wall_time_s: float = 900.0
+    """Wall-clock seconds for the whole run (generation and tools) before WALL_TIME."""
+    context_window: int = 8_192
+    """Tokens one segment may hold (prompt + turns + observations)."""
+    min_turn_tokens: int = 32
+    """A turn needs this much free context; below it the context is full (summarize or stop)."""
+    temperature: float = 1.0
+    """Sampling temperature (1.0 keeps logprobs on-policy for RL)."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 for RL."""
+    system_prompt: str = ""
+    """System message; empty keeps the chat template's own default."""
+
+
+@dataclass
+class AgentRun:
+    """The mutable state of one run: messages, closed segments and the open segment's tokens."""
+
+    messages: list[Message]
+    segments: list[Segment] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    seen: int = 0
+    """How many tokens of the open segment the policy has seen (prompted with or sampled)."""
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("turns", "tool_calls", "broken_tool_calls", "thinking_tokens", "output_tokens",
+         "tool_call_tokens", "tool_output_tokens", "summaries", "summary_tokens"), 0))
+
+    def add_context(self, ids: list[int]) -> None:
+        """Tokens the policy sees but did not sample (prompt, observations)."""
+        self.token_ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.loss_mask += [0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def add_generation(self, gen: Generation) -> None:
+        self.token_ids += gen.token_ids
+        self.logprobs += gen.logprobs
+        self.loss_mask += [1] * len(gen.token_ids)
+        self.versions += gen.policy_versions
+        self.counters["output_tokens"] += len(gen.token_ids)
+        self.seen = len(self.token_ids)
+
+    def drop_unseen(self) -> None:
+        """Drop an observation the policy never got to see (the run stopped before the next
+        generation), so the segment is exactly what the policy saw and emitted."""
+        for buf in (self.token_ids, self.logprobs, self.loss_mask, self.versions):
+            del buf[self.seen:]
+
+    def close_segment(self) -> None:
+        """Freeze the open segment (self-summarization then starts a new one with add_context).
+        Tokens after the policy's last look (an observation it never got to read) are dropped."""
+        self.drop_unseen()
+        if self.token_ids:
+            self.segments.append(Segment(tuple(self.token_ids), tuple(self.logprobs),
+                                         tuple(self.loss_mask), tuple(self.versions)))
+        self.token_ids, self.logprobs, self.loss_mask, self.versions = [], [], [], []
+        self.seen = 0
+
+
+ContextHook = Callable[[AgentRun], Awaitable[bool]]
+"""Called when the context is full; may close the segment and start a shorter one (returns True)."""
+
+
+class _WallTime(Exception):
+    pass
+
+
+def initial_messages(task: Task, cfg: AgentConfig) -> list[Message]:
+    system: list[Message] = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    return system + [{"role": "user", "content": task.prompt}]
+
+
+async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatFormat,
+                    tools: list[Tool], cfg: AgentConfig, *, group_id: str, trajectory_id: str,
+                    on_context_full: ContextHook | None = None) -> Trajectory:
+    """Run the agent on ``task`` in ``sandbox`` until it stops; never raises for model mistakes
+    or infrastructure failures (those end the trajectory with ``INFRA_ERROR``)."""
+    t0 = time.monotonic()
+    ctx = ToolContext(sandbox=sandbox)
+    run = AgentRun(messages=initial_messages(task, cfg))
+    run.add_context(fmt.prompt_ids(run.messages, tool_schemas(tools)))
+    error: str | None = None
+    diff = ""
+    try:
+        stop, error = await _loop(run, ctx, policy, fmt, tools, cfg, t0, group_id, trajectory_id,
+                                  on_context_full)
+        if stop != StopReason.INFRA_ERROR:
+            diff = await sandbox.diff()
+    except (SandboxError, PolicyError) as e:
+        stop, error = StopReason.INFRA_ERROR, f"{type(e).__name__}: {e}"
+    finally:
+        try:
+            await policy.release(trajectory_id)
+        except Exception:  # noqa: BLE001 — forgetting a session cannot change the trajectory
+            pass
+    run.close_segment()
+    return Trajectory(
+        task_id=task.id, group_id=group_id, segments=tuple(run.segments),
+        messages=tuple(run.messages), counters=Counters(**run.counters), stop_reason=stop,
+        diff=diff, error=error, wall_s=time.monotonic() - t0, id=trajectory_id,
+        metadata={"memory": json.dumps(ctx.memory), "finish_summary": ctx.finish_summary})
+
+
+async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat,
+                tools: list[Tool], cfg: AgentConfig, t0: float, group_id: str,
+                trajectory_id: str, on_context_full: ContextHook | None,
+                ) -> tuple[StopReason, str | None]:
+    by_name = {t.name: t for t in tools}
+    deadline = t0 + cfg.wall_time_s
+    while True:
+        if run.counters["turns"] >= cfg.max_turns:
+            return StopReason.MAX_TURNS, None
+        budget = cfg.max_total_new_tokens - run.counters["output_tokens"]
+        if budget <= 0:
+            return StopReason.MAX_TOKENS, None
+        if not await make_room(run, cfg, on_context_full):
+            return StopReason.CONTEXT_FULL, None
+        params = SamplingParams(max_new_tokens=min(cfg.max_new_tokens, budget,
+                                                   cfg.context_window - len(run.token_ids)),
+                                temperature=cfg.temperature, top_p=cfg.top_p)
+        run.seen = len(run.token_ids)
+        try:
+            gen = await _before(deadline, policy.generate(
+                list(run.token_ids), params, session_id=trajectory_id, group_id=group_id))
+        except _WallTime:
+            return StopReason.WALL_TIME, None
+        _check_generation(gen, params)
+        run.add_generation(gen)
+        run.counters["turns"] += 1
+        prefix = f"call_{run.counters['turns']}"
+        turn = fmt.parse(fmt.decode(gen.token_ids), call_prefix=prefix)
+        run.counters["thinking_tokens"] += fmt.thinking_tokens(gen.token_ids)
+        run.counters["tool_call_tokens"] += fmt.tool_call_tokens(gen.token_ids)
+        run.messages.append(assistant_message(turn))
+        if not turn.tool_calls and not turn.errors:
+            cut = gen.finish_reason == "length"
+            return (StopReason.MAX_TOKENS if cut else StopReason.ANSWERED), None
+        try:
+            results = await _before(deadline, execute_calls(turn, by_name, ctx, call_prefix=prefix))
+        except _WallTime:
+            return StopReason.WALL_TIME, None
+        run.counters["tool_calls"] += len(results)
+        run.counters["broken_tool_calls"] += sum(r.broken for r in results)
+        tool_msgs = [tool_message(r) for r in results]
+        run.messages.extend(tool_msgs)
+        infra = [r for r in results if r.status == "infra_error"]
+        if infra:
+            return StopReason.INFRA_ERROR, f"tool {infra[0].name}: {infra[0].content}"
+        if ctx.finished:
+            return StopReason.FINISHED, None
+        obs = fmt.observation_ids(tool_msgs)
+        if gen.token_ids[-1] != fmt.eot_id:  # the turn was cut: close it before the tool output
+            obs = [fmt.eot_id] + obs
+        run.add_context(obs)
+        run.counters["tool_output_tokens"] += len(obs)
+
+
+async def make_room(run: AgentRun, cfg: AgentConfig, on_context_full: ContextHook | None) -> bool:
+    """THE self-summarization hook point: when the open segment leaves less than
+    ``min_turn_tokens`` of context, ``on_context_full`` may summarize (close the segment and start
+    a new one); without a hook, or if it cannot make room, the run ends with CONTEXT_FULL."""
+    if cfg.context_window - len(run.token_ids) >= cfg.min_turn_tokens:
+        return True
+    if on_context_full is None or not await on_context_full(run):
+        return False
+    return cfg.context_window - len(run.token_ids) >= cfg.min_turn_tokens
+
+
+async def _before(deadline: float, aw: Awaitable[T]) -> T:
+    """Await ``aw`` but give up (cancelling it) at the run's wall-clock deadline."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        if hasattr(aw, "close"):
+            aw.close()  # type: ignore[union-attr]
+        raise _WallTime
+    try:
+        return await asyncio.wait_for(aw, remaining)
+    except asyncio.TimeoutError:
+        raise _WallTime from None
+
+
+def _check_generation(gen: Generation, params: SamplingParams) -> None:
+    n = len(gen.token_ids)
+    if n == 0 or len(gen.logprobs) != n or len(gen.policy_versions) != n:
+        raise PolicyError(f"engine returned {n} tokens, {len(gen.logprobs)} logprobs and "
+                          f"{len(gen.policy_versions)} versions; each generation needs >=1 token "
+                          "and one logprob and version per token")
+    if n > params.max_new_tokens:
+        raise PolicyError(f"engine returned {n} tokens for max_new_tokens={params.max_new_tokens}")
+
+
+def assistant_message(turn: ParsedTurn) -> Message:
+    content = (f"<think>{turn.thinking_text}</think>\n" if turn.thinking_text else "") + turn.content
+    msg: Message = {"role": "assistant", "content": content}
+    if turn.tool_calls:
+        msg["tool_calls"] = [c.to_openai() for c in turn.tool_calls]
+    return msg
+
+
+def tool_message(r: ToolResult) -> Message:
+    return {"role": "tool", "tool_call_id": r.call_id, "name": r.name, "content": r.content}
+
+
+async def execute_calls(turn: ParsedTurn, tools: dict[str, Tool], ctx: ToolContext, *,
+                        call_prefix: str = "call") -> list[ToolResult]:
+    """Run a turn's calls: consecutive read-only calls concurrently, mutating ones alone and in
+    order; results in call order, then one broken result per unparseable block."""
+    prepared: list[tuple[str, str, Tool, dict[str, Any]] | ToolResult] = []
+    for call in turn.tool_calls:
+        tool = tools.get(call.name)
+        if tool is None:
+            prepared.append(ToolResult(call.id, call.name, f"Invalid tool call: unknown tool "
+                                       f"{call.name!r}; available: {', '.join(sorted(tools))}",
+                                       "broken"))
+            continue
+        try:
+            prepared.append((call.id, call.name, tool, validate_args(tool, json.loads(call.arguments))))
+        except ToolCallError as e:
+            prepared.append(ToolResult(call.id, call.name, f"Invalid tool call: {e}", "broken"))
+    results: list[ToolResult] = []
+    batch: list[tuple[str, str, Tool, dict[str, Any]]] = []
+    for item in prepared + [None]:  # type: ignore[list-item]
+        if isinstance(item, tuple) and item[2].read_only:
+            batch.append(item)
+            continue
+        results += await asyncio.gather(*(_run_one(*b, ctx) for b in batch))
+        batch = []
+        if isinstance(item, ToolResult):
+            results.append(item)
+        elif item is not None:
+            results.append(await _run_one(*item, ctx))
+    for k, err in enumerate(turn.errors):
+        results.append(ToolResult(f"{call_prefix}_err{k}", "invalid_tool_call",
+                                  f"Invalid tool call: {err}", "broken"))
+    return results
+
+
+async def _run_one(call_id: str, name: str, tool: Tool, args: dict[str, Any],
+                   ctx: ToolContext) -> ToolResult:
+    t = time.monotonic()
+    try:
+        content, status = await tool.run(args, ctx), "ok"
+    except ToolError as e:
+        content, status = f"Error: {e}", "error"
+    except ToolCallError as e:
+        content, status = f"Invalid tool call: {e}", "broken"
+    except SandboxError as e:
+        content, status = f"SandboxError: {e}", "infra_error"
+    except Exception as e:  # noqa: BLE001 — a bug in a tool is not the model's fault
+        content, status = f"internal error in tool {name}: {type(e).__name__}: {e}", "infra_error"
+    return ToolResult(call_id, name, content, status, time.monotonic() - t)  # type: ignore[arg-type]

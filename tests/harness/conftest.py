@@ -1,0 +1,104 @@
+"""Fixtures for the harness tests: a small real Python repo, the DirSandbox test double, the
+bytes-only tokenizer and a helper to write tool calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from looprl.harness.format import ChatFormat
+from looprl.harness.tools import ToolContext
+from looprl.models.tokenizer import build_tokenizer
+from looprl.types import Grader, Task
+
+from .dir_sandbox import DirSandbox
+
+CALC = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
+TEST_CALC = ("from pkg.calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+             "def test_sub():\n    assert sub(3, 2) == 1\n")
+
+
+def call(name: str, **arguments: object) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return build_tokenizer(None)
+
+
+@pytest.fixture(scope="session")
+def fmt(tok):
+    return ChatFormat(tok)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "calc.py").write_text(CALC)
+    (root / "tests" / "test_calc.py").write_text(TEST_CALC)
+    (root / "README.md").write_text("# calc\n\nA tiny calculator.\n")
+    return root
+
+
+def bwrap_ok() -> bool:
+    from looprl.errors import SandboxUnavailableError
+    from looprl.sandbox import check_bwrap
+
+    try:
+        check_bwrap()
+    except SandboxUnavailableError:
+        return False
+    return os.geteuid() == 0
+
+
+needs_bwrap = [pytest.mark.needs_bwrap,
+               pytest.mark.skipif(not bwrap_ok(), reason="needs bubblewrap, user namespaces and root")]
+
+
+def make_sandbox(kind: str, repo: Path):
+    if kind == "dir":
+        return DirSandbox(repo)
+    from looprl.sandbox import create_sandbox
+
+    return asyncio.run(create_sandbox(repo, venv=sys.prefix))
+
+
+def ws_root(sb) -> Path:
+    """The host directory behind a sandbox's workspace (to plant symlinks in tests)."""
+    return sb.root if isinstance(sb, DirSandbox) else Path(sb.workspace.path)
+
+
+@pytest.fixture(params=["dir", pytest.param("bwrap", marks=needs_bwrap)])
+def sandbox(request, repo: Path):
+    """Each test using it runs on the DirSandbox double AND on the real bubblewrap sandbox."""
+    sb = make_sandbox(request.param, repo)
+    yield sb
+    asyncio.run(sb.close())
+
+
+@pytest.fixture
+def dsandbox(repo: Path):
+    """The DirSandbox double only (for loop-logic tests that do not depend on the sandbox)."""
+    sb = DirSandbox(repo)
+    yield sb
+    asyncio.run(sb.close())
+
+
+@pytest.fixture
+def ctx(sandbox) -> ToolContext:
+    return ToolContext(sandbox=sandbox)
+
+
+@pytest.fixture
+def task(repo: Path) -> Task:
+    return Task(id="calc-1", repo=str(repo), prompt="add() subtracts; make it add.",
+                grader=Grader("python -m pytest", fail_to_pass=("tests/test_calc.py::test_add",)))

@@ -1,0 +1,111 @@
+"""ChatFormat: token-in/token-out rendering, tool-call parsing, token counters."""
+
+from __future__ import annotations
+
+from looprl.harness.format import ChatFormat, parse_turn
+
+from .conftest import call
+
+
+def test_observation_delta_extends_the_full_render_exactly(fmt, tok):
+    """prompt + model turn + observation == tokenizing the full conversation (for this template)."""
+    msgs = [{"role": "user", "content": "fix it"}]
+    prompt = fmt.prompt_ids(msgs)
+    reply = call("read_file", path="a.py")
+    turn = fmt.encode(reply) + [fmt.eot_id]
+    tool_msgs = [{"role": "tool", "tool_call_id": "c0", "name": "read_file", "content": "1\tx = 1"}]
+    obs = fmt.observation_ids(tool_msgs)
+    full = msgs + [{"role": "assistant", "content": reply}] + tool_msgs
+    assert tok.decode(prompt + turn + obs) == fmt.render(full)
+    assert tok.decode(obs).startswith("\n<|im_start|>tool\n") and tok.decode(obs).endswith("<|im_start|>assistant\n")
+
+
+def test_parse_several_calls_and_thinking():
+    turn = parse_turn("<think>look first</think>Reading." + call("read_file", path="a") + call("glob", pattern="*"))
+    assert turn.thinking_text == "look first" and turn.content == "Reading."
+    assert [(c.id, c.name, c.arguments) for c in turn.tool_calls] == [
+        ("call_0", "read_file", '{"path": "a"}'), ("call_1", "glob", '{"pattern": "*"}')]
+    assert turn.errors == []
+
+
+def test_parse_errors_never_raise():
+    cases = {
+        "<tool_call>{bad json</tool_call>": "not valid JSON",
+        '<tool_call>["read_file"]</tool_call>': "must be a JSON object",
+        '<tool_call>{"arguments": {}}</tool_call>': 'no "name"',
+        '<tool_call>{"name": "a", "arguments": [1]}</tool_call>': "must be a JSON object, got list",
+        '<tool_call>{"name": "a", "arguments": {}, "x": 1}</tool_call>': "unexpected key",
+        '<tool_call>{"name": "a", "arguments": {}}': "unclosed",
+        "done</tool_call>": "without a matching",
+        '<tool_call>{"name": "a", "arguments": "{oops"}</tool_call>': "string that is not JSON",
+    }
+    for text, match in cases.items():
+        turn = parse_turn(text)
+        assert turn.tool_calls == [] and len(turn.errors) == 1 and match in turn.errors[0], text
+
+
+def test_parse_unclosed_block_then_valid_call():
+    turn = parse_turn('<tool_call>{"name": "a"' + call("finish"))
+    assert [c.name for c in turn.tool_calls] == ["finish"] and len(turn.errors) == 1
+
+
+def test_parse_accepts_double_encoded_arguments():
+    turn = parse_turn('<tool_call>{"name": "glob", "arguments": "{\\"pattern\\": \\"*\\"}"}</tool_call>')
+    assert turn.tool_calls[0].arguments == '{"pattern": "*"}'
+
+
+def test_token_counters(fmt):
+    ids = fmt.encode("<think>ab</think>x" + call("finish")) + [fmt.eot_id]
+    assert fmt.thinking_tokens(ids) == 4  # <think> a b </think>
+    assert fmt.tool_call_tokens(ids) == len(fmt.encode(call("finish")))
+    assert fmt.decode(ids).endswith("</tool_call>")
+
+
+def test_counters_without_single_token_markers(fmt):
+    """The slow path (markers split over several tokens) counts the same spans."""
+    slow = ChatFormat(fmt.tokenizer)
+    slow._marker_ids = {}
+    ids = fmt.encode("pre<think>abc</think>" + call("finish") + "post")
+    assert slow.thinking_tokens(ids) == fmt.thinking_tokens(ids)
+    assert slow.tool_call_tokens(ids) == fmt.tool_call_tokens(ids)
+
+
+# A Qwen2.5-style template (written for this test): consecutive tool messages are grouped into ONE
+# user turn of <tool_response> blocks, so a tool message's rendering depends on its neighbours.
+GROUPING_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_observation_ids_with_a_grouping_template():
+    from looprl.models.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(None)
+    tok.chat_template = GROUPING_TEMPLATE
+    fmt = ChatFormat(tok)
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    reply = call("glob", pattern="*") + call("list_dir")
+    tool_msgs = [{"role": "tool", "content": "a.py"}, {"role": "tool", "content": "b/"}]
+    obs = fmt.observation_ids(tool_msgs)
+    assert tok.decode(obs) == ("\n<|im_start|>user\n<tool_response>\na.py\n</tool_response>\n"
+                               "<tool_response>\nb/\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    ids = fmt.prompt_ids(msgs) + fmt.encode(reply) + [fmt.eot_id] + obs
+    assert tok.decode(ids) == fmt.render(msgs + [{"role": "assistant", "content": reply}] + tool_msgs)
+
+
+def test_chat_format_needs_a_template():
+    import pytest
+
+    from looprl.models.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(None)
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="no chat_template"):
+        ChatFormat(tok)

@@ -1,0 +1,122 @@
+"""ScriptedPolicy and the OracleAgent (gold patch -> tool calls -> a solved task)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+import sys
+
+import pytest
+
+from looprl.errors import TaskError
+from looprl.harness.agent import AgentConfig, run_agent
+from looprl.harness.policies import (
+    OracleAgent,
+    ScriptedPolicy,
+    apply_hunks,
+    oracle_turns,
+    parse_unified_diff,
+)
+from looprl.harness.tools import make_tools
+from looprl.types import SamplingParams, StopReason, Trajectory
+
+from .conftest import bwrap_ok
+from .dir_sandbox import DirSandbox, tree_diff
+
+
+def gold_patch(repo, tmp_path, change) -> str:
+    solved = tmp_path / "solved"
+    shutil.copytree(repo, solved)
+    change(solved)
+    return tree_diff(repo, solved)
+
+
+def solve(task, fmt, tok):
+    sb = DirSandbox(task.repo)
+    try:
+        oracle = OracleAgent(task, tok)
+        traj = asyncio.run(run_agent(task, sb, oracle, fmt, make_tools(), AgentConfig(context_window=100_000),
+                                     group_id="oracle", trajectory_id="oracle/0"))
+    finally:
+        asyncio.run(sb.close())
+    return traj
+
+
+def test_oracle_solves_edit_new_and_deleted_files(task, repo, tmp_path, fmt, tok):
+    def change(root):
+        calc = root / "pkg" / "calc.py"
+        calc.write_text(calc.read_text().replace("def add(a, b):\n    return a - b",
+                                                 "def add(a, b):\n    return a + b"))
+        (root / "pkg" / "extra.py").write_text("def mul(a, b):\n    return a * b\n")
+        (root / "README.md").unlink()
+
+    patch = gold_patch(repo, tmp_path, change)
+    traj = solve(dataclasses.replace(task, gold_patch=patch), fmt, tok)
+    assert traj.stop_reason == StopReason.FINISHED and traj.counters.broken_tool_calls == 0
+    assert traj.diff == patch
+    tools_used = [m["name"] for m in traj.messages if m["role"] == "tool"]
+    assert tools_used == ["read_file", "run_terminal", "edit_file", "write_file", "run_tests", "finish"]
+    results = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert results[2].startswith("Edited pkg/calc.py") and results[4] == "pytest: 1 passed (exit code 0)"
+    assert all(not m["content"].startswith(("Error", "Invalid")) for m in traj.messages if m["role"] == "tool")
+
+
+def test_oracle_falls_back_to_write_file_when_a_hunk_is_not_unique(task, repo, tmp_path, fmt, tok):
+    block = "".join(f"{c} = 1\n" for c in "abcdefg")
+    (repo / "pkg" / "rep.py").write_text(block * 3)
+
+    def change(root):
+        (root / "pkg" / "rep.py").write_text(block + block.replace("d = 1", "d = 2") + block)
+
+    patch = gold_patch(repo, tmp_path, change)
+    traj = solve(dataclasses.replace(task, gold_patch=patch), fmt, tok)
+    assert traj.stop_reason == StopReason.FINISHED and traj.diff == patch
+    assert "write_file" in [m["name"] for m in traj.messages if m["role"] == "tool"]
+
+
+def test_parse_diff_without_trailing_newline_and_bad_patches(task):
+    patch = "--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n\\ No newline at end of file\n"
+    (fp,) = parse_unified_diff(patch)
+    assert apply_hunks("a\nb\n", fp.hunks, "x.py") == "a\nc"
+    with pytest.raises(TaskError, match="does not apply"):
+        apply_hunks("z\nb\n", fp.hunks, "x.py")
+    with pytest.raises(TaskError, match="no gold_patch"):
+        oracle_turns(task)
+    with pytest.raises(TaskError, match="no file diffs"):
+        oracle_turns(dataclasses.replace(task, gold_patch="hello"))
+
+
+def test_scripted_policy_truncates_and_tracks_sessions(tok):
+    policy = ScriptedPolicy(tok, ["abcdef", "gh"])
+    gen = asyncio.run(policy.generate([1], SamplingParams(max_new_tokens=3), session_id="a"))
+    assert gen.finish_reason == "length" and len(gen.token_ids) == 3 and gen.logprobs == (0.0,) * 3
+    gen = asyncio.run(policy.generate([1], SamplingParams(), session_id="b"))
+    assert gen.finish_reason == "stop" and gen.token_ids[-1] == policy.eot_id  # session b starts over
+    asyncio.run(policy.update_weights({}, 7))
+    gen = asyncio.run(policy.generate([1], SamplingParams(), session_id="a"))
+    assert gen.policy_versions == (7,) * len(gen.token_ids) and policy.policy_version == 7
+
+
+@pytest.mark.needs_bwrap
+@pytest.mark.skipif(not bwrap_ok(), reason="needs bubblewrap, user namespaces and root")
+def test_oracle_cli_in_the_real_sandbox(task, repo, tmp_path):
+    from typer.testing import CliRunner
+
+    from looprl.harness.cli import app
+    from looprl.tasks.taskset import write_tasks
+
+    def change(root):
+        calc = root / "pkg" / "calc.py"
+        calc.write_text(calc.read_text().replace("def add(a, b):\n    return a - b",
+                                                 "def add(a, b):\n    return a + b"))
+
+    patch = gold_patch(repo, tmp_path, change)
+    tasks = write_tasks([dataclasses.replace(task, gold_patch=patch, venv=sys.prefix)], tmp_path / "t.jsonl")
+    out = tmp_path / "trajs.jsonl"
+    res = CliRunner().invoke(app, ["oracle", str(tasks), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "1/1 tasks finished by the oracle with no broken call" in res.output
+    traj = Trajectory.from_json(out.read_text().splitlines()[0])
+    assert traj.diff == patch
+    assert [m["content"] for m in traj.messages if m.get("name") == "run_tests"] == ["pytest: 1 passed (exit code 0)"]

@@ -1,0 +1,218 @@
+"""Each tool against the DirSandbox double: results the model sees, errors that say how to fix."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from looprl.errors import ConfigError, ToolCallError, ToolError
+from looprl.harness.tools import TOOLS, ToolContext, make_tools, validate_args
+from looprl.harness.tools.edit_file import EditFile
+from looprl.harness.tools.glob_files import Glob, glob_regex
+from looprl.harness.tools.grep import Grep
+from looprl.harness.tools.list_dir import ListDir
+from looprl.harness.tools.memory import Memory
+from looprl.harness.tools.read_file import ReadFile
+from looprl.harness.tools.read_lints import ReadLints
+from looprl.harness.tools.run_terminal import RunTerminal
+from looprl.harness.tools.run_tests import RunTests
+from looprl.harness.tools.write_file import WriteFile
+
+from .conftest import make_sandbox, needs_bwrap, ws_root
+
+
+def run(tool, ctx, **args):
+    return asyncio.run(tool.run(validate_args(tool, args), ctx))
+
+
+def test_read_file_numbers_lines_and_ranges(ctx):
+    assert run(ReadFile(), ctx, path="pkg/calc.py").splitlines()[:2] == [
+        "     1\tdef add(a, b):", "     2\t    return a - b"]
+    part = run(ReadFile(), ctx, path="pkg/calc.py", offset=5, limit=1)
+    assert part == ("     5\tdef sub(a, b):\n[showing lines 5-5 of 6; call read_file with offset=6 "
+                    "to continue]")
+    assert "offset 99 is past the end" in run(ReadFile(), ctx, path="pkg/calc.py", offset=99)
+    with pytest.raises(ToolError, match="no such file"):
+        run(ReadFile(), ctx, path="pkg/nope.py")
+    with pytest.raises(ToolError, match="is a directory|not a regular file"):
+        run(ReadFile(), ctx, path="pkg")
+
+
+def test_read_file_caps_size(ctx, sandbox):
+    asyncio.run(sandbox.write("big.txt", ("x" * 50 + "\n").encode() * 5000))
+    out = run(ReadFile(max_lines=100), ctx, path="big.txt")
+    assert out.count("\n") == 100 and out.endswith("offset=101 to continue]")
+    out = run(ReadFile(max_chars=1000), ctx, path="big.txt")
+    assert len(out) < 1200
+
+
+def test_list_dir_and_glob_are_sorted(ctx):
+    assert run(ListDir(), ctx) == "README.md (27 B)\npkg/\ntests/"
+    assert run(ListDir(), ctx, path="pkg") == "pkg/__init__.py (0 B)\npkg/calc.py (66 B)"
+    assert run(Glob(), ctx, pattern="**/*.py") == "pkg/__init__.py\npkg/calc.py\ntests/test_calc.py"
+    assert run(Glob(), ctx, pattern="test_*.py") == "tests/test_calc.py"
+    assert run(Glob(), ctx, pattern="*.py", path="pkg") == "pkg/__init__.py\npkg/calc.py"
+    assert "No files match" in run(Glob(), ctx, pattern="*.rs")
+
+
+def test_glob_regex_semantics():
+    assert glob_regex("src/**/*.py").match("src/a.py") and glob_regex("src/**/*.py").match("src/a/b/c.py")
+    assert not glob_regex("src/*.py").match("src/a/b.py")
+    assert glob_regex("[!t]*.md").match("README.md") and not glob_regex("[!t]*.md").match("t.md")
+
+
+def test_grep_rows_filters_and_cap(ctx):
+    assert run(Grep(), ctx, pattern=r"return a - b") == "pkg/calc.py:2:    return a - b\npkg/calc.py:6:    return a - b"
+    assert run(Grep(), ctx, pattern="ADD", ignore_case=True, glob="tests/*.py").startswith(
+        "tests/test_calc.py:1:from pkg.calc import add, sub")
+    assert run(Grep(), ctx, pattern="def", path="pkg/calc.py") == "pkg/calc.py:1:def add(a, b):\npkg/calc.py:5:def sub(a, b):"
+    capped = run(Grep(max_matches=1), ctx, pattern="def")
+    assert capped.splitlines()[1].startswith("[... 3 more matches")
+    with pytest.raises(ToolError, match="invalid regular expression"):
+        run(Grep(), ctx, pattern="(")
+
+
+def test_edit_zero_and_two_matches_then_unique(ctx, sandbox):
+    with pytest.raises(ToolError, match="0 matches"):
+        run(EditFile(), ctx, path="pkg/calc.py", old_string="return a * b", new_string="x")
+    with pytest.raises(ToolError, match=r"matches 2 times in pkg/calc.py \(lines 2, 6\)"):
+        run(EditFile(), ctx, path="pkg/calc.py", old_string="return a - b", new_string="return a + b")
+    out = run(EditFile(), ctx, path="pkg/calc.py", old_string="def add(a, b):\n    return a - b",
+              new_string="def add(a, b):\n    return a + b")
+    assert out == "Edited pkg/calc.py: replaced 1 occurrence (line 1)."
+    assert asyncio.run(sandbox.read("pkg/calc.py")).decode().count("a + b") == 1
+    out = run(EditFile(), ctx, path="pkg/calc.py", old_string="b):", new_string="b) :", replace_all=True)
+    assert out == "Edited pkg/calc.py: replaced 2 occurrences (lines 1, 5)."
+
+
+def test_edit_warns_on_python_syntax_error(ctx):
+    out = run(EditFile(), ctx, path="pkg/calc.py", old_string="def sub(a, b):", new_string="def sub(a, b)")
+    assert "no longer parses as Python" in out and "line 5" in out
+
+
+def test_write_file_creates_parents(ctx, sandbox):
+    assert run(WriteFile(), ctx, path="pkg/sub/new.py", content="X = 1\n") == "Wrote pkg/sub/new.py (1 line, 6 bytes)."
+    assert asyncio.run(sandbox.read("pkg/sub/new.py")) == b"X = 1\n"
+    assert "no longer parses" in run(WriteFile(), ctx, path="bad.py", content="def (:\n")
+
+
+def test_run_terminal_exit_code_and_streams(ctx):
+    out = run(RunTerminal(), ctx, command="echo hi; echo oops >&2; exit 3")
+    assert out == "Exit code: 3\n--- stdout ---\nhi\n\n--- stderr ---\noops\n"
+
+
+def test_run_terminal_timeout(ctx):
+    out = run(RunTerminal(), ctx, command="echo started; sleep 30", timeout_s=1)
+    assert out.startswith("Command timed out after 1 s and was killed.")
+
+
+def test_run_terminal_huge_output_keeps_head_and_tail(ctx):
+    out = run(RunTerminal(max_chars=2000), ctx, command="seq 1 100000")
+    assert out.startswith("Exit code: 0\n--- stdout ---\n1\n2\n3\n")
+    assert out.rstrip().endswith("99999\n100000")
+    assert "characters omitted" in out and len(out) < 2200
+
+
+def test_read_lints_on_changed_files(ctx, sandbox):
+    assert run(ReadLints(), ctx) == "No changed Python files to lint (pass paths to lint others)."
+    asyncio.run(sandbox.write("pkg/calc.py", b"import os\n\n\ndef add(a, b):\n    return a + b\n"))
+    assert run(ReadLints(), ctx) == ("pkg/calc.py:1:8 F401 `os` imported but unused\n"
+                                     "1 diagnostic in 1 file.")
+    assert run(ReadLints(), ctx, paths=["tests"]) == "No lint errors in 1 file."
+    asyncio.run(sandbox.write("pkg/bad.py", b"def f(:\n    return undefined_name\n"))
+    out = run(ReadLints(), ctx, paths=["pkg"])
+    assert out.startswith("pkg/bad.py:1:7 invalid-syntax") and out.endswith("in 2 files.")
+    with pytest.raises(ToolError, match="ruff is not installed"):
+        run(ReadLints(ruff_cmd="no-such-ruff"), ctx, paths=["pkg"])
+
+
+def test_run_tests_summary(ctx, sandbox):
+    out = run(RunTests(), ctx)
+    assert out.startswith("pytest: 1 failed, 1 passed (exit code 1)\nFailing tests:\n"
+                          "  tests/test_calc.py::test_add\n--- test_add ---")
+    assert "assert -1 == 5" in out and " in 0." not in out  # timings are stripped
+    asyncio.run(sandbox.write("pkg/calc.py", b"def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"))
+    assert run(RunTests(), ctx, tests=["tests/test_calc.py::test_add"]) == "pytest: 1 passed (exit code 0)"
+    with pytest.raises(ToolError, match="not pytest options"):
+        run(RunTests(), ctx, tests=["-x"])
+
+
+def test_memory_and_finish(ctx):
+    mem = Memory()
+    assert run(mem, ctx, action="list") == "No notes yet."
+    assert run(mem, ctx, action="add", note="tests in tests/") == "Saved note 1."
+    assert run(mem, ctx, action="list") == "1. tests in tests/"
+    with pytest.raises(ToolError, match="non-empty note"):
+        run(mem, ctx, action="add")
+    assert run(TOOLS["finish"](), ctx, summary="done") == "Finished." and ctx.finished
+
+
+@pytest.mark.parametrize("path,match", [
+    ("/etc/passwd", "is absolute"), ("../outside.txt", "leaves the workspace"),
+    ("pkg/../../x", "leaves the workspace"), ("~/x", "is absolute"), ("", "empty path"),
+])
+def test_path_escapes_are_refused(ctx, path, match):
+    for tool, args in [(ReadFile(), {"path": path}), (WriteFile(), {"path": path, "content": "x"}),
+                       (EditFile(), {"path": path, "old_string": "a", "new_string": "b"}),
+                       (ListDir(), {"path": path}), (Grep(), {"pattern": "x", "path": path})]:
+        with pytest.raises(ToolError, match=match) as e:
+            run(tool, ctx, **args)
+        assert "relative to the workspace root" in str(e.value)
+
+
+def test_symlink_out_is_refused(ctx, sandbox, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret\n")
+    os.symlink(secret, ws_root(sandbox) / "link.txt")
+    os.symlink(tmp_path, ws_root(sandbox) / "linkdir")
+    for tool, args in [(ReadFile(), {"path": "link.txt"}), (ReadFile(), {"path": "linkdir/secret.txt"}),
+                       (WriteFile(), {"path": "linkdir/new.txt", "content": "x"}),
+                       (EditFile(), {"path": "link.txt", "old_string": "top", "new_string": "x"})]:
+        with pytest.raises(ToolError, match="outside the workspace"):
+            run(tool, ctx, **args)
+    assert "top secret" not in run(Grep(), ctx, pattern="secret")
+    assert secret.read_text() == "top secret\n"
+
+
+def test_validate_args_errors_name_the_signature():
+    tool = ReadFile()
+    sig = "expected read_file(path: string, offset?: integer, limit?: integer)"
+    for args, match in [({}, "missing required argument"), ({"path": "a", "lines": 3}, "unknown argument"),
+                        ({"path": 3}, "must be string"), ({"path": "a", "offset": "2"}, "must be integer"),
+                        ({"path": "a", "offset": True}, "must be integer"), ({"path": "a", "offset": 0}, ">= 1"),
+                        ([1], "must be a JSON object")]:
+        with pytest.raises(ToolCallError, match=match) as e:
+            validate_args(tool, args)
+        assert sig in str(e.value) or "JSON object" in str(e.value)
+    assert validate_args(tool, {"path": "a", "offset": 2.0}) == {"path": "a", "offset": 2}
+
+
+def test_make_tools_passes_only_accepted_resources():
+    tools = make_tools(["run_tests", "read_lints", "finish"], test_command="pytest -x",
+                       ruff_cmd="/opt/ruff", index=object())
+    assert tools[0].test_command == "pytest -x" and tools[1].ruff_cmd == "/opt/ruff"
+    with pytest.raises(ConfigError, match="available"):
+        make_tools(["read_file", "teleport"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kinds", [("dir", "dir"), pytest.param(("dir", "bwrap"), marks=needs_bwrap)])
+def test_outputs_are_identical_across_sandboxes(repo, kinds):
+    """Same repo, two sandboxes (the double and the real one too): byte-identical tool outputs —
+    no temp paths, timings or listing order leak into what the model sees."""
+    outs = []
+    for kind in kinds:
+        sb = make_sandbox(kind, repo)
+        c = ToolContext(sandbox=sb)
+        outs.append([run(ListDir(), c, depth=3), run(Grep(), c, pattern="a"),
+                     run(Glob(), c, pattern="**/*"), run(RunTests(), c), run(ReadLints(), c, paths=["pkg"])])
+        asyncio.run(sb.close())
+    assert outs[0] == outs[1]
+
+
+def test_run_tests_with_a_task_command_that_is_already_quiet(ctx):
+    out = run(RunTests(test_command="PYTHONPATH=. python -m pytest -q -rA -p no:cacheprovider"), ctx,
+              tests=["tests/test_calc.py"])
+    assert out.startswith("pytest: 1 failed, 1 passed (exit code 1)\nFailing tests:\n  tests/test_calc.py::test_add")
