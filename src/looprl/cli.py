@@ -13,6 +13,7 @@ app = typer.Typer(help="looprl: RL for coding agents, in the harness they serve 
 # (command name, module with a typer `app`, help). Sub-apps are imported eagerly so --help is complete.
 SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("agent", "looprl.harness.cli", "The agent harness: list tools, replay gold patches (oracle)."),
+    ("sandbox", "looprl.sandbox.cli", "Sandboxes: run a command isolated over a repo; the env server."),
     ("rewards", "looprl.rewards.cli", "Inspect reward shaping: length curve, batch metrics, monitor flags."),
 ]
 

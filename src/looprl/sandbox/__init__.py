@@ -1,8 +1,39 @@
-"""Sandboxes: isolated copy-on-write workspaces (see ``workspace.py``, ``bwrap.py``, ``pool.py``).
+"""Sandboxes: isolated copy-on-write workspaces (``workspace.py``), commands under bubblewrap
+(``bwrap.py``), a bounded pool with metrics (``pool.py``) and the same API over HTTP
+(``server.py``).
 
-Contract used by the rest of looprl (implemented in this package):
+Contract used by the rest of looprl:
 
     sandbox = await create_sandbox(base_dir, venv=None)   # -> looprl.protocols.Sandbox
-    ...
+    r = await sandbox.exec("python -m pytest -q", timeout_s=60)
+    kids = await sandbox.fork(8)                           # G rollouts from one state
+    snap = await sandbox.snapshot(); other = await sandbox_from(snap, venv=venv)
     await sandbox.close()
+
+    pool = SandboxPool(max_running=16)
+    async with pool.lease(base_dir, venv=venv) as sandbox: ...
 """
+
+from __future__ import annotations
+
+import os
+
+from looprl.sandbox.bwrap import BwrapSandbox, SandboxLimits, check_bwrap, new_sandbox, sandbox_from
+from looprl.sandbox.pool import PoolMetrics, SandboxPool
+from looprl.sandbox.server import RemoteSandbox
+from looprl.sandbox.workspace import Snapshot, Workspace, create_workspace, fork, janitor
+
+
+async def create_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
+                         limits: SandboxLimits | None = None,
+                         snapshot: Snapshot | None = None) -> BwrapSandbox:
+    """A fresh sandbox over ``base_dir`` (or over ``snapshot``), commands under bubblewrap.
+
+    Raises ``SandboxUnavailableError`` (with the fix) when bubblewrap cannot run here.
+    """
+    return await new_sandbox(base_dir, venv, limits=limits, snapshot=snapshot)
+
+
+__all__ = ["BwrapSandbox", "PoolMetrics", "RemoteSandbox", "SandboxLimits", "SandboxPool",
+           "Snapshot", "Workspace", "check_bwrap", "create_sandbox", "create_workspace", "fork",
+           "janitor", "sandbox_from"]

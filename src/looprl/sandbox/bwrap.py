@@ -1,0 +1,546 @@
+"""Run commands under bubblewrap: the isolation half of a sandbox (``BwrapSandbox``).
+
+Each command runs as ``/bin/sh -c CMD`` in fresh user, pid, net, ipc, uts and cgroup namespaces,
+as uid 1000 inside with no capabilities and nested user namespaces disabled. On the host it is an
+unprivileged uid of the sandbox's own (``idmap.py``, when looprl runs as root): host uid 0 would
+still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets:
+
+- the workspace (an overlay from ``workspace.py``) as the only writable path besides a private,
+  size-capped tmpfs /tmp; it is mounted at the base repository's absolute path (so editable
+  installs and absolute paths of the task resolve to the workspace) and is the working directory;
+- a read-only system: /usr (+ the /bin, /lib* links), a few /etc files, a minimal /proc and /dev;
+- the task's venv bound read-only at its own absolute path (venvs hard-code paths), plus the
+  interpreter prefix it points to (``home`` in ``pyvenv.cfg``);
+- no network: ``--unshare-net`` leaves only a dead loopback; no DNS config is visible;
+- rlimits (CPU seconds, address space, file size, open files, processes) and, where the cgroup v1
+  memory/pids controllers are writable, a memory limit and a pid limit per command;
+- a wall-clock timeout that kills the whole tree: the process group and every pid of the cgroup
+  are SIGKILLed, and ``--die-with-parent`` + the pid namespace take the rest down with bwrap;
+- output capped to head + tail with a ``[... N bytes truncated ...]`` marker.
+
+What this does NOT protect against: kernel exploits (namespaces share the host kernel, no seccomp
+filter is installed), CPU/memory-bandwidth contention and timing side channels between sandboxes,
+exhaustion of host resources no limit covers (e.g. inotify watches, kernel memory outside the
+cgroup), and reads of world-readable files under the read-only system paths. Run as a non-root
+user, there are no per-sandbox uids and usually no writable cgroups: commands then run as that
+user and the fork-bomb guard is RLIMIT_NPROC alone (shared by all of that user's processes).
+
+    sb = await create_sandbox("/data/repos/attrs", venv="/data/venvs/attrs")  # looprl.sandbox
+    r = await sb.exec("python -m pytest -q", timeout_s=60)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import hashlib
+import os
+import resource
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from looprl.errors import SandboxError, SandboxUnavailableError, ToolError
+from looprl.sandbox.cgroups import Cgroup, cgroup_janitor
+from looprl.sandbox.idmap import FIRST_UID, UID_POOL, as_fsuid
+from looprl.sandbox.workspace import (
+    IGNORED_NAMES,
+    Snapshot,
+    Workspace,
+    _mount_bind,
+    _remove_tree,
+    create_workspace,
+    janitor,
+    sandbox_root,
+)
+from looprl.types import ExecResult, FileEntry
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one sandbox. Every command gets its own fresh set."""
+
+    cpu_s: int = 300
+    """RLIMIT_CPU per process, in CPU seconds (SIGXCPU, then SIGKILL)."""
+    memory_mb: int = 2048
+    """cgroup memory limit for the whole command tree (the OOM killer acts inside it)."""
+    address_space_mb: int = 8192
+    """RLIMIT_AS per process; generous because interpreters reserve virtual memory up front."""
+    file_size_mb: int = 256
+    """RLIMIT_FSIZE: largest file a process may write (SIGXFSZ / EFBIG beyond)."""
+    open_files: int = 1024
+    """RLIMIT_NOFILE per process."""
+    processes: int = 256
+    """pids cgroup limit for the command tree (the fork-bomb guard), also set as RLIMIT_NPROC."""
+    disk_mb: int = 1024
+    """Size of the tmpfs holding the workspace's changes: a disk quota (overlay backend only)."""
+    tmp_mb: int = 256
+    """Size of the private /tmp."""
+    output_bytes: int = 64_000
+    """Cap on captured stdout and on stderr, each (head and tail kept, a marker in between)."""
+    cgroups: bool = True
+    """Put each command in its own memory + pids cgroup (where writable). Costs one cgroup
+    migration per command (an RCU grace period: ~1 ms idle, 10+ ms on a loaded host). Off, the
+    guards are RLIMIT_NPROC (per sandbox: each has its own host uid) and RLIMIT_AS per process."""
+    uid: int = 1000
+    """uid/gid the command runs as inside the sandbox (never 0: no capabilities). On the host it
+    is an unprivileged uid of its own (``idmap.py``) when looprl runs as root."""
+
+
+# ---------------------------------------------------------------- availability
+
+
+@functools.lru_cache(maxsize=1)
+def check_bwrap() -> str:
+    """Path of a working bwrap, or ``SandboxUnavailableError`` saying how to get one."""
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailableError(
+            "bubblewrap is not installed: `apt-get install bubblewrap` (Debian/Ubuntu) or "
+            "`dnf install bubblewrap`, then retry")
+    for tool in ("prlimit", "setpriv"):
+        if shutil.which(tool) is None:
+            raise SandboxUnavailableError(f"`{tool}` is missing: install util-linux "
+                                          "(`apt-get install util-linux`)")
+    drop = functools.partial(_drop_to, FIRST_UID) if os.geteuid() == 0 else None
+    r = subprocess.run([path, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"],
+                       capture_output=True, text=True, timeout=30, preexec_fn=drop)
+    if r.returncode != 0:
+        raise SandboxUnavailableError(
+            f"bubblewrap cannot create namespaces here ({r.stderr.strip()}). Enable unprivileged "
+            "user namespaces: `sysctl -w kernel.unprivileged_userns_clone=1` and "
+            "`sysctl -w user.max_user_namespaces=15000` (or, under AppArmor, "
+            "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`); in a container, run "
+            "it with --privileged or a seccomp profile that allows unshare/clone(CLONE_NEWUSER)")
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def _system_binds() -> tuple[str, ...]:
+    """Read-only system paths: /usr, the /bin and /lib* entries (links or dirs), /etc bits."""
+    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        p = Path("/") / name
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            args += ["--ro-bind", str(p), str(p)]
+    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
+                 "mime.types", "ssl/certs"):
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    etc = sandbox_root() / "etc"
+    etc.mkdir(exist_ok=True)
+    (etc / "passwd").write_text("root:x:0:0::/root:/bin/sh\nsandbox:x:1000:1000::/tmp:/bin/sh\n"
+                                "nobody:x:65534:65534::/nonexistent:/bin/false\n")
+    (etc / "group").write_text("root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n")
+    args += ["--ro-bind", str(etc / "passwd"), "/etc/passwd",
+             "--ro-bind", str(etc / "group"), "/etc/group"]
+    return tuple(args)
+
+
+def _drop_to(uid: int) -> None:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def venv_paths(venv: str | None) -> list[str]:
+    """A venv's root and the interpreter prefix it links to (both mounted read-only)."""
+    if venv is None:
+        return []
+    v = Path(venv).absolute()
+    if not (v / "bin").is_dir():
+        raise SandboxError(f"venv {venv} has no bin/ directory; pass the venv's root directory "
+                           "(the one holding pyvenv.cfg)")
+    out = [str(v)]
+    cfg = v / "pyvenv.cfg"
+    if cfg.exists():
+        for line in cfg.read_text().splitlines():
+            key, _, val = line.partition("=")
+            if key.strip() == "home":
+                prefix = Path(val.strip()).resolve().parent
+                if prefix.is_dir() and not str(prefix).startswith("/usr"):
+                    out.append(str(prefix))
+    return out
+
+
+def bind_args(host_dir: Path, workdir: str, venv: str | None, staged: bool) -> list[str]:
+    """bwrap bind arguments: the workspace read-write, the venv and its prefix read-only.
+    ``staged``: the bwrap runs unprivileged, so read-only sources are first bind-mounted under
+    the sandbox root, where it can reach them (e.g. a venv under a 0700 /root)."""
+    args = ["--bind", str(host_dir), workdir]
+    for p in venv_paths(venv):
+        args += ["--ro-bind", _staged(p) if staged else p, p]
+    return args
+
+
+@functools.lru_cache(maxsize=256)
+def _staged(path: str) -> str:
+    dst = sandbox_root() / f"mnt-{os.getpid()}-{hashlib.sha1(path.encode()).hexdigest()[:16]}"
+    dst.mkdir(exist_ok=True)
+    try:
+        _mount_bind(path, dst)
+    except OSError as e:
+        raise SandboxError(f"cannot stage {path} for the sandbox: {e}") from e
+    atexit.register(_remove_tree, dst)
+    return str(dst)
+
+
+def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: str | None,
+               limits: SandboxLimits, env: Mapping[str, str] | None) -> list[str]:
+    """The full bwrap command line for one command (``binds`` from ``bind_args``)."""
+    uid = str(limits.uid)
+    path = "/usr/local/bin:/usr/bin:/bin"
+    base_env = {"PATH": f"{venv}/bin:{path}" if venv else path, "HOME": "/tmp", "USER": "sandbox",
+                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
+                "PYTHONDONTWRITEBYTECODE": "1", "PIP_NO_INDEX": "1"}
+    if venv:
+        base_env["VIRTUAL_ENV"] = venv
+    merged = {**base_env, **(env or {})}
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", uid,
+            "--gid", uid, "--hostname", "sandbox", "--die-with-parent", "--new-session",
+            *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
+            *binds, "--chdir", workdir,
+            "--clearenv"]
+    for k, v in merged.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise ToolError(f"invalid environment variable {k!r}: names need no '=' or NUL")
+        argv += ["--setenv", k, v]
+    return [*argv, "--", "/bin/sh", "-c", cmd]
+
+
+# ---------------------------------------------------------------- running
+
+
+class _Capped:
+    """Keeps the first and last ``cap // 2`` bytes of a stream."""
+
+    def __init__(self, cap: int):
+        self.half = max(cap // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > 2 * self.half:
+                del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> tuple[str, bool]:
+        tail = bytes(self.tail[-self.half:]) if self.tail else b""
+        dropped = self.total - len(self.head) - len(tail)
+        body = bytes(self.head) + (f"\n[... {dropped} bytes truncated ...]\n".encode()
+                                   if dropped > 0 else b"") + tail
+        return body.decode("utf-8", errors="replace"), dropped > 0
+
+
+async def _pump(stream: asyncio.StreamReader, sink: _Capped) -> None:
+    while chunk := await stream.read(65536):
+        sink.add(chunk)
+
+
+def launcher(limits: SandboxLimits, procs_files: list[str], uid: int | None) -> list[str]:
+    """The exec chain before bwrap: join the cgroups (sh), set rlimits (prlimit), drop to the
+    sandbox's host uid (setpriv). Plain execs, so spawning never forks this (possibly large,
+    torch-holding) Python process the slow way, as a ``preexec_fn`` would."""
+    chain: list[str] = []
+    if procs_files:  # join before anything else runs: every descendant is then counted
+        script = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs_files)
+        chain += ["/bin/sh", "-c", script + ' && exec "$@"', "sh"]
+    mb = 2**20
+
+    def cap(res: int, v: int) -> int:  # never above our own hard limit (cannot raise it)
+        cur = resource.getrlimit(res)[1]
+        return v if cur == resource.RLIM_INFINITY else min(v, cur)
+
+    chain += ["prlimit",
+              # SIGXCPU at the soft limit (reported as a CPU-limit kill), SIGKILL 1 s later
+              f"--cpu={cap(resource.RLIMIT_CPU, limits.cpu_s)}:"
+              f"{cap(resource.RLIMIT_CPU, limits.cpu_s + 1)}",
+              f"--as={cap(resource.RLIMIT_AS, limits.address_space_mb * mb)}",
+              f"--fsize={cap(resource.RLIMIT_FSIZE, limits.file_size_mb * mb)}",
+              f"--nofile={cap(resource.RLIMIT_NOFILE, limits.open_files)}",
+              f"--nproc={cap(resource.RLIMIT_NPROC, limits.processes)}", "--core=0", "--"]
+    if uid is not None:  # last: an unprivileged host uid, so RLIMIT_NPROC and DAC apply
+        chain += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    return chain
+
+
+_LAUNCH_ERRORS = ("bwrap:", "prlimit:", "setpriv:", "sh: 1: cannot create /sys/fs/cgroup")
+_KILLED = {128 + signal.SIGKILL: "killed", 128 + signal.SIGXCPU: "CPU time limit",
+           128 + signal.SIGXFSZ: "file size limit"}
+
+
+async def run_bwrap(argv: list[str], *, timeout_s: float, limits: SandboxLimits,
+                    uid: int | None = None) -> ExecResult:
+    """Run a bwrap command line with limits, a wall timeout and capped output, as host ``uid``."""
+    t0 = time.perf_counter()
+    cg = Cgroup(limits.memory_mb, limits.processes, enabled=limits.cgroups)
+    out, err = _Capped(limits.output_bytes), _Capped(limits.output_bytes)
+    pumps: asyncio.Future[list[None]] | None = None
+    try:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *launcher(limits, cg.procs_files(), uid), *argv, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise SandboxError(f"could not start bubblewrap: {e}") from e
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = asyncio.gather(_pump(proc.stdout, out), _pump(proc.stderr, err))
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+        finally:  # kill the whole tree, also when we are cancelled
+            if proc.returncode is None:  # not reaped yet, so its pid cannot have been reused
+                _kill_tree(proc.pid)
+            cg.kill_all()
+        try:
+            await asyncio.wait_for(pumps, 2.0)
+        except asyncio.TimeoutError:
+            pumps.cancel()
+        rc = proc.returncode if proc.returncode is not None else await proc.wait()
+        oom = cg.oom_killed()
+    finally:
+        if pumps is not None and not pumps.done():
+            pumps.cancel()
+        cg.close()
+    stdout, t1 = out.text()
+    stderr, t2 = err.text()
+    if rc != 0 and stderr.startswith(_LAUNCH_ERRORS):  # the machinery failed: infrastructure
+        raise SandboxError(f"bubblewrap failed to set up the sandbox: {stderr.strip()}")
+    code: int | None = rc
+    if timed_out:
+        code = None
+        stderr += f"\n[looprl: timed out after {timeout_s:g} s; the process tree was killed]\n"
+    elif oom:
+        code = None
+        stderr += f"\n[looprl: killed: out of memory (limit {limits.memory_mb} MB)]\n"
+    elif rc in _KILLED:
+        code = None
+        stderr += f"\n[looprl: {_KILLED[rc]}]\n"
+    return ExecResult(code, stdout, stderr, timed_out, t1 or t2, time.perf_counter() - t0)
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ---------------------------------------------------------------- the sandbox
+
+
+class _Gate:
+    """Many concurrent commands, or one exclusive snapshot."""
+
+    def __init__(self) -> None:
+        self.cond = asyncio.Condition()
+        self.active = 0
+        self.exclusive = False
+
+    async def enter(self, exclusive: bool) -> None:
+        async with self.cond:
+            await self.cond.wait_for(
+                lambda: not self.exclusive and (not exclusive or self.active == 0))
+            if exclusive:
+                self.exclusive = True
+            else:
+                self.active += 1
+
+    async def leave(self, exclusive: bool) -> None:
+        async with self.cond:
+            if exclusive:
+                self.exclusive = False
+            else:
+                self.active -= 1
+            self.cond.notify_all()
+
+
+class BwrapSandbox:
+    """``looprl.protocols.Sandbox`` over a copy-on-write workspace, commands under bubblewrap.
+
+    File operations act on the workspace on the host and refuse any path that leaves it
+    (absolute, ``..``, symlinks resolving outside) with ``ToolError``.
+    """
+
+    def __init__(self, workspace: Workspace, venv: str | None = None,
+                 limits: SandboxLimits | None = None, workdir: str | None = None):
+        self.workspace = workspace
+        self.venv = str(Path(venv).absolute()) if venv else None
+        self.limits = limits or SandboxLimits()
+        self.workdir = workdir or str(workspace.base)
+        self._bwrap = check_bwrap()
+        self._gate = _Gate()
+        self._root = os.path.realpath(workspace.path)
+
+    @property
+    def cow_backend(self) -> str:
+        return self.workspace.cow_backend
+
+    async def exec(self, cmd: str, *, timeout_s: float = 60.0,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        self._check_open()
+        uid = self.workspace.uid
+        binds = bind_args(self.workspace.path, self.workdir, self.venv, staged=uid is not None)
+        argv = build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
+                          limits=self.limits, env=env)
+        await self._gate.enter(False)
+        try:
+            return await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits, uid=uid)
+        finally:
+            await self._gate.leave(False)
+
+    def _resolve(self, path: str) -> Path:
+        self._check_open()
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise ToolError(f"invalid path {path!r}: give a workspace-relative path like 'src/a.py'")
+        p = PurePosixPath(path)
+        if p.is_absolute():
+            raise ToolError(f"path {path!r} is absolute; use a path relative to the workspace root")
+        if ".." in p.parts:
+            raise ToolError(f"path {path!r} contains '..'; paths must stay inside the workspace")
+        real = os.path.realpath(os.path.join(self._root, *p.parts))
+        if real != self._root and not real.startswith(self._root + os.sep):
+            raise ToolError(f"path {path!r} resolves outside the workspace (through a symlink)")
+        return Path(real)
+
+    async def read(self, path: str) -> bytes:
+        real = self._resolve(path)
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise ToolError(f"file not found: {path}") from None
+        except OSError as e:
+            raise ToolError(f"cannot read {path}: {e.strerror}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ToolError(f"{path} is not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(fd)
+
+    async def write(self, path: str, data: bytes) -> None:
+        real = self._resolve(path)
+        if real == Path(self._root):
+            raise ToolError("cannot write to the workspace root; name a file")
+        try:
+            await asyncio.to_thread(self._write_as_owner, path, real, data)
+        except OSError as e:
+            raise ToolError(f"cannot write {path}: {e.strerror}") from None
+
+    def _write_as_owner(self, path: str, real: Path, data: bytes) -> None:
+        with as_fsuid(self.workspace.uid):  # new files belong to the sandbox, like its own
+            real.parent.mkdir(parents=True, exist_ok=True)
+            self._resolve(path)  # re-check: a parent may have been created through a link
+            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+
+    async def walk(self, under: str = ".", *, max_entries: int = 100_000) -> list[FileEntry]:
+        top = self._resolve(under)
+        if not top.is_dir():
+            raise ToolError(f"{under} is not a directory")
+        out: list[FileEntry] = []
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_NAMES)
+            rel_dir = os.path.relpath(dirpath, self._root)
+            for name in sorted(dirnames + filenames):
+                full = os.path.join(dirpath, name)
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                st = os.lstat(full)
+                kind = ("link" if stat.S_ISLNK(st.st_mode) else
+                        "dir" if stat.S_ISDIR(st.st_mode) else "file")
+                out.append(FileEntry(rel, kind, st.st_size if kind == "file" else 0))
+                if len(out) >= max_entries:
+                    return sorted(out, key=lambda e: e.path)
+        return sorted(out, key=lambda e: e.path)
+
+    async def diff(self) -> str:
+        self._check_open()
+        return await asyncio.to_thread(self.workspace.diff)
+
+    async def snapshot(self) -> Snapshot:
+        """Freeze the current state (waits for running commands; blocks new ones meanwhile)."""
+        self._check_open()
+        await self._gate.enter(True)
+        try:
+            return await asyncio.to_thread(self.workspace.snapshot)
+        finally:
+            await self._gate.leave(True)
+
+    async def fork(self, n: int) -> list[BwrapSandbox]:
+        """``n`` independent sandboxes starting from this one's current state."""
+        snap = await self.snapshot()
+        try:
+            return [await sandbox_from(snap, venv=self.venv, limits=self.limits,
+                                       workdir=self.workdir) for _ in range(n)]
+        finally:
+            snap.release()
+
+    async def reset(self) -> None:
+        """Back to the starting state (base or snapshot)."""
+        await self._gate.enter(True)
+        try:
+            await asyncio.to_thread(self.workspace.reset)
+        finally:
+            await self._gate.leave(True)
+
+    async def close(self) -> None:
+        if not self.workspace.closed:
+            await asyncio.to_thread(self.workspace.destroy)
+            if self.workspace.uid is not None:
+                UID_POOL.give(self.workspace.uid)
+
+    def _check_open(self) -> None:
+        if self.workspace.closed:
+            raise SandboxError("sandbox is closed (its workspace was destroyed)")
+
+
+@functools.lru_cache(maxsize=1)
+def _janitor_once() -> None:
+    janitor()
+    cgroup_janitor()
+
+
+async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
+                      limits: SandboxLimits | None = None, snapshot: Snapshot | None = None,
+                      workdir: str | None = None) -> BwrapSandbox:
+    """A new sandbox over ``base_dir`` (or starting at ``snapshot``), with its own host uid."""
+    check_bwrap()
+    _janitor_once()
+    limits = limits or SandboxLimits()
+    uid = UID_POOL.take() if os.geteuid() == 0 else None
+    try:
+        ws = await asyncio.to_thread(create_workspace, base_dir, snapshot=snapshot,
+                                     disk_mb=limits.disk_mb, uid=uid)
+    except BaseException:
+        if uid is not None:
+            UID_POOL.give(uid)
+        raise
+    return BwrapSandbox(ws, venv, limits, workdir)
+
+
+async def sandbox_from(snapshot: Snapshot, *, venv: str | None = None,
+                       limits: SandboxLimits | None = None,
+                       workdir: str | None = None) -> BwrapSandbox:
+    """A new sandbox whose workspace starts at ``snapshot``."""
+    return await new_sandbox(snapshot.base, venv, limits=limits, snapshot=snapshot,
+                             workdir=workdir)

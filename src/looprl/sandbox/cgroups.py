@@ -1,0 +1,122 @@
+"""Per-command cgroups (v1 memory + pids) for ``bwrap.py``, and their janitor.
+
+Each command of a sandbox joins a fresh ``looprl-<pid>-<id>`` cgroup under this process's own
+cgroup in each writable controller: a memory limit for the whole process tree (the OOM killer acts
+inside it), a pid limit (the fork-bomb guard), and a list of every pid to SIGKILL on timeout.
+Where the controllers are absent or read-only, nothing is created and the rlimits remain.
+
+    cg = Cgroup(memory_mb=2048, processes=256)   # preexec: write the child pid to cg.procs_files()
+    ...; cg.kill_all(); cg.close()
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+
+def _own_cgroup(controller: str) -> Path | None:
+    root = Path("/sys/fs/cgroup") / controller
+    if not root.is_dir():
+        return None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, rel = line.split(":", 2)
+        if controller in ctrls.split(","):
+            p = root / rel.lstrip("/")
+            return p if os.access(p, os.W_OK) else None
+    return None
+
+
+class Cgroup:
+    """A memory + pids cgroup (v1) for one command; missing controllers are skipped."""
+
+    def __init__(self, memory_mb: int, processes: int, *, enabled: bool = True):
+        self.dirs: list[Path] = []
+        if not enabled:
+            return
+        name = f"looprl-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+        settings = {"memory": {"memory.limit_in_bytes": memory_mb * 2**20,
+                               "memory.swappiness": 0},
+                    "pids": {"pids.max": processes}}
+        for ctrl, values in settings.items():
+            parent = _own_cgroup(ctrl)
+            if parent is None:
+                continue
+            d = parent / name
+            try:
+                d.mkdir()
+                for k, v in values.items():
+                    try:
+                        (d / k).write_text(str(v))
+                    except OSError:
+                        if k != "memory.swappiness":
+                            raise
+            except OSError:
+                self._rmdir(d)
+                continue
+            self.dirs.append(d)
+
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def oom_killed(self) -> bool:
+        for d in self.dirs:
+            try:
+                stats = dict(line.split() for line in (d / "memory.oom_control").read_text()
+                             .splitlines() if line.count(" ") == 1)
+            except OSError:
+                continue
+            if int(stats.get("oom_kill", 0)) > 0:
+                return True
+        return False
+
+    def kill_all(self) -> None:
+        for _ in range(50):
+            pids = set()
+            for d in self.dirs:
+                try:
+                    pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+                except OSError:
+                    pass
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        self.kill_all()
+        for d in self.dirs:
+            self._rmdir(d)
+
+    @staticmethod
+    def _rmdir(d: Path) -> None:
+        for _ in range(500):
+            try:
+                d.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.002)
+
+
+def cgroup_janitor() -> int:
+    """Remove looprl cgroups left by dead processes. Returns how many went."""
+    n = 0
+    for ctrl in ("memory", "pids"):
+        parent = _own_cgroup(ctrl)
+        if parent is None:
+            continue
+        for d in parent.glob("looprl-*"):
+            pid = d.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                Cgroup._rmdir(d)
+                n += 1
+    return n

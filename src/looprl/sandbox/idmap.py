@@ -1,0 +1,129 @@
+"""Unprivileged sandbox uids and idmapped mounts (Linux >= 5.12, as root).
+
+Sandboxed commands must not run with host uid 0: the kernel treats host uid 0 as root for
+sysctl permissions, device-node ownership and RLIMIT_NPROC even inside a user namespace. Each
+sandbox therefore gets its own unprivileged host uid from ``UidPool``, and its workspace layers
+are *idmapped* bind mounts that show files owned by host root (the repository, as the task
+builder extracted it) as owned by that uid — so the agent can edit them while its processes
+stay unprivileged. Files it creates are stored as root-owned on disk.
+
+    uid = UID_POOL.take()                       # e.g. 200001
+    idmapped_clone("/data/repos/attrs", "/tmp/.../lower0", uid)
+    ...
+    UID_POOL.give(uid)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and aarch64 alike
+_OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 1, 0o2000000
+_AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
+_MOUNT_ATTR_IDMAP, _MOVE_MOUNT_F_EMPTY_PATH = 0x100000, 4
+FIRST_UID = 200_000
+"""Sandbox uids are FIRST_UID, FIRST_UID+1, ...: a range no login account uses."""
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _check(rc: int, what: str) -> int:
+    if rc < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return rc
+
+
+class UidPool:
+    """Hands out unprivileged host uids (reused LIFO) and a user namespace mapping each to 0."""
+
+    def __init__(self, first: int = FIRST_UID, size: int = 60_000):
+        self.first, self.size = first, size
+        self._free: list[int] = []
+        self._next = first
+        self._userns_fd: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            assert self._next < self.first + self.size, "sandbox uid range exhausted"
+            self._next += 1
+            return self._next - 1
+
+    def give(self, uid: int) -> None:
+        with self._lock:
+            if uid not in self._free:
+                self._free.append(uid)
+
+    def userns_fd(self, uid: int) -> int:
+        """An fd of a user namespace mapping ns id 0 to host ``uid`` (cached per uid)."""
+        with self._lock:
+            fd = self._userns_fd.get(uid)
+        if fd is None:
+            fd = _make_userns(uid)
+            with self._lock:
+                self._userns_fd[uid] = fd
+        return fd
+
+
+def _make_userns(uid: int) -> int:
+    proc = subprocess.Popen(["unshare", "--user", "sleep", "60"], stdin=subprocess.DEVNULL)
+    try:
+        own = os.readlink("/proc/self/ns/user")
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{proc.pid}/ns/user") == own:  # wait until it has unshared
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise OSError("could not create a user namespace with `unshare --user`")
+            time.sleep(0.0005)
+        Path(f"/proc/{proc.pid}/uid_map").write_text(f"0 {uid} 1\n")
+        Path(f"/proc/{proc.pid}/gid_map").write_text(f"0 {uid} 1\n")
+        return os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+UID_POOL = UidPool()
+
+
+def idmapped_clone(src: str | os.PathLike[str], dst: Path, uid: int) -> None:
+    """Bind ``src`` at ``dst`` (created) with host root's files shown as owned by ``uid``."""
+    dst.mkdir(exist_ok=True)
+    fd = _check(_libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(src),
+                              _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC), f"open_tree {src}")
+    try:
+        attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, UID_POOL.userns_fd(uid))
+        _check(_libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
+                             ctypes.sizeof(attr)), f"idmapping {src}")
+        _check(_libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(dst),
+                             _MOVE_MOUNT_F_EMPTY_PATH), f"move_mount to {dst}")
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def as_fsuid(uid: int | None) -> Iterator[None]:
+    """Do file operations in this thread as ``uid`` (files created are that sandbox's)."""
+    if uid is None or os.geteuid() != 0:
+        yield
+        return
+    _libc.setfsgid(uid)
+    _libc.setfsuid(uid)
+    try:
+        yield
+    finally:
+        _libc.setfsuid(0)
+        _libc.setfsgid(0)

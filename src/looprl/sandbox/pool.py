@@ -1,0 +1,255 @@
+"""An in-process environment server: a bounded pool of sandboxes with leases, a queue and metrics.
+
+At most ``max_running`` sandboxes are leased at once; further ``lease`` calls wait in a queue.
+Each lease has a timeout after which its sandbox is closed and further use raises
+``SandboxError`` (infrastructure: never the model's fault). Returned sandboxes are reset and
+kept warm (``idle``) for the next lease over the same base.
+
+    pool = SandboxPool(max_running=16, lease_timeout_s=900)
+    async with pool.lease("/data/repos/attrs", venv="/data/venvs/attrs") as sb:
+        r = await sb.exec("python -m pytest -q")
+    print(pool.metrics())   # busy, idle, queued, exec latency p50/p95, ...
+
+``server.py`` serves the same pool over HTTP; ``RemoteSandbox`` is its client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from looprl.errors import SandboxError
+from looprl.sandbox.bwrap import BwrapSandbox, SandboxLimits, check_bwrap, new_sandbox, sandbox_from
+from looprl.sandbox.workspace import Snapshot
+from looprl.types import ExecResult, FileEntry
+
+
+@dataclass(frozen=True)
+class PoolMetrics:
+    """A point-in-time view of a pool."""
+
+    busy: int
+    """Sandboxes currently leased."""
+    idle: int
+    """Reset sandboxes kept warm for the next lease."""
+    queued: int
+    """Lease requests waiting for a free slot."""
+    max_running: int
+    leases_total: int
+    expired_total: int
+    """Leases closed because they outlived ``lease_timeout_s``."""
+    errors_total: int
+    """Sandbox (infrastructure) failures seen by leased sandboxes."""
+    execs_total: int
+    exec_p50_ms: float
+    exec_p95_ms: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+class PooledSandbox:
+    """A leased sandbox: the ``Sandbox`` protocol plus lease bookkeeping and latency metrics."""
+
+    def __init__(self, pool: SandboxPool, inner: BwrapSandbox, key: tuple[str, str | None],
+                 timeout_s: float):
+        self.pool = pool
+        self.inner = inner
+        self.key = key
+        self.id = os.urandom(8).hex()
+        self.expired = False
+        self.broken = False
+        self.released = False
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, timeout_s)
+
+    def _expire(self, timeout_s: float) -> None:
+        self.expired = True
+        self.pool._expired += 1
+        asyncio.ensure_future(self.inner.close())
+        self._expiry_msg = (f"sandbox lease expired after {timeout_s:g} s and the sandbox was "
+                            "closed; raise the pool's lease_timeout_s for longer episodes")
+
+    def _check(self) -> None:
+        if self.released:
+            raise SandboxError("sandbox lease was already returned to the pool")
+        if self.expired:
+            raise SandboxError(self._expiry_msg)
+
+    async def _call(self, coro_fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._check()
+        try:
+            return await coro_fn(*args, **kwargs)
+        except SandboxError:
+            self.broken = True
+            self.pool._errors += 1
+            if self.expired:
+                raise SandboxError(self._expiry_msg) from None
+            raise
+
+    async def exec(self, cmd: str, *, timeout_s: float = 60.0,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        t0 = time.perf_counter()
+        r = await self._call(self.inner.exec, cmd, timeout_s=timeout_s, env=env)
+        self.pool._record_exec(time.perf_counter() - t0)
+        return r
+
+    async def read(self, path: str) -> bytes:
+        return await self._call(self.inner.read, path)
+
+    async def write(self, path: str, data: bytes) -> None:
+        await self._call(self.inner.write, path, data)
+
+    async def walk(self, under: str = ".", *, max_entries: int = 100_000) -> list[FileEntry]:
+        return await self._call(self.inner.walk, under, max_entries=max_entries)
+
+    async def diff(self) -> str:
+        return await self._call(self.inner.diff)
+
+    async def snapshot(self) -> Snapshot:
+        return await self._call(self.inner.snapshot)
+
+    async def close(self) -> None:
+        """Return the lease (same as leaving ``pool.lease``)."""
+        await self.pool.release(self)
+
+
+class SandboxPool:
+    """A bounded pool of sandboxes; ``lease`` waits in a queue when ``max_running`` are out."""
+
+    def __init__(self, max_running: int = 16, *, limits: SandboxLimits | None = None,
+                 lease_timeout_s: float = 3600.0, max_idle: int = 8):
+        assert max_running >= 1, "max_running must be at least 1"
+        self.max_running = max_running
+        self.limits = limits or SandboxLimits()
+        self.lease_timeout_s = lease_timeout_s
+        self.max_idle = max_idle
+        self._slots: asyncio.Semaphore | None = None
+        self._busy: dict[str, PooledSandbox] = {}
+        self._idle: dict[tuple[str, str | None], list[BwrapSandbox]] = {}
+        self._queued = 0
+        self._leases = self._expired = self._errors = self._execs = 0
+        self._latency_s: deque[float] = deque(maxlen=2048)
+        self._closed = False
+
+    def _sem(self) -> asyncio.Semaphore:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_running)
+        return self._slots
+
+    def _record_exec(self, wall_s: float) -> None:
+        self._execs += 1
+        self._latency_s.append(wall_s)
+
+    async def acquire(self, base_dir: str | os.PathLike[str], venv: str | None = None, *,
+                      snapshot: Snapshot | None = None,
+                      timeout_s: float | None = None) -> PooledSandbox:
+        """Lease a sandbox (waits while ``max_running`` are out). Pair with ``release``."""
+        if self._closed:
+            raise SandboxError("sandbox pool is closed")
+        check_bwrap()
+        self._queued += 1
+        try:
+            await self._sem().acquire()
+        finally:
+            self._queued -= 1
+        try:
+            inner, key = await self._make(base_dir, venv, snapshot)
+        except BaseException:
+            self._sem().release()
+            raise
+        leased = PooledSandbox(self, inner, key, timeout_s or self.lease_timeout_s)
+        self._busy[leased.id] = leased
+        self._leases += 1
+        return leased
+
+    async def _make(self, base_dir: str | os.PathLike[str], venv: str | None,
+                    snapshot: Snapshot | None) -> tuple[BwrapSandbox, tuple[str, str | None]]:
+        key = (os.path.realpath(base_dir), venv)
+        if snapshot is not None:
+            return await sandbox_from(snapshot, venv=venv, limits=self.limits), ("", None)
+        idle = self._idle.get(key)
+        if idle:
+            return idle.pop(), key
+        try:
+            return await new_sandbox(base_dir, venv, limits=self.limits), key
+        except OSError as e:
+            raise SandboxError(f"could not create a workspace over {base_dir}: {e}") from e
+
+    async def release(self, leased: PooledSandbox) -> None:
+        """Return a lease; its sandbox is reset and kept idle, or closed."""
+        if leased.released:
+            return
+        leased.released = True
+        leased._timer.cancel()
+        self._busy.pop(leased.id, None)
+        try:
+            idle = self._idle.setdefault(leased.key, [])
+            reusable = not (leased.expired or leased.broken or self._closed or not leased.key[0])
+            if reusable and len(idle) < self.max_idle:
+                try:
+                    await leased.inner.reset()
+                    idle.append(leased.inner)
+                    return
+                except (SandboxError, OSError):
+                    pass
+            await leased.inner.close()
+        finally:
+            self._sem().release()
+
+    @contextlib.asynccontextmanager
+    async def lease(self, base_dir: str | os.PathLike[str], venv: str | None = None, *,
+                    snapshot: Snapshot | None = None,
+                    timeout_s: float | None = None) -> AsyncIterator[PooledSandbox]:
+        """``async with pool.lease(base) as sb:`` — the sandbox goes back on exit."""
+        leased = await self.acquire(base_dir, venv, snapshot=snapshot, timeout_s=timeout_s)
+        try:
+            yield leased
+        finally:
+            await self.release(leased)
+
+    def get(self, lease_id: str) -> PooledSandbox:
+        """The live lease with this id (``SandboxError`` when unknown, returned or expired)."""
+        leased = self._busy.get(lease_id)
+        if leased is None:
+            raise SandboxError(f"no live sandbox lease {lease_id!r} (returned, expired or the "
+                               "server restarted)")
+        return leased
+
+    def metrics(self) -> PoolMetrics:
+        lat = list(self._latency_s)
+        return PoolMetrics(
+            busy=len(self._busy), idle=sum(len(v) for v in self._idle.values()),
+            queued=self._queued, max_running=self.max_running, leases_total=self._leases,
+            expired_total=self._expired, errors_total=self._errors, execs_total=self._execs,
+            exec_p50_ms=1000 * _percentile(lat, 0.5), exec_p95_ms=1000 * _percentile(lat, 0.95))
+
+    def health(self) -> dict[str, object]:
+        """ok + why not: bubblewrap usable and the pool open."""
+        try:
+            check_bwrap()
+            ok, detail = not self._closed, "closed" if self._closed else "ok"
+        except SandboxError as e:
+            ok, detail = False, str(e)
+        return {"ok": ok, "detail": detail, **self.metrics().to_dict()}
+
+    async def close(self) -> None:
+        """Close every idle and leased sandbox."""
+        self._closed = True
+        for leased in list(self._busy.values()):
+            await self.release(leased)
+        for idle in self._idle.values():
+            for sb in idle:
+                await sb.close()
+        self._idle.clear()

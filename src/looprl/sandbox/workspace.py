@@ -1,0 +1,505 @@
+"""Copy-on-write workspaces over an immutable base directory (a task's repository).
+
+A workspace is a writable view of ``base``. As root, it is a kernel overlayfs mount (lower = the
+base, plus any frozen snapshot layers; upper/work on a small per-workspace tmpfs that doubles as a
+disk quota): creating one costs a few milliseconds whatever the repository size. Elsewhere (not
+root, overlay refused) it falls back to ``cp -a`` of the base; ``Workspace.cow_backend`` says which
+one is in use and a log line reports the fallback.
+
+    ws = create_workspace("/data/repos/attrs-23.1")     # ws.path is the writable tree
+    snap = ws.snapshot()                                  # freeze the current state
+    kids = fork(snap, 8)                                  # a group's G rollouts start here
+    print(kids[0].diff())                                 # unified diff against the base
+    for w in (ws, *kids): w.destroy()
+    snap.release()
+
+Given ``uid`` (``BwrapSandbox`` does, as root), the lower layers are idmapped so that host root's
+files appear owned by that unprivileged uid, which owns the upper layer too (see ``idmap.py``).
+
+Nothing leaks: every workspace and layer directory is named after its owner pid; ``destroy`` and
+an atexit hook unmount and remove them, and ``janitor()`` (run once per process, on first use)
+removes mounts and directories left behind by processes that died (e.g. killed with SIGKILL).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import difflib
+import functools
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+import uuid
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from looprl.errors import SandboxError
+from looprl.sandbox.idmap import idmapped_clone
+
+log = logging.getLogger(__name__)
+
+CowBackend = Literal["overlay", "copy"]
+IGNORED_NAMES = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".git",
+                           ".hypothesis", ".tox", ".nox"})
+IGNORED_SUFFIXES = (".pyc", ".pyo")
+_MNT_DETACH = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_lock = threading.Lock()
+_live: weakref.WeakSet[Workspace] = weakref.WeakSet()
+_layer_refs: dict[str, int] = {}
+_janitor_done = False
+
+
+def sandbox_root() -> Path:
+    """Where workspaces and layers live on the host (``LOOPRL_SANDBOX_DIR``, default under /tmp)."""
+    p = Path(os.environ.get("LOOPRL_SANDBOX_DIR", Path(tempfile.gettempdir()) / "looprl-sandbox"))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+# ---------------------------------------------------------------- mounts
+
+
+def _mount(source: str, target: Path, fstype: str, options: str) -> None:
+    rc = _libc.mount(source.encode(), str(target).encode(), fstype.encode(), 0, options.encode())
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount -t {fstype} {target}: {os.strerror(err)} (options {options})")
+
+
+def _mount_bind(source: str, target: Path) -> None:
+    ms_bind, ms_rec = 4096, 16384
+    if _libc.mount(source.encode(), str(target).encode(), None, ms_bind | ms_rec, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bind mount {source} on {target}: {os.strerror(err)}")
+
+
+def _umount(target: Path) -> None:
+    if _libc.umount2(str(target).encode(), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (22, 2):  # EINVAL: not a mount point; ENOENT: already gone
+            raise OSError(err, f"umount {target}: {os.strerror(err)}")
+
+
+def mounts_under(prefix: Path) -> list[Path]:
+    """Mount points at or below ``prefix``, deepest first (from /proc/self/mountinfo)."""
+    out = []
+    pre = str(prefix)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].encode().decode("unicode_escape")
+            if mp == pre or mp.startswith(pre + "/"):
+                out.append(Path(mp))
+    return sorted(out, key=lambda p: len(p.parts), reverse=True)
+
+
+def _remove_tree(path: Path) -> None:
+    for mp in mounts_under(path):
+        _umount(mp)
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+
+
+def _overlay_ok() -> bool:
+    return os.geteuid() == 0 and os.environ.get("LOOPRL_SANDBOX_COW", "auto") != "copy"
+
+
+def _check_overlay_path(p: str) -> None:
+    if any(c in p for c in ",:\\\n"):
+        raise SandboxError(f"path {p!r} contains ',', ':' or '\\' which overlayfs options cannot "
+                           "carry; move the repository to a plain path")
+
+
+# ---------------------------------------------------------------- janitor
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_pid(name: str) -> int | None:
+    parts = name.split("-")
+    if len(parts) >= 3 and parts[0] in ("ws", "layer", "mnt") and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def janitor(root: Path | None = None) -> list[Path]:
+    """Unmount and delete workspaces and layers whose owner process is dead. Returns what went."""
+    root = root or sandbox_root()
+    removed = []
+    for entry in sorted(root.iterdir()):
+        pid = _owner_pid(entry.name)
+        if pid is None or _pid_alive(pid):
+            continue
+        _remove_tree(entry)
+        removed.append(entry)
+    if removed:
+        log.info("sandbox janitor removed %d stale workspace/layer dirs under %s", len(removed), root)
+    return removed
+
+
+def _ensure_janitor() -> None:
+    global _janitor_done
+    with _lock:
+        if _janitor_done:
+            return
+        _janitor_done = True
+    janitor()
+
+
+@atexit.register
+def _cleanup_at_exit() -> None:
+    for ws in list(_live):
+        ws.destroy()
+    for layer in list(_layer_refs):
+        _remove_tree(Path(layer))
+    _layer_refs.clear()
+
+
+# ---------------------------------------------------------------- layers and snapshots
+
+
+def _incref(layers: tuple[str, ...]) -> None:
+    with _lock:
+        for lay in layers:
+            _layer_refs[lay] = _layer_refs.get(lay, 0) + 1
+
+
+def _decref(layers: tuple[str, ...]) -> None:
+    dead = []
+    with _lock:
+        for lay in layers:
+            n = _layer_refs.get(lay, 0) - 1
+            if n <= 0:
+                _layer_refs.pop(lay, None)
+                dead.append(lay)
+            else:
+                _layer_refs[lay] = n
+    for lay in dead:
+        _remove_tree(Path(lay))
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """A frozen workspace state: read-only layers (top first) over ``base``. Fork workspaces from
+    it with ``fork``; call ``release`` (or drop it) when no new fork is needed."""
+
+    id: str
+    base: str
+    layers: tuple[str, ...]
+    """Frozen layer dirs, top first. Overlay: each is a frozen upper dir; copy: one full tree."""
+    cow_backend: CowBackend
+
+    def __post_init__(self) -> None:
+        _incref(self.layers)
+        object.__setattr__(self, "_finalizer", weakref.finalize(self, _decref, self.layers))
+
+    def release(self) -> None:
+        """Drop this handle's reference; layers go when no workspace uses them either."""
+        self._finalizer()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- workspaces
+
+
+class Workspace:
+    """A writable copy-on-write view of a base directory. ``path`` is the tree to work in."""
+
+    def __init__(self, base: Path, layers: tuple[str, ...], disk_mb: int, backend: CowBackend,
+                 uid: int | None = None):
+        self.base = base
+        self.uid = uid
+        """Unprivileged host uid that owns the view (idmapped layers), or None: host ids as-is."""
+        self.layers = layers
+        self.disk_mb = disk_mb
+        self.cow_backend: CowBackend = backend
+        self.dir = sandbox_root() / f"ws-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.path = self.dir / "merged"
+        self.closed = False
+        _incref(layers)
+        _live.add(self)
+        try:
+            self.dir.mkdir()
+            self.path.mkdir()
+            self._populate()
+        except Exception:
+            self.destroy()
+            raise
+
+    def __repr__(self) -> str:
+        return f"Workspace({self.path}, base={self.base}, backend={self.cow_backend})"
+
+    @property
+    def _rw(self) -> Path:
+        return self.dir / "rw"
+
+    @property
+    def upper(self) -> Path:
+        return self._rw / "upper"
+
+    def _populate(self) -> None:
+        if self.cow_backend == "copy":
+            src = Path(self.layers[0]) if self.layers else self.base
+            _cp_a(src, self.path)
+            if self.uid is not None:
+                subprocess.run(["chown", "-R", "--no-dereference", f"{self.uid}:{self.uid}",
+                                str(self.path)], check=True)
+            return
+        self._rw.mkdir(exist_ok=True)
+        # a private tmpfs holds upper+work: it is the workspace's disk quota (a disk-fill attack
+        # hits ENOSPC here, never the host disk).
+        _mount("tmpfs", self._rw, "tmpfs", f"size={self.disk_mb}m,nr_inodes=200k,mode=0755")
+        self.upper.mkdir()
+        (self._rw / "work").mkdir()
+        lowers = [*self.layers, str(self.base)]
+        if self.uid is not None:
+            # lower layers are seen through an idmap (root's files -> self.uid); the upper holds
+            # self.uid's files as they are (the overlay's own work dir must stay root's)
+            for i, lower in enumerate(lowers):
+                idmapped_clone(lower, self.dir / f"lower{i}", self.uid)
+                lowers[i] = str(self.dir / f"lower{i}")
+            os.chown(self.upper, self.uid, self.uid)
+        opts = f"lowerdir={':'.join(lowers)},upperdir={self.upper},workdir={self._rw / 'work'}"
+        try:  # self-contained uppers, so a frozen upper is a valid lower layer elsewhere
+            _mount("overlay", self.path, "overlay", opts + ",redirect_dir=off,index=off,metacopy=off")
+        except OSError:
+            _mount("overlay", self.path, "overlay", opts)
+
+    def snapshot(self) -> Snapshot:
+        """Freeze the current state into a new read-only layer (the workspace stays usable).
+        Callers must not run commands in the workspace meanwhile (``BwrapSandbox`` locks)."""
+        self._check_open()
+        layer = sandbox_root() / f"layer-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        if self.cow_backend == "copy":
+            _cp_a(self.path, layer)
+            layers: tuple[str, ...] = (str(layer),)
+        else:
+            _cp_a(self.upper, layer)  # only the changes: cheap
+            if self.uid is not None:  # layers are root's, like the base: any fork can idmap them
+                subprocess.run(["chown", "-R", "--no-dereference", "0:0", str(layer)], check=True)
+            layers = (str(layer), *self.layers)
+        return Snapshot(uuid.uuid4().hex[:12], str(self.base), layers, self.cow_backend)
+
+    def reset(self) -> None:
+        """Back to the state this workspace started from (its base or snapshot)."""
+        self._check_open()
+        if self.cow_backend == "copy":
+            shutil.rmtree(self.path)
+            self.path.mkdir()
+        else:
+            for mp in mounts_under(self.dir):
+                _umount(mp)
+        self._populate()
+
+    def destroy(self) -> None:
+        """Unmount and delete everything; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        _live.discard(self)
+        try:
+            _remove_tree(self.dir)
+        finally:
+            _decref(self.layers)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SandboxError(f"workspace {self.dir} is already destroyed")
+
+    def changed_paths(self) -> list[str]:
+        """Workspace-relative paths that may differ from the base (a superset, cheap to compute)."""
+        if self.cow_backend == "copy":
+            return sorted(set(_rel_files(self.base)) | set(_rel_files(self.path)))
+        cands: set[str] = set()
+        for layer in (str(self.upper), *self.layers):
+            for rel, opaque_or_gone in _layer_entries(Path(layer)):
+                cands.add(rel)
+                if opaque_or_gone:  # a deleted/replaced dir hides every base file below it
+                    cands.update(f"{rel}/{sub}" for sub in _rel_files(self.base / rel))
+        return sorted(cands)
+
+    def diff(self) -> str:
+        """Unified (git-style) diff of the workspace against its base; caches are ignored."""
+        self._check_open()
+        parts = []
+        for rel in self.changed_paths():
+            if _ignored(rel):
+                continue
+            d = file_diff(rel, self.base / rel, self.path / rel)
+            if d:
+                parts.append(d)
+        return "".join(parts)
+
+
+def _cp_a(src: Path, dst: Path) -> None:
+    if dst.exists():
+        dst.rmdir()
+    r = subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(dst)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SandboxError(f"copying {src} to {dst} failed: {r.stderr.strip()}")
+
+
+def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None = None,
+                     disk_mb: int = 1024, backend: CowBackend | None = None,
+                     uid: int | None = None) -> Workspace:
+    """A fresh workspace over ``base`` (or over ``snapshot``'s state). With ``uid``, the view
+    shows host root's files as owned by that unprivileged uid (see ``idmap.py``)."""
+    _ensure_janitor()
+    base_p = Path(base).resolve()
+    if not base_p.is_dir():
+        raise SandboxError(f"base directory {base} does not exist or is not a directory; pass the "
+                           "path of the task's repository snapshot")
+    if snapshot is not None:
+        assert Path(snapshot.base) == base_p, "snapshot was taken over a different base"
+        backend = snapshot.cow_backend
+    if backend is None:
+        backend = "overlay" if _overlay_ok() else "copy"
+    if backend == "overlay" and uid is not None and snapshot is None:
+        stranger = _foreign_owned(str(base_p), base_p.stat().st_mtime_ns)
+        if stranger:  # an idmap shows only root's files as the sandbox's: copy + chown instead
+            log.warning("base %s has files not owned by root (e.g. %s): sandboxes over it use "
+                        "the slow copy backend; extract repositories with "
+                        "tarfile.extractall(filter='data') or `chown -R 0:0` them", base_p, stranger)
+            backend = "copy"
+    if backend == "overlay":
+        _check_overlay_path(str(base_p))
+        try:
+            return Workspace(base_p, snapshot.layers if snapshot else (), disk_mb, "overlay", uid)
+        except OSError as e:
+            if snapshot is not None:
+                raise SandboxError(f"overlay mount failed for a snapshot fork: {e}") from e
+            log.warning("overlayfs unavailable (%s); falling back to copying the base (slow)", e)
+            backend = "copy"
+    if backend == "copy":
+        log.info("workspace backend: copy (cp -a of %s)", base_p)
+    return Workspace(base_p, snapshot.layers if snapshot else (), disk_mb, "copy", uid)
+
+
+@functools.lru_cache(maxsize=1024)
+def _foreign_owned(base: str, mtime_ns: int) -> str | None:
+    """A path under ``base`` not owned by uid 0, or None (cached per base and mtime)."""
+    del mtime_ns  # part of the cache key only
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in [".", *dirnames, *filenames]:
+            full = os.path.join(dirpath, name)
+            if os.lstat(full).st_uid != 0:
+                return os.path.relpath(full, base)
+    return None
+
+
+def fork(snapshot: Snapshot, n: int, *, disk_mb: int = 1024) -> list[Workspace]:
+    """``n`` independent workspaces starting from ``snapshot``."""
+    return [create_workspace(snapshot.base, snapshot=snapshot, disk_mb=disk_mb) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- diff
+
+
+def _ignored(rel: str) -> bool:
+    parts = rel.split("/")
+    return any(p in IGNORED_NAMES for p in parts) or rel.endswith(IGNORED_SUFFIXES)
+
+
+def _rel_files(root: Path) -> list[str]:
+    """Non-directory entries below ``root`` (workspace-relative), not following symlinks."""
+    out = []
+    if not root.is_dir() or root.is_symlink():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        dirnames[:] = [d for d in dirnames if d not in IGNORED_NAMES and d not in links]
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in filenames + links:
+            out.append(name if rel_dir == "." else f"{rel_dir}/{name}")
+    return out
+
+
+def _layer_entries(layer: Path) -> list[tuple[str, bool]]:
+    """(path, hides-base-subtree) for every entry of an overlay upper/layer dir."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(layer):
+        rel_dir = os.path.relpath(dirpath, layer)
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            st = os.lstat(full)
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    opaque = os.getxattr(full, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+                except OSError:
+                    opaque = False
+                out.append((rel, opaque))
+            else:
+                out.append((rel, True))  # a whiteout or file replacing a base dir hides it
+    return out
+
+
+def _blob(p: Path) -> tuple[bytes | None, int]:
+    """(content, git mode) of a path; content None when absent or a directory."""
+    try:
+        st = os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, 0
+    if stat.S_ISLNK(st.st_mode):
+        return os.readlink(p).encode(), 0o120000
+    if not stat.S_ISREG(st.st_mode):
+        return None, 0
+    return p.read_bytes(), 0o100755 if st.st_mode & 0o111 else 0o100644
+
+
+def _is_binary(data: bytes) -> bool:
+    if b"\0" in data[:8192]:
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _lines(text: str) -> list[str]:
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n\\ No newline at end of file\n"
+    return lines
+
+
+def file_diff(rel: str, old_path: Path, new_path: Path) -> str:
+    """Git-style diff of one path ('' when unchanged). Binary files are noted, not inlined."""
+    old, old_mode = _blob(old_path)
+    new, new_mode = _blob(new_path)
+    if old == new and old_mode == new_mode:
+        return ""
+    head = [f"diff --git a/{rel} b/{rel}\n"]
+    if old is None:
+        head.append(f"new file mode {new_mode:o}\n")
+    elif new is None:
+        head.append(f"deleted file mode {old_mode:o}\n")
+    elif old_mode != new_mode:
+        head += [f"old mode {old_mode:o}\n", f"new mode {new_mode:o}\n"]
+    if old == new:
+        return "".join(head)
+    a = f"a/{rel}" if old is not None else "/dev/null"
+    b = f"b/{rel}" if new is not None else "/dev/null"
+    if _is_binary(old or b"") or _is_binary(new or b""):
+        return "".join(head) + f"Binary files {a} and {b} differ\n"
+    body = difflib.unified_diff(_lines((old or b"").decode()), _lines((new or b"").decode()),
+                                fromfile=a, tofile=b)
+    return "".join(head) + "".join(body)

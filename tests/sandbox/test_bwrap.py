@@ -1,0 +1,193 @@
+"""BwrapSandbox: commands, limits plumbing, file API, errors (attacks live in test_attacks.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from looprl.errors import SandboxError, SandboxUnavailableError, ToolError
+from looprl.protocols import Sandbox
+from looprl.sandbox import SandboxLimits, create_sandbox
+from looprl.sandbox import bwrap as bwrap_mod
+
+from .conftest import needs_bwrap, run
+
+pytestmark = needs_bwrap
+
+
+@pytest.mark.slow  # two pytest runs inside the sandbox: ~3 s idle, more on a busy machine
+def test_runs_the_repos_tests_with_the_venv(base_repo: Path, venv: str) -> None:
+    async def go():
+        sb = await create_sandbox(base_repo, venv)
+        try:
+            assert isinstance(sb, Sandbox)
+            r = await sb.exec("python -m pytest -q -p no:cacheprovider tests", timeout_s=60)
+            assert r.exit_code == 1 and "assert 0 == 4" in r.stdout, r.stdout + r.stderr
+            await sb.write("pkg/calc.py", b"def add(a, b):\n    return a + b\n")
+            r = await sb.exec("python -m pytest -q -p no:cacheprovider tests", timeout_s=60)
+            assert r.ok and "1 passed" in r.stdout, r.stdout + r.stderr
+            assert "+    return a + b" in await sb.diff()
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_exit_code_env_cwd_and_identity(base_repo: Path) -> None:
+    async def go():
+        sb = await create_sandbox(base_repo)
+        try:
+            r = await sb.exec("echo $FOO; pwd; id -u; exit 3", env={"FOO": "bar"})
+            assert r.exit_code == 3 and not r.timed_out
+            foo, cwd, uid = r.stdout.split()
+            assert (foo, cwd, uid) == ("bar", str(base_repo), "1000")
+            r = await sb.exec("echo made > out.txt && ls")
+            assert "out.txt" in r.stdout and (await sb.read("out.txt")) == b"made\n"
+            assert not (base_repo / "out.txt").exists()
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_timeout_and_output_cap(base_repo: Path) -> None:
+    async def go():
+        sb = await create_sandbox(base_repo, limits=SandboxLimits(output_bytes=1000))
+        try:
+            r = await sb.exec("echo start; sleep 30", timeout_s=0.5)
+            assert r.timed_out and r.exit_code is None and r.wall_s < 5
+            assert "start" in r.stdout and "timed out" in r.stderr
+            r = await sb.exec("seq 1 100000", timeout_s=20)
+            assert r.ok and r.truncated and len(r.stdout) < 1200
+            assert r.stdout.startswith("1\n2\n") and r.stdout.rstrip().endswith("100000")
+            assert "bytes truncated" in r.stdout
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_file_api_read_write_walk(base_repo: Path) -> None:
+    async def go():
+        sb = await create_sandbox(base_repo)
+        try:
+            await sb.write("new/dir/f.txt", b"hello")
+            assert await sb.read("new/dir/f.txt") == b"hello"
+            r = await sb.exec("cat new/dir/f.txt")
+            assert r.stdout == "hello"
+            await sb.exec("mkdir -p pkg/__pycache__ && touch pkg/__pycache__/x.pyc")
+            paths = {e.path: e.kind for e in await sb.walk()}
+            assert paths["new/dir/f.txt"] == "file" and paths["pkg/sub"] == "dir"
+            assert not any("__pycache__" in p for p in paths)
+            assert [e.path for e in await sb.walk("pkg/sub")] == ["pkg/sub/data.txt"]
+            assert len(await sb.walk(max_entries=3)) == 3
+            with pytest.raises(ToolError, match="not found"):
+                await sb.read("missing.py")
+            with pytest.raises(ToolError, match="not a regular file"):
+                await sb.read("pkg")
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_fork_from_a_live_sandbox(base_repo: Path) -> None:
+    async def go():
+        sb = await create_sandbox(base_repo)
+        await sb.exec("echo mid-episode > state.txt")
+        kids = await sb.fork(2)
+        try:
+            r = await kids[0].exec("cat state.txt && echo k0 > k.txt")
+            assert r.stdout == "mid-episode\n"
+            r = await kids[1].exec("cat k.txt")
+            assert r.exit_code != 0, "siblings must not see each other's writes"
+        finally:
+            for s in (sb, *kids):
+                await s.close()
+    run(go())
+
+
+def test_closed_sandbox_raises_infra_error(base_repo: Path) -> None:
+    async def go():
+        sb = await create_sandbox(base_repo)
+        await sb.close()
+        with pytest.raises(SandboxError):
+            await sb.exec("true")
+        with pytest.raises(SandboxError):
+            await sb.read("README.md")
+    run(go())
+
+
+def test_broken_sandbox_machinery_is_infra_not_a_command_failure(base_repo: Path) -> None:
+    async def go():
+        sb = await create_sandbox(base_repo)
+        try:
+            # the venv bind source vanishes: bubblewrap cannot set up -> SandboxError
+            sb.venv = str(base_repo.parent / "vanished-venv")
+            with pytest.raises(SandboxError) as e:
+                await sb.exec("true")
+            assert e.value.is_infra
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_missing_bwrap_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    bwrap_mod.check_bwrap.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
+            bwrap_mod.check_bwrap()
+    finally:
+        bwrap_mod.check_bwrap.cache_clear()
+        monkeypatch.undo()
+        assert shutil.which("bwrap")
+
+
+def test_userns_off_says_which_sysctl(monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path = Path(tempfile.mkdtemp())  # world-readable: the check runs bwrap unprivileged
+    tmp_path.chmod(0o755)
+    fake = tmp_path / "bwrap"  # a bwrap that fails like a kernel with user namespaces disabled
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    for tool in ("prlimit", "setpriv"):
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    bwrap_mod.check_bwrap.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        with pytest.raises(SandboxUnavailableError, match="sysctl"):
+            bwrap_mod.check_bwrap()
+    finally:
+        bwrap_mod.check_bwrap.cache_clear()
+        shutil.rmtree(tmp_path)
+
+
+def test_limits_are_reported_as_kills(base_repo: Path, venv: str) -> None:
+    async def go():
+        sb = await create_sandbox(base_repo, venv, limits=SandboxLimits(memory_mb=64, cpu_s=1))
+        try:
+            r = await sb.exec("python -c 'x = bytearray(300 << 20); x[::4096] = b\"1\" * len(x[::4096])'",
+                              timeout_s=30)
+            assert r.exit_code is None and "out of memory" in r.stderr, r
+            r = await sb.exec("python -c 'while True: pass'", timeout_s=30)
+            assert r.exit_code is None and not r.timed_out and "CPU time limit" in r.stderr, r
+            assert (await sb.exec("echo still fine")).ok
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_base_owned_by_another_uid_still_editable(base_repo: Path) -> None:
+    os.chown(base_repo / "pkg" / "calc.py", 1234, 1234)  # as a tarball extracted as-is would be
+
+    async def go():
+        sb = await create_sandbox(base_repo)
+        try:
+            assert sb.cow_backend == "copy"  # the idmap cannot show uid 1234 as the sandbox's
+            r = await sb.exec("echo '# edited' >> pkg/calc.py && tail -1 pkg/calc.py")
+            assert r.stdout == "# edited\n", r
+            assert "+# edited" in await sb.diff()
+        finally:
+            await sb.close()
+    run(go())
+    assert "edited" not in (base_repo / "pkg" / "calc.py").read_text()
