@@ -7,7 +7,9 @@ Read top to bottom: ``run_agent`` -> ``_loop`` (one turn: generate -> parse -> e
 ``execute_calls``. The message list (OpenAI shape) is the readable trajectory; the ``Segment``s
 hold exactly the tokens the policy saw and emitted — prompt, sampled tokens (loss mask 1, the
 engine's logprobs and policy versions), then observation tokens appended after each turn.
-Failures are attributed once: a malformed call is a *broken* tool result the model sees; a tool's
+Self-summarization (``summarize.py``) plugs in at ``make_room``: with ``max_summaries > 0`` the
+run summarizes when its open segment reaches ``summarize_at(cfg)`` tokens and continues in a new
+segment. Failures are attributed once: a malformed call is a *broken* tool result the model sees; a tool's
 ``ToolError`` is an *error* result; ``SandboxError`` / ``PolicyError`` end the trajectory as
 ``INFRA_ERROR``, which is dropped and never scored.
 """
@@ -21,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from looprl.errors import PolicyError, SandboxError, ToolCallError, ToolError
+from looprl.errors import ConfigError, PolicyError, SandboxError, ToolCallError, ToolError
 from looprl.harness.format import ChatFormat, ParsedTurn
 from looprl.harness.tools import ToolContext, tool_schemas, validate_args
 from looprl.protocols import Engine, Sandbox, Tool
@@ -62,6 +64,22 @@ class AgentConfig:
     """Nucleus sampling; 1.0 for RL."""
     system_prompt: str = ""
     """System message; empty keeps the chat template's own default."""
+    max_summaries: int = 0
+    """Self-summarizations per trajectory (``summarize.py``); 0 = off, a full context ends the
+    run with CONTEXT_FULL. Past the cap the run goes on until the window is full, then stops
+    with CONTEXT_FULL."""
+    summarize_at_tokens: int = 0
+    """Open-segment size (tokens) that triggers a summary; 0 = 3/4 of ``context_window`` (room
+    left for the instruction and the summary). Capped at the point the context is full."""
+    summary_max_tokens: int = 512
+    """Tokens the summary turn may sample; a summary cut here ends the run with CONTEXT_FULL."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_summaries", "summarize_at_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"agent.{name} must be >= 0 (0 = default/off), got {getattr(self, name)}")
+        if self.summary_max_tokens < 1:
+            raise ConfigError(f"agent.summary_max_tokens must be >= 1, got {self.summary_max_tokens}")
 
 
 @dataclass
@@ -76,6 +94,10 @@ class AgentRun:
     versions: list[int] = field(default_factory=list)
     seen: int = 0
     """How many tokens of the open segment the policy has seen (prompted with or sampled)."""
+    stop: StopReason | None = None
+    """Set by a context hook that must end the run (a summary cut off, wall time while summarizing)."""
+    summaries: list[dict[str, int]] = field(default_factory=list)
+    """One record per self-summary: segment, tokens_before, tokens_after, summary_tokens."""
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("turns", "tool_calls", "broken_tool_calls", "thinking_tokens", "output_tokens",
          "tool_call_tokens", "tool_output_tokens", "summaries", "summary_tokens"), 0))
@@ -113,7 +135,8 @@ class AgentRun:
 
 
 ContextHook = Callable[[AgentRun], Awaitable[bool]]
-"""Called when the context is full; may close the segment and start a shorter one (returns True)."""
+"""Called when the open segment reaches ``summarize_at(cfg)``; may close the segment and start a
+shorter one (returns True), or decline (False), or set ``run.stop`` to end the run."""
 
 
 class _WallTime(Exception):
@@ -134,6 +157,12 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
     ctx = ToolContext(sandbox=sandbox)
     run = AgentRun(messages=initial_messages(task, cfg))
     run.add_context(fmt.prompt_ids(run.messages, tool_schemas(tools)))
+    if on_context_full is None and cfg.max_summaries > 0:
+        from looprl.harness.summarize import Summarizer  # summarize.py builds on this module
+
+        on_context_full = Summarizer(policy, fmt, cfg, list(run.messages), tool_schemas(tools),
+                                     deadline=t0 + cfg.wall_time_s, session_id=trajectory_id,
+                                     group_id=group_id)
     error: str | None = None
     diff = ""
     try:
@@ -153,7 +182,8 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
         task_id=task.id, group_id=group_id, segments=tuple(run.segments),
         messages=tuple(run.messages), counters=Counters(**run.counters), stop_reason=stop,
         diff=diff, error=error, wall_s=time.monotonic() - t0, id=trajectory_id,
-        metadata={"memory": json.dumps(ctx.memory), "finish_summary": ctx.finish_summary})
+        metadata={"memory": json.dumps(ctx.memory), "finish_summary": ctx.finish_summary,
+                  "summaries": json.dumps(run.summaries)})
 
 
 async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat,
@@ -169,7 +199,7 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
         if budget <= 0:
             return StopReason.MAX_TOKENS, None
         if not await make_room(run, cfg, on_context_full):
-            return StopReason.CONTEXT_FULL, None
+            return run.stop or StopReason.CONTEXT_FULL, None
         params = SamplingParams(max_new_tokens=min(cfg.max_new_tokens, budget,
                                                    cfg.context_window - len(run.token_ids)),
                                 temperature=cfg.temperature, top_p=cfg.top_p)
@@ -210,15 +240,24 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
         run.counters["tool_output_tokens"] += len(obs)
 
 
+def summarize_at(cfg: AgentConfig) -> int:
+    """Open-segment size at which ``make_room`` calls the context hook: the summary trigger when
+    summarization is on, else the point where less than ``min_turn_tokens`` are left."""
+    full = cfg.context_window - cfg.min_turn_tokens + 1
+    if cfg.max_summaries <= 0:
+        return full
+    return min(full, cfg.summarize_at_tokens or cfg.context_window * 3 // 4)
+
+
 async def make_room(run: AgentRun, cfg: AgentConfig, on_context_full: ContextHook | None) -> bool:
-    """THE self-summarization hook point: when the open segment leaves less than
-    ``min_turn_tokens`` of context, ``on_context_full`` may summarize (close the segment and start
-    a new one); without a hook, or if it cannot make room, the run ends with CONTEXT_FULL."""
-    if cfg.context_window - len(run.token_ids) >= cfg.min_turn_tokens:
+    """THE self-summarization hook point: when the open segment reaches ``summarize_at(cfg)``,
+    ``on_context_full`` may summarize (close the segment and start a new one). False (the run
+    ends, with ``run.stop`` or CONTEXT_FULL) if a hook stopped it or a turn does not fit."""
+    if len(run.token_ids) < summarize_at(cfg):
         return True
-    if on_context_full is None or not await on_context_full(run):
-        return False
-    return cfg.context_window - len(run.token_ids) >= cfg.min_turn_tokens
+    if on_context_full is not None:
+        await on_context_full(run)
+    return run.stop is None and cfg.context_window - len(run.token_ids) >= cfg.min_turn_tokens
 
 
 async def _before(deadline: float, aw: Awaitable[T]) -> T:
