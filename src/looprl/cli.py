@@ -4,6 +4,7 @@ this file only wires them together. ``looprl --help`` lists every command."""
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import typer
 
@@ -14,11 +15,29 @@ app = typer.Typer(help="looprl: RL for coding agents, in the harness they serve 
 SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("agent", "looprl.harness.cli", "The agent harness: list tools, replay gold patches (oracle)."),
     ("sandbox", "looprl.sandbox.cli", "Sandboxes: run a command isolated over a repo; the env server."),
+    ("trainer", "looprl.trainer.cli", "Trainer utilities: SFT on harness trajectories."),
+    ("weights", "looprl.weights.cli", "The weight store: list and verify published versions."),
     ("rewards", "looprl.rewards.cli", "Inspect reward shaping: length curve, batch metrics, monitor flags."),
 ]
 
 for _name, _module, _help in SUBCOMMANDS:
     app.add_typer(importlib.import_module(_module).app, name=_name, help=_help)
+
+
+@app.command()
+def quickstart(
+    config: Path = typer.Option(Path("configs/quickstart.toml"), "--config", "-c",
+                                help="TOML config (see configs/)"),
+    override: list[str] = typer.Option([], "--override", "-o",
+                                       help="dotted override, e.g. -o loop.max_minutes=5"),
+    runs: Path = typer.Option(Path("runs"), help="where run directories go"),
+) -> None:
+    """The main job: real tasks -> default model -> SFT -> async GRPO -> held-out eval -> report."""
+    from looprl.config import load_config
+    from looprl.quickstart import QuickstartConfig, run
+
+    cfg = load_config(QuickstartConfig, config if config.exists() else None, list(override))
+    run(cfg, runs)
 
 
 @app.command()

@@ -187,7 +187,7 @@ class GRPOLoop:
     async def _run_sync(self, progress: Any) -> None:
         tasks = iter(self.sampler)
         while not self._out_of_budget():
-            batch = [t for _, t in zip(range(self.cfg.groups_per_step), tasks)]
+            batch = [t for _, t in zip(range(self.cfg.groups_per_step), tasks, strict=False)]
             if not batch:
                 break
             t0 = time.monotonic()

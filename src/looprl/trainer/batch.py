@@ -1,0 +1,149 @@
+"""Groups -> TrainBatch: pack trajectories' segments into padded micro-batches of tensors.
+
+    batch = build_batch(groups, std_norm="never", micro_batch_tokens=4096)
+    for mb in batch.micro_batches: ...   # mb.tokens_B_T, mb.loss_mask_B_T, mb.advantages_B, ...
+
+One row per segment. Every segment of a trajectory (a self-summarization chain has several) gets
+the trajectory's advantage. Infra-error trajectories (and ones without a reward) are dropped
+before advantages are computed — they are never scored as the model's fault. A group whose
+remaining rewards are all equal has no signal: it is counted, and skipped when
+``skip_zero_variance`` (the default).
+
+Rows are sorted by length and packed greedily so that each micro-batch's padded size
+(rows x longest row) stays within ``micro_batch_tokens``; a row longer than the budget gets a
+micro-batch of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from looprl.trainer.advantages import group_advantages, is_zero_variance
+from looprl.types import Group, Segment
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Padded rows (padding: token ``pad_id``, mask 0, attention 0, version -1)."""
+
+    tokens_B_T: torch.Tensor  # long
+    attention_mask_B_T: torch.Tensor  # long, 1 on real tokens
+    loss_mask_B_T: torch.Tensor  # float, 1 on model-sampled tokens
+    old_logprobs_B_T: torch.Tensor  # float, the sampling engine's logprobs
+    policy_version_B_T: torch.Tensor  # long, -1 on non-model tokens
+    advantages_B: torch.Tensor  # float
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.tokens_B_T.shape[0])
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """What one optimizer step consumes, plus the bookkeeping of what was left out."""
+
+    micro_batches: tuple[MicroBatch, ...]
+    num_sequences: int
+    num_tokens: int
+    """Real (unpadded) tokens over all rows."""
+    num_model_tokens: int
+    groups: int
+    zero_variance_groups: int
+    """Groups whose rewards were all equal (skipped when ``skip_zero_variance``)."""
+    dropped_infra: int
+    """Trajectories dropped for an infra error or a missing reward."""
+    padded_tokens: int
+    """rows x longest row, summed over micro-batches (padding waste = 1 - num_tokens / this)."""
+    mean_reward: float
+    """Mean reward over kept-or-skipped valid trajectories (for logging)."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.micro_batches
+
+
+@dataclass(frozen=True)
+class _Row:
+    segment: Segment
+    advantage: float
+
+
+def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool
+          ) -> tuple[list[_Row], int, int, list[float]]:
+    rows: list[_Row] = []
+    zero_var = dropped = 0
+    rewards: list[float] = []
+    for g in groups:
+        valid = [t for t in g.trajectories if not t.is_infra_error and t.reward is not None]
+        dropped += len(g.trajectories) - len(valid)
+        rewards_G = [t.reward.total for t in valid if t.reward is not None]
+        rewards.extend(rewards_G)
+        if is_zero_variance(rewards_G) or len(valid) < 2:
+            zero_var += 1
+            if skip_zero_variance:
+                continue
+        for traj, adv in zip(valid, group_advantages(rewards_G, std_norm), strict=True):
+            rows.extend(_Row(s, adv) for s in traj.segments if s.num_model_tokens > 0)
+    return rows, zero_var, dropped, rewards
+
+
+def _pack(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped so rows x max length <= budget (longest first, greedy)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    for i in order:
+        if bins and (len(bins[-1]) + 1) * lengths[bins[-1][0]] <= budget:
+            bins[-1].append(i)
+        else:
+            bins.append([i])
+    return bins
+
+
+def _collate(rows: list[_Row], pad_id: int) -> MicroBatch:
+    B, T = len(rows), max(len(r.segment.token_ids_T) for r in rows)
+    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    old = torch.zeros((B, T), dtype=torch.float32)
+    ver = torch.full((B, T), -1, dtype=torch.long)
+    for b, r in enumerate(rows):
+        s, n = r.segment, len(r.segment.token_ids_T)
+        tokens[b, :n] = torch.tensor(s.token_ids_T, dtype=torch.long)
+        attn[b, :n] = 1
+        mask[b, :n] = torch.tensor(s.loss_mask_T, dtype=torch.float32)
+        old[b, :n] = torch.tensor(s.logprobs_T, dtype=torch.float32)
+        ver[b, :n] = torch.tensor(s.policy_version_T, dtype=torch.long)
+    # The first token has no prediction (nothing before it): never trained on.
+    mask[:, 0] = 0.0
+    adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
+    return MicroBatch(tokens, attn, mask, old, ver, adv)
+
+
+def pack_segments(segments: Sequence[Segment], advantages_N: Sequence[float], *,
+                  micro_batch_tokens: int = 4096, pad_id: int = 0) -> tuple[MicroBatch, ...]:
+    """Segments (one row each) packed by length into micro-batches (used by GRPO and SFT)."""
+    rows = [_Row(s, a) for s, a in zip(segments, advantages_N, strict=True)]
+    bins = _pack([len(r.segment.token_ids_T) for r in rows], micro_batch_tokens)
+    return tuple(_collate([rows[i] for i in b], pad_id) for b in bins)
+
+
+def build_batch(groups: Sequence[Group], *, std_norm: str = "never", micro_batch_tokens: int = 4096,
+                skip_zero_variance: bool = True, pad_id: int = 0) -> TrainBatch:
+    """Pack ``groups`` into micro-batches of at most ``micro_batch_tokens`` padded tokens."""
+    rows, zero_var, dropped, rewards = _rows(groups, std_norm, skip_zero_variance)
+    mbs = pack_segments([r.segment for r in rows], [r.advantage for r in rows],
+                        micro_batch_tokens=micro_batch_tokens, pad_id=pad_id)
+    return TrainBatch(
+        micro_batches=mbs,
+        num_sequences=len(rows),
+        num_tokens=sum(len(r.segment.token_ids_T) for r in rows),
+        num_model_tokens=int(sum(float(mb.loss_mask_B_T.sum()) for mb in mbs)),
+        groups=len(groups),
+        zero_variance_groups=zero_var,
+        dropped_infra=dropped,
+        padded_tokens=sum(mb.tokens_B_T.numel() for mb in mbs),
+        mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+    )

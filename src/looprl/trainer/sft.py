@@ -1,0 +1,123 @@
+"""Supervised fine-tuning on harness trajectories (oracle runs, accepted production edits).
+
+    result = sft(model, trajectories, SFTConfig(lr=1e-4, epochs=2))
+    result.losses     # mean NLL per model token, one entry per optimizer step
+
+The loss is the negative log-likelihood of the tokens the model is meant to produce
+(``Segment.loss_mask_T == 1``); prompt and tool-output tokens are context only. Because the
+trajectories come from the same harness the policy serves in, SFT teaches exactly the chat and
+tool-call format RL and production use. Infra-error trajectories are skipped.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from rich.progress import Progress
+from torch import nn
+
+from looprl.errors import ConfigError
+from looprl.trainer.batch import pack_segments
+from looprl.trainer.step import token_logprobs
+from looprl.types import Segment, Trajectory
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Knobs of supervised fine-tuning."""
+
+    lr: float = 1e-4
+    epochs: int = 1
+    """Passes over the segments (ignored when ``max_steps`` is set)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (cycling over the data as needed)."""
+    batch_sequences: int = 8
+    """Segments per optimizer step."""
+    micro_batch_tokens: int = 4096
+    """Padded tokens per forward pass (gradients accumulate across micro-batches)."""
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    seed: int = 0
+    """Shuffling seed (each epoch reshuffles with seed + epoch)."""
+    progress: bool = True
+    """Show a rich progress bar."""
+    pad_id: int = 0
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    losses: list[float]
+    """Mean NLL per model token, one per optimizer step."""
+    steps: int
+    tokens: int
+    """Model tokens trained on (summed over steps)."""
+    skipped_trajectories: int
+    wall_s: float
+
+
+def _segments(trajectories: Sequence[Trajectory]) -> tuple[list[Segment], int]:
+    kept = [t for t in trajectories if not t.is_infra_error]
+    segs = [s for t in kept for s in t.segments if s.num_model_tokens > 0]
+    return segs, len(trajectories) - len(kept)
+
+
+def _batches(n: int, cfg: SFTConfig) -> list[list[int]]:
+    """Index lists, one per optimizer step, shuffled per epoch."""
+    steps: list[list[int]] = []
+    epoch = 0
+    while True:
+        order = list(range(n))
+        random.Random(cfg.seed + epoch).shuffle(order)
+        for i in range(0, n, cfg.batch_sequences):
+            steps.append(order[i:i + cfg.batch_sequences])
+            if cfg.max_steps is not None and len(steps) >= cfg.max_steps:
+                return steps
+        epoch += 1
+        if cfg.max_steps is None and epoch >= cfg.epochs:
+            return steps
+
+
+def sft_step(model: nn.Module, optimizer: torch.optim.Optimizer, segments: Sequence[Segment],
+             cfg: SFTConfig) -> tuple[float, int]:
+    """One optimizer step on ``segments``; returns (mean NLL per model token, model tokens)."""
+    mbs = pack_segments(segments, [0.0] * len(segments), micro_batch_tokens=cfg.micro_batch_tokens,
+                        pad_id=cfg.pad_id)
+    n_tok = sum(float(mb.loss_mask_B_T.sum()) for mb in mbs)
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for mb in mbs:
+        lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T)
+        loss = -(lp * mb.loss_mask_B_T).sum() / max(n_tok, 1.0)
+        loss.backward()
+        total += float(loss.detach())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total, int(n_tok)
+
+
+def sft(model: nn.Module, trajectories: Sequence[Trajectory], cfg: SFTConfig | None = None,
+        optimizer: torch.optim.Optimizer | None = None) -> SFTResult:
+    """Fine-tune ``model`` on the model tokens of ``trajectories``."""
+    cfg = cfg or SFTConfig()
+    segs, skipped = _segments(trajectories)
+    if not segs:
+        raise ConfigError(f"no trainable segments in {len(trajectories)} trajectories (all infra "
+                          "errors or no model tokens); check the trajectory source")
+    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr,
+                                               weight_decay=cfg.weight_decay)
+    plan = _batches(len(segs), cfg)
+    model.train()
+    t0, losses, tokens = time.perf_counter(), [], 0
+    with Progress(disable=not cfg.progress, transient=True) as bar:
+        task = bar.add_task("sft", total=len(plan))
+        for idx in plan:
+            loss, n = sft_step(model, optimizer, [segs[i] for i in idx], cfg)
+            losses.append(loss)
+            tokens += n
+            bar.update(task, advance=1, description=f"sft loss {loss:.3f}")
+    return SFTResult(losses, len(plan), tokens, skipped, time.perf_counter() - t0)

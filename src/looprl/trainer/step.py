@@ -1,0 +1,243 @@
+"""One GRPO optimizer step on any Hugging Face causal LM.
+
+    cfg = GRPOConfig(lr=1e-5, loss="dr_grpo")
+    opt = make_optimizer(model, cfg)
+    batch = build_batch(groups, std_norm=cfg.std_norm, micro_batch_tokens=cfg.micro_batch_tokens)
+    metrics = train_step(model, ref_model, opt, batch, cfg)      # or GRPOStep(...).on_groups(groups)
+
+A step: for every micro-batch, forward, logprobs of the taken tokens, loss from ``LOSSES``,
+backward (gradients accumulate; under DDP only the last micro-batch all-reduces); then gradient
+clipping and one optimizer step. Each batch is stepped once (single epoch). With
+``mini_batches > 1`` the batch is split into that many consecutive updates, and the policy at the
+start of the step is the PPO "proximal" policy the ratio is clipped against.
+
+The trainer keeps fp32 master weights; the engine may sample in bf16 from weights published in
+bf16 (``looprl.weights``): the difference between ``Segment.logprobs_T`` and the trainer's
+logprobs is what the truncated importance weight corrects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from looprl.trainer.batch import MicroBatch, TrainBatch, build_batch
+from looprl.trainer.losses import LossInputs, LossParams, get_loss
+from looprl.types import Group
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Knobs of the GRPO step (the async loop's knobs live with the loop)."""
+
+    lr: float = 1e-5
+    """AdamW learning rate; RL on a pretrained policy uses 1e-6..1e-5."""
+    loss: str = "dr_grpo"
+    """A name in ``looprl.trainer.losses.LOSSES``: dr_grpo, grpo, cispo."""
+    std_norm: str = "never"
+    """Group advantage scaling: never (Dr. GRPO), always, unless_equal."""
+    kl_coef: float = 0.0
+    """KL-to-reference weight folded into each sequence's advantage; 0 = no reference model."""
+    kl_estimator: str = "k1"
+    """k1 (lp - ref) or k3 (r - 1 - log r), r = pi_ref / pi_theta."""
+    tis_cap: float = 2.0
+    """Truncated importance sampling cap C on pi_trainer / pi_engine."""
+    clip: bool = True
+    """PPO ratio clipping (acts only when mini_batches > 1)."""
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    norm_tokens: int = 1024
+    """Dr. GRPO's constant divisor per sequence; set it to the max new tokens of a trajectory."""
+    micro_batch_tokens: int = 4096
+    """Padded tokens per forward pass (rows x longest row); bounds activation memory."""
+    mini_batches: int = 1
+    """Optimizer updates per batch (each on a consecutive slice of the micro-batches)."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip; a non-finite norm skips the update."""
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    temperature: float = 1.0
+    """The engine's sampling temperature: logits are divided by it so logprobs match the engine's."""
+    skip_zero_variance: bool = True
+    """Skip groups whose rewards are all equal (they carry no advantage signal)."""
+    autocast_bf16: bool = False
+    """Run forward passes under bf16 autocast (faster at batch >= 16 on CPUs with AMX)."""
+
+    def loss_params(self) -> LossParams:
+        return LossParams(kl_coef=self.kl_coef, kl_estimator=self.kl_estimator,
+                          tis_cap=self.tis_cap, clip=self.clip, clip_eps_low=self.clip_eps_low,
+                          clip_eps_high=self.clip_eps_high, norm_tokens=self.norm_tokens)
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one step did. Token-weighted means over model tokens; ``loss`` summed per update."""
+
+    loss: float
+    kl_mean: float
+    is_ratio_mean: float
+    is_ratio_max: float
+    clip_fraction: float
+    grad_norm: float
+    tokens: int
+    """Model (loss-masked) tokens trained on."""
+    sequences: int
+    micro_batches: int
+    updates: int
+    """Optimizer updates applied (skipped ones, for a non-finite gradient, are not counted)."""
+    skipped_updates: int
+    wall_s: float
+    zero_variance_groups: int = 0
+    dropped_infra: int = 0
+    mean_reward: float = 0.0
+    mean_staleness: float = 0.0
+    """Mean (current version - sampling version) over model tokens, when the version is given."""
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.__dict__.items()}
+
+
+def make_optimizer(model: nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                             betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+
+
+def gather_logprobs(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target], one row at a time so no second [B, T, V] tensor is made."""
+    rows = []
+    for b in range(logits_B_T_V.shape[0]):
+        row = logits_B_T_V[b].float()
+        rows.append(row.gather(-1, targets_B_T[b, :, None]).squeeze(-1) - row.logsumexp(-1))
+    return torch.stack(rows)
+
+
+def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
+                   *, temperature: float = 1.0, autocast_bf16: bool = False) -> torch.Tensor:
+    """Logprob of each token given the ones before it; position 0 (no context) is 0."""
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else contextlib.nullcontext()
+    with ctx:
+        logits = model(input_ids=tokens_B_T, attention_mask=attention_mask_B_T, use_cache=False).logits
+    logits = logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    return F.pad(gather_logprobs(logits, tokens_B_T[:, 1:]), (1, 0))
+
+
+def _split(mbs: Sequence[MicroBatch], n: int) -> list[list[MicroBatch]]:
+    if not mbs:
+        return []
+    n = max(1, min(n, len(mbs)))
+    size = math.ceil(len(mbs) / n)
+    return [list(mbs[i:i + size]) for i in range(0, len(mbs), size)]
+
+
+def _no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    if not last and isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def _logprobs(model: nn.Module, mb: MicroBatch, cfg: GRPOConfig) -> torch.Tensor:
+    return token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
+                          temperature=cfg.temperature, autocast_bf16=cfg.autocast_bf16)
+
+
+@dataclass
+class _Acc:
+    """Running token-weighted sums of the loss metrics."""
+
+    loss: float = 0.0
+    kl: float = 0.0
+    ratio: float = 0.0
+    ratio_max: float = 0.0
+    clip: float = 0.0
+    tokens: int = 0
+
+
+def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.optim.Optimizer,
+               batch: TrainBatch, cfg: GRPOConfig, *, current_version: int | None = None
+               ) -> StepMetrics:
+    """Train on ``batch`` once: accumulate gradients over micro-batches, clip, step."""
+    t0 = time.perf_counter()
+    loss_fn, params = get_loss(cfg.loss), cfg.loss_params()
+    minis = _split(batch.micro_batches, cfg.mini_batches)
+    model.train()
+    prox: dict[int, torch.Tensor] = {}
+    if len(minis) > 1:  # the step's starting policy, for PPO clipping across updates
+        with torch.no_grad():
+            prox = {id(mb): _logprobs(model, mb, cfg) for mb in batch.micro_batches}
+    acc, norms, updates, skipped = _Acc(), [], 0, 0
+    for mini in minis:
+        optimizer.zero_grad(set_to_none=True)
+        n_seq = sum(mb.num_rows for mb in mini)
+        for i, mb in enumerate(mini):
+            with _no_sync(model, i == len(mini) - 1):
+                lp = _logprobs(model, mb, cfg)
+                ref = None
+                if ref_model is not None and cfg.kl_coef != 0.0:
+                    with torch.no_grad():
+                        ref = _logprobs(ref_model, mb, cfg)
+                out = loss_fn(LossInputs(lp, mb.old_logprobs_B_T, mb.loss_mask_B_T, mb.advantages_B,
+                                         n_seq, prox.get(id(mb)), ref), params)
+                out.loss.backward()
+            acc.loss += float(out.loss.detach()) / len(minis)
+            acc.kl += out.kl_mean * out.tokens
+            acc.ratio += out.is_ratio_mean * out.tokens
+            acc.ratio_max = max(acc.ratio_max, out.is_ratio_max)
+            acc.clip += out.clip_fraction * out.tokens
+            acc.tokens += out.tokens
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        norms.append(norm)
+        if math.isfinite(norm):
+            optimizer.step()
+            updates += 1
+        else:
+            skipped += 1
+        optimizer.zero_grad(set_to_none=True)
+    n = max(acc.tokens, 1)
+    staleness = 0.0
+    if current_version is not None and batch.num_model_tokens:
+        lag = sum(float(((current_version - mb.policy_version_B_T) * mb.loss_mask_B_T).sum())
+                  for mb in batch.micro_batches)
+        staleness = lag / batch.num_model_tokens
+    return StepMetrics(
+        loss=acc.loss, kl_mean=acc.kl / n, is_ratio_mean=acc.ratio / n, is_ratio_max=acc.ratio_max,
+        clip_fraction=acc.clip / n, grad_norm=max(norms) if norms else 0.0, tokens=acc.tokens,
+        sequences=batch.num_sequences, micro_batches=len(batch.micro_batches), updates=updates,
+        skipped_updates=skipped, wall_s=time.perf_counter() - t0,
+        zero_variance_groups=batch.zero_variance_groups, dropped_infra=batch.dropped_infra,
+        mean_reward=batch.mean_reward, mean_staleness=staleness)
+
+
+class GRPOStep:
+    """The step with its state: model, optional frozen reference, optimizer, config.
+
+    ``on_groups(groups)`` packs and trains; the async loop calls it with each batch of groups.
+    """
+
+    def __init__(self, model: nn.Module, cfg: GRPOConfig, *, ref_model: nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, pad_id: int = 0) -> None:
+        self.model, self.cfg, self.ref_model, self.pad_id = model, cfg, ref_model, pad_id
+        self.optimizer = optimizer or make_optimizer(model, cfg)
+        if ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+
+    def batch(self, groups: Sequence[Group]) -> TrainBatch:
+        return build_batch(groups, std_norm=self.cfg.std_norm,
+                           micro_batch_tokens=self.cfg.micro_batch_tokens,
+                           skip_zero_variance=self.cfg.skip_zero_variance, pad_id=self.pad_id)
+
+    def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
+        return train_step(self.model, self.ref_model, self.optimizer, batch, self.cfg,
+                          current_version=current_version)
+
+    def on_groups(self, groups: Sequence[Group], *, current_version: int | None = None) -> StepMetrics:
+        return self.on_batch(self.batch(groups), current_version=current_version)

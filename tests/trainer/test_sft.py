@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+from looprl.errors import ConfigError
+from looprl.trainer.sft import SFTConfig, sft
+from looprl.trainer.step import token_logprobs
+from looprl.types import Segment, StopReason
+
+from .helpers import tiny_llama, trajectory
+
+# prompt, model tokens, tool output (masked), model tokens again: one harness segment
+TOKENS = [1, 2, 3, 10, 11, 12, 40, 41, 42, 43, 20, 21]
+MASK = [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1]
+
+
+def seg(shift: int = 0) -> Segment:
+    ids = tuple(t + shift if m else t for t, m in zip(TOKENS, MASK, strict=True))
+    return Segment(ids, (0.0,) * len(ids), tuple(MASK), tuple(0 if m else -1 for m in MASK))
+
+
+def test_first_loss_is_the_nll_of_model_tokens_only():
+    model = tiny_llama()
+    ids = torch.tensor([TOKENS])
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, torch.ones_like(ids))[0]
+    want = -float(sum(lp[i] for i, m in enumerate(MASK) if m)) / sum(MASK)
+    res = sft(model, [trajectory([seg()], None)], SFTConfig(lr=1e-3, max_steps=1, progress=False))
+    assert res.losses[0] == pytest.approx(want, rel=1e-5)
+    assert res.tokens == sum(MASK)
+
+
+def test_sft_learns_the_model_tokens_and_counts_steps():
+    model = tiny_llama()
+    trajs = [trajectory([seg(s)], None) for s in (0, 1, 2, 3, 4)]
+    trajs.append(trajectory([seg()], None, stop=StopReason.INFRA_ERROR))
+    res = sft(model, trajs, SFTConfig(lr=1e-2, epochs=4, batch_sequences=2, progress=False))
+    assert res.steps == 4 * 3 and res.skipped_trajectories == 1
+    assert res.losses[-1] < 0.6 * res.losses[0]
+    capped = sft(tiny_llama(), trajs, SFTConfig(max_steps=5, batch_sequences=2, progress=False))
+    assert capped.steps == 5 and len(capped.losses) == 5
+
+
+def test_no_trainable_data_is_a_clear_error():
+    with pytest.raises(ConfigError, match="no trainable segments"):
+        sft(tiny_llama(), [trajectory([seg()], None, stop=StopReason.INFRA_ERROR)])

@@ -1,0 +1,130 @@
+import copy
+
+import pytest
+import torch
+
+from looprl.trainer.batch import build_batch
+from looprl.trainer.losses import LossInputs, LossParams, dr_grpo
+from looprl.trainer.step import GRPOConfig, GRPOStep, gather_logprobs, token_logprobs, train_step
+from looprl.types import Segment
+
+from .helpers import group, segment, tiny_llama, trajectory
+
+PROMPT = [1, 2, 3, 4]
+GOOD, BAD = [5, 6, 7, 8], [9, 10, 11, 12]
+
+
+def on_policy(model, prompt, completion, version=0) -> Segment:
+    """A segment whose engine logprobs are the model's own (as a bit-exact engine would report)."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, torch.ones_like(ids))[0].tolist()
+    n = len(prompt)
+    return Segment(tuple(prompt + completion), tuple([0.0] * n + lp[n:]),
+                   (0,) * n + (1,) * len(completion), (-1,) * n + (version,) * len(completion))
+
+
+def completion_logprob(model, completion):
+    ids = torch.tensor([PROMPT + completion])
+    with torch.no_grad():
+        return float(token_logprobs(model, ids, torch.ones_like(ids))[0, len(PROMPT):].sum())
+
+
+def fixed_groups(model):
+    return [group([trajectory([on_policy(model, PROMPT, GOOD)], 1.0),
+                   trajectory([on_policy(model, PROMPT, BAD)], 0.0)])]
+
+
+def test_gather_logprobs_matches_log_softmax():
+    logits = torch.randn(2, 5, 11)
+    tgt = torch.randint(0, 11, (2, 5))
+    want = torch.log_softmax(logits, -1).gather(-1, tgt[..., None]).squeeze(-1)
+    assert torch.allclose(gather_logprobs(logits, tgt), want, atol=1e-6)
+
+
+def test_token_logprobs_divide_logits_by_temperature():
+    model = tiny_llama()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, :-1] / 2.0
+        want = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        got = token_logprobs(model, ids, torch.ones_like(ids), temperature=2.0)
+    assert got[0, 0] == 0.0 and torch.allclose(got[:, 1:], want, atol=1e-6)
+
+
+def test_step_makes_positive_advantage_tokens_likelier_and_lowers_the_surrogate():
+    model = tiny_llama()
+    groups = fixed_groups(model)
+    before_good, before_bad = completion_logprob(model, GOOD), completion_logprob(model, BAD)
+    cfg = GRPOConfig(lr=3e-3, norm_tokens=4)
+    batch = build_batch(groups, micro_batch_tokens=cfg.micro_batch_tokens)
+    mb = batch.micro_batches[0]
+    surrogate = []
+    step = GRPOStep(model, cfg)
+    for _ in range(3):
+        with torch.no_grad():  # the loss on the fixed batch, against the starting policy
+            lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T)
+        surrogate.append(float(dr_grpo(LossInputs(lp, mb.old_logprobs_B_T, mb.loss_mask_B_T,
+                                                  mb.advantages_B, 2, mb.old_logprobs_B_T),
+                                       LossParams(norm_tokens=4, clip=False)).loss))
+        m = step.on_batch(batch)
+        assert m.updates == 1 and m.tokens == 8 and m.sequences == 2
+    assert surrogate[2] < surrogate[1] < surrogate[0]
+    assert completion_logprob(model, GOOD) > before_good + 0.1
+    assert completion_logprob(model, BAD) < before_bad - 0.1
+
+
+def test_micro_batching_gives_the_same_update_as_one_big_batch():
+    base = tiny_llama()
+    groups = [group([trajectory([on_policy(base, PROMPT, GOOD)], 1.0),
+                     trajectory([on_policy(base, PROMPT, BAD + [13, 14])], 0.0),
+                     trajectory([on_policy(base, [1, 2], [5, 9])], 0.5)])]
+    params = []
+    for budget in (1000, 8):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        cfg = GRPOConfig(micro_batch_tokens=budget, max_grad_norm=1e9)
+        batch = build_batch(groups, micro_batch_tokens=budget)
+        m = train_step(model, None, opt, batch, cfg)
+        assert m.micro_batches == (1 if budget == 1000 else 3)
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert not torch.equal(params[0], torch.cat([p.flatten() for p in base.parameters()]))
+    assert torch.allclose(params[0], params[1], atol=1e-6)
+
+
+def test_kl_to_reference_starts_at_zero_and_grows():
+    model = tiny_llama()
+    ref = copy.deepcopy(model)
+    step = GRPOStep(model, GRPOConfig(lr=1e-2, kl_coef=0.1), ref_model=ref)
+    batch = step.batch(fixed_groups(model))
+    first = step.on_batch(batch)
+    second = step.on_batch(batch)
+    assert first.kl_mean == pytest.approx(0.0, abs=1e-6)
+    assert second.kl_mean > 1e-4
+    assert all(not p.requires_grad for p in ref.parameters())
+
+
+def test_mini_batches_update_several_times_and_clip_against_the_step_start():
+    model = tiny_llama()
+    groups = [group([trajectory([on_policy(model, PROMPT, GOOD)], 1.0),
+                     trajectory([on_policy(model, PROMPT, BAD)], 0.0)]) for _ in range(2)]
+    cfg = GRPOConfig(lr=5e-2, mini_batches=2, micro_batch_tokens=16, clip_eps_high=0.01,
+                     clip_eps_low=0.01, norm_tokens=4)
+    m = GRPOStep(model, cfg).on_groups(groups, current_version=2)
+    assert m.updates == 2 and m.micro_batches == 2
+    assert m.clip_fraction > 0.0  # the second update saw a moved policy
+    assert m.mean_staleness == pytest.approx(2.0)
+
+
+def test_empty_batch_and_non_finite_gradient_skip_the_update():
+    model = tiny_llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    step = GRPOStep(model, GRPOConfig())
+    equal = [group([trajectory([segment(PROMPT, GOOD)], 1.0), trajectory([segment(PROMPT, BAD)], 1.0)])]
+    m = step.on_groups(equal)
+    assert m.updates == 0 and m.zero_variance_groups == 1
+    nan = [group([trajectory([segment(PROMPT, GOOD)], float("nan")),
+                  trajectory([segment(PROMPT, BAD)], 0.0)])]
+    m = step.on_groups(nan)
+    assert m.skipped_updates == 1 and m.updates == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
