@@ -17,6 +17,7 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("sandbox", "looprl.sandbox.cli", "Sandboxes: run a command isolated over a repo; the env server."),
     ("trainer", "looprl.trainer.cli", "Trainer utilities: SFT on harness trajectories."),
     ("weights", "looprl.weights.cli", "The weight store: list and verify published versions."),
+    ("model", "looprl.models.cli", "The default model: init, pretrain, serve (OpenAI-compatible)."),
     ("rewards", "looprl.rewards.cli", "Inspect reward shaping: length curve, batch metrics, monitor flags."),
 ]
 

@@ -55,3 +55,10 @@ class ToolError(LooprlError):
     path outside the workspace). Returned to the model as an error result; not 'broken'."""
 
     is_infra = False
+
+
+class ContextFullError(LooprlError):
+    """A prompt does not fit the engine's context window. The trajectory's own doing (it grew too
+    long): the harness should summarize or stop with ``StopReason.CONTEXT_FULL``."""
+
+    is_infra = False

@@ -1,1 +1,45 @@
-"""looprl.inference."""
+"""looprl.inference: rollout engines behind the ``Engine`` protocol, picked by name.
+
+    from looprl.inference import make_engine
+    engine = make_engine("torch", path="~/.cache/looprl/models/default")       # in-process, CPU
+    engine = make_engine("openai", base_url="http://host:8000/v1", model="m")  # any OpenAI server
+    engine = make_engine("vllm", model_path="/models/qwen")                    # in-process vLLM (GPU)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from looprl.errors import ConfigError
+from looprl.inference.torch_engine import TorchEngine
+from looprl.protocols import Engine
+
+
+def _torch(**kw: Any) -> Engine:
+    if "path" in kw:
+        return TorchEngine.from_path(kw.pop("path"), **kw)
+    return TorchEngine(**kw)
+
+
+def _openai(**kw: Any) -> Engine:
+    from looprl.inference.openai_engine import OpenAIEngine
+    return OpenAIEngine(**kw)
+
+
+def _vllm(**kw: Any) -> Engine:
+    from looprl.inference.vllm_engine import VLLMEngine
+    return VLLMEngine(**kw)
+
+
+ENGINES: dict[str, Callable[..., Engine]] = {"torch": _torch, "openai": _openai, "vllm": _vllm}
+
+
+def make_engine(name: str, **kwargs: Any) -> Engine:
+    """Build the engine registered as ``name`` ("torch", "openai", "vllm") with its own kwargs."""
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}; choose one of {sorted(ENGINES)}")
+    return ENGINES[name](**kwargs)
+
+
+__all__ = ["ENGINES", "TorchEngine", "make_engine"]

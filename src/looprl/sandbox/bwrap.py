@@ -301,6 +301,8 @@ async def run_bwrap(argv: list[str], *, timeout_s: float, limits: SandboxLimits,
             raise SandboxError(f"could not start bubblewrap: {e}") from e
         assert proc.stdout is not None and proc.stderr is not None
         pumps = asyncio.gather(_pump(proc.stdout, out), _pump(proc.stderr, err))
+        # When we are cancelled the pumps are too; retrieve that so asyncio does not log it.
+        pumps.add_done_callback(lambda f: f.cancelled() or f.exception())
         timed_out = False
         try:
             await asyncio.wait_for(proc.wait(), timeout_s)

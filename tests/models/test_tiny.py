@@ -1,0 +1,69 @@
+"""The default model: trained tokenizer, HF-format files, chat format, pretraining, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
+
+from looprl.errors import ConfigError
+from looprl.models.cli import app
+from looprl.models.pretrain import pretrain
+from looprl.models.tiny import SIZES, chat_examples, init_default_model, model_config
+
+
+@pytest.fixture(scope="module")
+def default_dir(tmp_path_factory):
+    return init_default_model(tmp_path_factory.mktemp("m") / "default", size="tiny",
+                              corpus_chars=300_000)
+
+
+def test_saved_in_hf_format_that_transformers_loads(default_dir):
+    names = {p.name for p in default_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert json.loads((default_dir / "config.json").read_text())["model_type"] == "llama"
+    model = AutoModelForCausalLM.from_pretrained(default_dir)
+    tok = AutoTokenizer.from_pretrained(default_dir)
+    assert model.config.vocab_size == len(tok) == 2048
+    assert tok.eos_token == "<|im_end|>"
+    out = model.generate(torch.tensor([tok.encode("import os\n")]), max_new_tokens=3, do_sample=False)
+    assert out.shape[1] == len(tok.encode("import os\n")) + 3 or tok.eos_token_id in out[0].tolist()
+
+
+def test_tokenizer_is_trained_on_code_and_chat_format(default_dir):
+    tok = AutoTokenizer.from_pretrained(default_dir)
+    code = "def __init__(self, config):\n        return self.config.get(name)\n"
+    assert len(code) / len(tok.encode(code)) > 2.0  # bytes-only would be 1.0
+    call = '<tool_call>{"name": "read_file", "arguments": {"path": "src/a.py"}}</tool_call>'
+    ids = tok.encode(call)
+    assert ids[0] == tok.convert_tokens_to_ids("<tool_call>") and tok.decode(ids) == call
+    text = chat_examples(n=1)[0]
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_sizes_are_llama_shaped_and_checked():
+    cfg = model_config("small", 2048, 0, 2)
+    assert cfg.hidden_size == SIZES["small"].hidden and cfg.tie_word_embeddings
+    with pytest.raises(ConfigError, match="choose one of"):
+        model_config("huge", 2048, 0, 2)
+
+
+@pytest.mark.slow
+def test_pretrain_lowers_loss_and_writes_curve(default_dir, tmp_path):
+    r = pretrain(default_dir, steps=30, batch=4, seq_len=64, lr=1e-2, corpus_chars=100_000,
+                 out_dir=tmp_path / "pre", show_progress=False, num_threads=1)
+    assert r.final_loss < r.losses_S[0] - 1.0
+    assert r.loss_png.stat().st_size > 1000
+    assert (tmp_path / "pre" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "pre" / "pretrain.json").read_text())["steps"] == 30
+
+
+def test_cli_init_creates_a_loadable_model(tmp_path):
+    res = CliRunner().invoke(app, ["init", str(tmp_path / "cli"), "--size", "tiny", "--corpus-chars", "200000"])
+    assert res.exit_code == 0, res.output
+    assert "params" in res.output and (tmp_path / "cli" / "model.safetensors").exists()
+    res = CliRunner().invoke(app, ["init", str(tmp_path / "x"), "--size", "gigantic"])
+    assert res.exit_code != 0 and "choose one of" in str(res.exception)
