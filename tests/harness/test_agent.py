@@ -222,3 +222,10 @@ def test_a_bug_in_a_tool_is_not_the_models_fault(task, dsandbox, fmt, tok):
     t, _ = agent(task, dsandbox, fmt, tok, [call("buggy"), "x"], tools=[Buggy()])
     assert t.stop_reason == StopReason.INFRA_ERROR and "RuntimeError: bug in the tool" in t.error
     assert t.counters.broken_tool_calls == 0
+
+
+def test_a_prompt_that_cannot_fit_is_a_config_failure_not_the_models(task, dsandbox, fmt, tok):
+    t, policy = agent(task, dsandbox, fmt, tok, [call("finish")], context_window=64)
+    assert t.stop_reason == StopReason.INFRA_ERROR and t.counters.turns == 0
+    assert "raise agent.context_window" in t.error and policy.prompts == []
+    assert policy.released == ["g/0"]

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from looprl.errors import ConfigError, PolicyError, SandboxError, ToolCallError, ToolError
+from looprl.errors import ConfigError, ContextFullError, PolicyError, SandboxError, ToolCallError, ToolError
 from looprl.harness.format import ChatFormat, ParsedTurn
 from looprl.harness.tools import ToolContext, tool_schemas, validate_args
 from looprl.protocols import Engine, Sandbox, Tool
@@ -165,6 +165,17 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
                                      group_id=group_id)
     error: str | None = None
     diff = ""
+    if cfg.context_window - len(run.token_ids) < cfg.min_turn_tokens:
+        # Not the model's doing: the task and tool schemas alone do not fit. Never scored.
+        await policy.release(trajectory_id)
+        run.close_segment()
+        return Trajectory(
+            task_id=task.id, group_id=group_id, segments=tuple(run.segments),
+            messages=tuple(run.messages), counters=Counters(**run.counters),
+            stop_reason=StopReason.INFRA_ERROR, id=trajectory_id, wall_s=time.monotonic() - t0,
+            error=(f"the task prompt and tool schemas take {len(run.token_ids)} tokens, leaving "
+                   f"less than min_turn_tokens={cfg.min_turn_tokens} of context_window="
+                   f"{cfg.context_window}; raise agent.context_window or offer fewer tools"))
     try:
         stop, error = await _loop(run, ctx, policy, fmt, tools, cfg, t0, group_id, trajectory_id,
                                   on_context_full)
@@ -209,6 +220,8 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
                 list(run.token_ids), params, session_id=trajectory_id, group_id=group_id))
         except _WallTime:
             return StopReason.WALL_TIME, None
+        except ContextFullError:  # the engine's own window is smaller than cfg.context_window
+            return StopReason.CONTEXT_FULL, None
         _check_generation(gen, params)
         run.add_generation(gen)
         run.counters["turns"] += 1
