@@ -18,6 +18,8 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("trainer", "looprl.trainer.cli", "Trainer utilities: SFT on harness trajectories."),
     ("weights", "looprl.weights.cli", "The weight store: list and verify published versions."),
     ("model", "looprl.models.cli", "The default model: init, pretrain, serve (OpenAI-compatible)."),
+    ("embed", "looprl.search.cli", "Train/evaluate the code-embedding model."),
+    ("search", "looprl.search.search_cli", "Semantic code search over a directory."),
     ("rewards", "looprl.rewards.cli", "Inspect reward shaping: length curve, batch metrics, monitor flags."),
 ]
 

@@ -1,1 +1,18 @@
-"""looprl.search."""
+"""looprl.search: semantic code search on a code-embedding model looprl trains itself.
+
+    emb = load_embedder()                                   # after `looprl embed train`
+    index = CodeIndex(open_base(read_tree(repo_dir), emb), emb)
+    index.sync(workspace_files); index.search("where is the retry delay computed", k=10)
+
+``chunk`` (syntax-aware chunks) -> ``embed`` (the bi-encoder; ``pairs`` mines its training data)
+-> ``index`` (HNSW + BM25 fused, incremental, one shared base per snapshot + per-sandbox overlay)
+-> ``evaluate`` (recall against BM25 and grep on held-out packages). The harness tool is
+``looprl.harness.tools.semantic_search``.
+"""
+
+from looprl.search.chunk import Chunk, chunk_file
+from looprl.search.embed import Embedder, EmbedTrainConfig, load_embedder, train
+from looprl.search.index import CodeIndex, Hit, SearchConfig, Store, open_base, read_tree
+
+__all__ = ["Chunk", "CodeIndex", "EmbedTrainConfig", "Embedder", "Hit", "SearchConfig", "Store",
+           "chunk_file", "load_embedder", "open_base", "read_tree", "train"]

@@ -23,6 +23,7 @@ from looprl.harness.tools.read_file import ReadFile
 from looprl.harness.tools.read_lints import ReadLints
 from looprl.harness.tools.run_terminal import RunTerminal
 from looprl.harness.tools.run_tests import RunTests
+from looprl.harness.tools.semantic_search import SemanticSearch
 from looprl.harness.tools.write_file import WriteFile
 from looprl.protocols import Tool
 
@@ -38,9 +39,12 @@ TOOLS: dict[str, type] = {
     "run_tests": RunTests,
     "memory": Memory,
     "finish": Finish,
+    "semantic_search": SemanticSearch,
 }
 
-DEFAULT_TOOLS: tuple[str, ...] = tuple(TOOLS)
+DEFAULT_TOOLS: tuple[str, ...] = tuple(n for n in TOOLS if n != "semantic_search")
+"""semantic_search needs a trained embedding model and an index (``search_index`` resource), so it
+is offered only when a run configures one."""
 
 
 def make_tools(names: tuple[str, ...] | list[str] = DEFAULT_TOOLS, **resources: Any) -> list[Tool]:
