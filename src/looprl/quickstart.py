@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import random
 import shutil
@@ -63,8 +64,12 @@ class TasksSection:
 
 @dataclass
 class ModelSection:
+    path: str = ""
+    """A local HF checkpoint to train (e.g. a Qwen coder model); empty = init the default model."""
+    engine: str = "torch"
+    """Rollout engine: torch (in-process, CPU or GPU) or vllm (GPU; ``pip install -e .[vllm]``)."""
     size: str = "small"
-    """A name in ``looprl.models.tiny.SIZES``."""
+    """A name in ``looprl.models.tiny.SIZES`` (default model only)."""
     pretrain_steps: int = 0
     """Next-token pretraining steps on installed Python source before SFT (0 = skip)."""
     threads: int = 2
@@ -129,6 +134,8 @@ def build_tasks(cfg: QuickstartConfig) -> tuple[list[Task], list[Task]]:
 def init_model(cfg: QuickstartConfig, run_dir: Path) -> Path:
     from looprl.models.tiny import init_default_model
 
+    if cfg.model.path:  # a real checkpoint: train it as it is
+        return Path(cfg.model.path).expanduser()
     cache = paths.sub("models") / f"default-{cfg.model.size}-seed{cfg.seed}"
     if not (cache / "config.json").exists():
         with console.status(f"initialising the default model ({cfg.model.size}) and its tokenizer"):
@@ -218,7 +225,7 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
 
     demos = asyncio.run(oracle_trajectories(train, tok, cfg))
     console.print(f"[bold]SFT[/] on {len(demos)} oracle trajectories")
-    sft_res = sft(model, demos, cfg.sft)
+    sft_res = sft(model, demos, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
     sft_dir = run_dir / "model_sft"
     model.save_pretrained(sft_dir, safe_serialization=True)
     tok.save_pretrained(sft_dir)
@@ -226,7 +233,12 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
     before = evaluate(sft_dir, held, cfg, "sft")
 
     rl_model = model
-    engine = TorchEngine(copy.deepcopy(rl_model).eval(), tok)
+    if cfg.model.engine == "torch":
+        engine = TorchEngine(copy.deepcopy(rl_model).eval(), tok, num_threads=cfg.model.threads)
+    else:  # the engine loads the SFT checkpoint itself (e.g. vLLM on a GPU)
+        from looprl.inference import make_engine
+
+        engine = make_engine(cfg.model.engine, model_path=str(sft_dir))
     store = LocalWeightStore(str(run_dir / "weights"))
     step = GRPOStep(rl_model.train(), cfg.grpo, pad_id=tok.pad_token_id)
     t_rl = time.monotonic()
