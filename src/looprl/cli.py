@@ -20,6 +20,8 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("model", "looprl.models.cli", "The default model: init, pretrain, serve (OpenAI-compatible)."),
     ("embed", "looprl.search.cli", "Train/evaluate the code-embedding model."),
     ("search", "looprl.search.search_cli", "Semantic code search over a directory."),
+    ("tasks", "looprl.tasks.cli", "Real tasks from real packages: fetch, build, show."),
+    ("bench", "looprl.bench.cli", "Run a policy on a task set (pass@k) and gate checkpoints (compare)."),
     ("rewards", "looprl.rewards.cli", "Inspect reward shaping: length curve, batch metrics, monitor flags."),
 ]
 

@@ -90,6 +90,9 @@ class Grader(_Record):
     """Test files and test config restored from the pristine base before grading."""
     timeout_s: float = 120.0
     """Wall-clock limit for one grading run."""
+    test_patch: str = ""
+    """Hidden tests applied (unified diff) after the test files are restored, e.g. the tests a
+    newer release added; the agent never sees them."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Grader:
@@ -99,6 +102,7 @@ class Grader(_Record):
             pass_to_pass=tuple(d.get("pass_to_pass", ())),
             test_files=tuple(d.get("test_files", ())),
             timeout_s=float(d.get("timeout_s", 120.0)),
+            test_patch=str(d.get("test_patch", "")),
         )
 
 

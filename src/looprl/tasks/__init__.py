@@ -1,1 +1,23 @@
-"""looprl.tasks."""
+"""Real tasks from real packages.
+
+- ``sources``: ``fetch_package("NAME==VERSION")`` -> ``PackageSnapshot`` (sdist, test venv,
+  passing tests recorded twice in the sandbox; cached under LOOPRL_HOME/packages).
+- ``mutate``: AST-located bug injection (``MUTATORS``), multi-site ``combine``, feature deletion.
+- ``build``: screening, task repos and validation -> ``build_package_tasks``.
+- ``releases``: tasks from tests a newer release added -> ``build_release_tasks``.
+- ``prompts``: terse user-like prompts in several styles (``STYLES``).
+- ``taskset``: JSONL task files (``write_tasks`` / ``load_tasks``), splits, the summary table.
+- ``cli``: ``looprl tasks fetch|build|show``.
+
+    snap = fetch_package("inflection==0.5.1")
+    tasks = build_package_tasks(snap, BuildConfig(max_tasks=40))
+    write_tasks(tasks, "tasks.jsonl")
+"""
+
+from looprl.tasks.build import BuildConfig, build_package_tasks
+from looprl.tasks.releases import build_release_tasks
+from looprl.tasks.sources import PackageSnapshot, fetch_package
+from looprl.tasks.taskset import load_tasks, split_by_function, split_by_package, write_tasks
+
+__all__ = ["BuildConfig", "PackageSnapshot", "build_package_tasks", "build_release_tasks",
+           "fetch_package", "load_tasks", "split_by_function", "split_by_package", "write_tasks"]

@@ -1,0 +1,62 @@
+"""``looprl bench``: run a policy on a task file and gate checkpoints on the result.
+
+    looprl bench run --policy oracle --tasks tasks.jsonl --k 1 --out bench/oracle.json
+    looprl bench run --policy model:~/.cache/looprl/models/default --tasks t.jsonl --k 4 --out b.json
+    looprl bench compare bench/base.json bench/cand.json      # exit code 1 when the gate fails
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Benchmark a policy on held-out tasks; compare runs and gate checkpoints.",
+                  no_args_is_help=True)
+
+
+@app.command("run")
+def run_cmd(
+    tasks: Annotated[Path, typer.Option("--tasks", help="JSONL task file (looprl tasks build)")],
+    policy: Annotated[str, typer.Option(help="oracle | null | model:PATH | openai:URL,tokenizer=PATH")] = "oracle",
+    k: Annotated[int, typer.Option("--k", help="samples per task (pass@k)")] = 1,
+    out: Annotated[Path, typer.Option(help="report JSON (.md and .png written beside)")] = Path("bench.json"),
+    limit: Annotated[int, typer.Option(help="only the first N tasks (0 = all)")] = 0,
+    concurrency: Annotated[int, typer.Option(help="samples in flight")] = 2,
+    max_turns: Annotated[int, typer.Option(help="agent turns per sample")] = 30,
+) -> None:
+    """Run POLICY on every task K times through the harness and grade each sample."""
+    from rich.progress import Progress
+
+    from looprl.bench.report import markdown, summarize, write_report
+    from looprl.bench.run import BenchSettings, run_bench
+    from looprl.tasks.taskset import load_tasks
+
+    ts = load_tasks(tasks)
+    if limit:
+        ts = ts[:limit]
+    settings = BenchSettings(concurrency=concurrency, max_turns=max_turns)
+    with Progress() as bar:
+        job = bar.add_task(f"{policy} x{k}", total=len(ts) * k)
+        samples = run_bench(ts, policy, k, settings, progress=lambda n: bar.advance(job, n))
+    rep = summarize(samples, k, policy=policy, tasks_file=str(tasks))
+    paths = write_report(rep, out)
+    typer.echo(markdown(rep))
+    typer.echo("wrote " + ", ".join(map(str, paths)))
+
+
+@app.command("compare")
+def compare_cmd(
+    a: Annotated[Path, typer.Argument(help="baseline report (bench run --out)")],
+    b: Annotated[Path, typer.Argument(help="candidate report")],
+    max_drop: Annotated[float, typer.Option(help="largest pass@1 drop tolerated at the CI bound")] = 0.02,
+    min_gain: Annotated[float, typer.Option(help="require a pass@1 gain above this at the CI bound")] = 0.0,
+    n_boot: Annotated[int, typer.Option(help="bootstrap resamples")] = 2000,
+) -> None:
+    """Per-metric differences B - A with paired bootstrap CIs; exit 1 if the gate fails."""
+    from looprl.bench.gate import compare, comparison_markdown, load
+
+    c = compare(load(a), load(b), n_boot=n_boot, max_drop=max_drop, min_gain=min_gain)
+    typer.echo(comparison_markdown(c))
+    raise typer.Exit(0 if c.passed else 1)

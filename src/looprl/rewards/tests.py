@@ -1,0 +1,272 @@
+"""Grading by hidden tests: the agent's final diff, applied to a fresh sandbox over the task's base,
+must make ``fail_to_pass`` pass and keep ``pass_to_pass`` passing.
+
+    g = await grade(task, trajectory.diff)        # -> GradeResult (score 1.0 only if all pass)
+    traj = attach_grade(traj, g)                   # records the score on the trajectory
+    tests_reward(task, traj)                       # -> 1.0 / 0.0, or None when ungraded
+
+Every test run in looprl (fetching a package, screening a mutation, grading) goes through
+``run_tests``: ``Grader.test_command`` + node ids or files; output goes to a file in the workspace
+(never cut by the sandbox's output cap) and is parsed from pytest's ``-rA`` short summary.
+
+Edits to tests never count: every test file and test config (``grader.test_files``, any
+``conftest.py``, pytest.ini / setup.cfg / pyproject.toml / tox.ini, test dirs) that the diff
+touches, and every file in ``grader.test_files``, is restored from the pristine base (files the
+diff created there are deleted) before the hidden ``grader.test_patch`` is applied and the tests
+run; ``edited_tests`` says the diff tried. A grader that cannot run (sandbox failure, a diff that
+does not apply, pytest usage/internal errors) raises ``RewardError``: infrastructure, never 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from looprl.errors import RewardError, SandboxError, ToolError
+from looprl.protocols import Sandbox
+from looprl.rewards.diffs import touched_paths
+from looprl.rewards.hacking import edited_test_paths, is_test_path
+from looprl.types import Metadata, Task, Trajectory
+
+# ------------------------------------------------------------------ running pytest
+OUTPUT_FILE = ".looprl-pytest.out"
+"""Where a run's output is written inside the workspace (read back, then left for the throwaway
+sandbox; it is not a source file, so diffs of screening sandboxes never matter)."""
+
+# -o addopts= drops a package's own addopts (coverage plugins, doctest collection) so the suite
+# runs with pytest alone; classic output keeps the summary lines one-per-test.
+PYTEST_FLAGS = ("-p no:cacheprovider -q -rA --tb=short --color=no -o addopts= "
+                "-o console_output_style=classic")
+
+_STATUS = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "XFAIL": "xfailed",
+           "XPASS": "xpassed"}
+_LINE_RE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (?P<id>[^\s\[]+(?:\[[^\]]*\])?)"
+                      r"(?: - (?P<msg>.*))?$")
+_COUNTS_RE = re.compile(r"(\d+) (passed|failed|error|errors)\b")
+
+
+def pytest_command(pythonpath: str = ".") -> str:
+    """The shell command that runs pytest on the workspace copy of a package (not the installed
+    one: ``PYTHONPATH`` puts the workspace's source root first)."""
+    # bytecode on: a reused sandbox keeps compiled (and assertion-rewritten) modules across runs,
+    # ~1.5-2x faster screening; workspace diffs ignore __pycache__.
+    return (f"COLUMNS=240 PYTHONDONTWRITEBYTECODE= PYTHONPATH={shlex.quote(pythonpath)} "
+            f"python -m pytest {PYTEST_FLAGS}")
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """Per-test outcomes of one pytest run (node id -> outcome) and the failure messages."""
+
+    __test__ = False  # not a pytest test class
+
+    outcomes: dict[str, str]
+    messages: dict[str, str] = field(default_factory=dict)
+    exit_code: int | None = None
+    timed_out: bool = False
+    wall_s: float = 0.0
+    output_tail: str = ""
+    details: dict[str, str] = field(default_factory=dict)
+    """node id -> the ``E`` lines of its failure (wrong vs expected values)."""
+
+    def passed(self) -> set[str]:
+        return {t for t, o in self.outcomes.items() if o == "passed"}
+
+    def failed(self) -> set[str]:
+        return {t for t, o in self.outcomes.items() if o in ("failed", "error")}
+
+
+def parse_pytest_output(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(outcomes, failure messages) from pytest ``-rA`` output.
+
+    >>> out = "x\\n=== short test summary info ===\\nPASSED t.py::a\\nFAILED t.py::b[1 2] - assert 1 == 2\\n"
+    >>> parse_pytest_output(out)
+    ({'t.py::a': 'passed', 't.py::b[1 2]': 'failed'}, {'t.py::b[1 2]': 'assert 1 == 2'})
+    """
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    _, sep, summary = text.partition("short test summary info")
+    for line in (summary if sep else text).splitlines():
+        m = _LINE_RE.match(line.rstrip())
+        if not m:
+            continue
+        node = m.group("id")
+        outcomes[node] = _STATUS[m.group(1)]
+        if m.group("msg"):
+            messages[node] = m.group("msg")
+    return outcomes, messages
+
+
+def failure_details(text: str) -> dict[str, str]:
+    """Test name -> the ``E  ...`` lines of its traceback (``--tb=short`` section headers are
+    ``___ test_name ___``), for prompts that quote the wrong value."""
+    out: dict[str, str] = {}
+    name, lines = None, []
+    for line in text.splitlines():
+        m = re.match(r"^_{3,} (.+?) _{3,}$", line)
+        if m:
+            if name and lines:
+                out[name] = "\n".join(lines)
+            name, lines = m.group(1), []
+        elif name and line.startswith("E   "):
+            lines.append(line[4:].rstrip())
+    if name and lines:
+        out[name] = "\n".join(lines)
+    return out
+
+
+async def run_tests(sandbox: Sandbox, command: str, targets: list[str] | tuple[str, ...], *,
+                    timeout_s: float = 120.0) -> TestRun:
+    """Run ``command`` + ``targets`` (node ids or files) in ``sandbox``; parse the outcomes.
+
+    Raises ``SandboxError`` when the sandbox itself fails (never a test outcome)."""
+    args = " ".join(shlex.quote(t) for t in targets)
+    t0 = time.monotonic()
+    res = await sandbox.exec(f"{command} {args} > {OUTPUT_FILE} 2>&1", timeout_s=timeout_s)
+    wall = time.monotonic() - t0
+    try:
+        text = (await sandbox.read(OUTPUT_FILE)).decode("utf-8", "replace")
+    except ToolError as e:
+        raise SandboxError(f"pytest wrote no output file ({e}); sandbox stderr: "
+                           f"{res.stderr[-500:]}") from None
+    outcomes, messages = parse_pytest_output(text)
+    by_header = failure_details(text)
+    details = {t: by_header[h] for t in outcomes
+               if (h := t.split("::", 1)[-1].replace("::", ".")) in by_header}
+    return TestRun(outcomes, messages, res.exit_code, res.timed_out, wall, text[-4000:], details)
+
+
+# ------------------------------------------------------------------ grading
+
+_PATCH_FILE = ".looprl-grade.diff"
+# pytest exit codes that mean the grader itself could not run: internal error, usage error
+# (e.g. a node id not found), no tests collected.
+_GRADER_FAILURE_EXIT = {3, 4, 5}
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """The outcome of grading one diff."""
+
+    score: float
+    """1.0 if every fail_to_pass and pass_to_pass test passed, else 0.0."""
+    tests: dict[str, str] = field(default_factory=dict)
+    """node id -> outcome ("passed", "failed", "error", "missing") for every graded test."""
+    edited_tests: bool = False
+    """The diff touched tests or test config (those edits were discarded)."""
+    wall_s: float = 0.0
+    timed_out: bool = False
+    output_tail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.score == 1.0
+
+    def details(self) -> Metadata:
+        failed = sorted(t for t, o in self.tests.items() if o != "passed")
+        return {"tests_score": self.score, "tests_total": len(self.tests),
+                "tests_failed": len(failed), "failed_tests": " ".join(failed[:20]),
+                "edited_tests": self.edited_tests, "grade_wall_s": round(self.wall_s, 3),
+                "grade_timed_out": self.timed_out}
+
+
+async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
+    await sb.write(_PATCH_FILE, diff.encode())
+    r = await sb.exec(f"git apply --whitespace=nowarn {_PATCH_FILE} || "
+                      f"patch -p1 --batch --forward -s -i {_PATCH_FILE}; s=$?; rm -f {_PATCH_FILE};"
+                      " exit $s", timeout_s=60)
+    if not r.ok:
+        raise RewardError(f"the {what} does not apply to the task base (the grader cannot run): "
+                          f"{(r.stderr or r.stdout)[-600:]}")
+
+
+async def _restore_tests(sb: Sandbox, task: Task, diff: str) -> None:
+    base = Path(task.repo)
+    paths = set(task.grader.test_files)
+    paths |= {p for p in touched_paths(diff) if is_test_path(p, task.grader.test_files)}
+    paths |= set(edited_test_paths(task, diff))
+    for p in sorted(paths):
+        src = base / p
+        if src.is_file():
+            data = src.read_bytes()
+            try:
+                if await sb.read(p) == data:
+                    continue
+            except ToolError:
+                pass
+            await sb.write(p, data)
+        elif not src.exists():
+            await sb.exec(f"rm -rf -- {shlex.quote(p)}", timeout_s=30)
+
+
+async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
+    """Grade ``diff`` in ``sb``, a fresh sandbox over ``task.repo`` (consumed: its files change)."""
+    t0 = time.monotonic()
+    g = task.grader
+    targets = list(dict.fromkeys((*g.fail_to_pass, *g.pass_to_pass)))
+    if not targets:
+        raise RewardError(f"task {task.id} has no fail_to_pass/pass_to_pass tests; rebuild it")
+    if diff.strip():
+        await apply_diff(sb, diff, "agent's diff")
+    await _restore_tests(sb, task, diff)
+    if g.test_patch.strip():
+        await apply_diff(sb, g.test_patch, "task's hidden test patch")
+    run = await run_tests(sb, g.test_command, targets, timeout_s=g.timeout_s)
+    if not run.timed_out and (run.exit_code in _GRADER_FAILURE_EXIT or (
+            not run.outcomes and run.exit_code not in (1, 2))):
+        raise RewardError(f"pytest could not run the tests of task {task.id} (exit "
+                          f"{run.exit_code}); output tail:\n{run.output_tail[-1200:]}")
+    tests = {t: run.outcomes.get(t, "missing") for t in targets}
+    score = 1.0 if all(o == "passed" for o in tests.values()) and not run.timed_out else 0.0
+    return GradeResult(score, tests, bool(edited_test_paths(task, diff)),
+                       time.monotonic() - t0, run.timed_out, run.output_tail[-2000:])
+
+
+async def grade(task: Task, diff: str) -> GradeResult:
+    """Grade ``diff`` against ``task`` in a fresh sandbox. Raises ``RewardError`` (infra)."""
+    from looprl.sandbox import create_sandbox
+
+    try:
+        sb = await create_sandbox(task.repo, venv=task.venv)
+    except SandboxError as e:
+        raise RewardError(f"could not start a grading sandbox for {task.id}: {e}") from e
+    try:
+        return await grade_in(sb, task, diff)
+    except (SandboxError, ToolError) as e:
+        raise RewardError(f"grading {task.id} failed in the sandbox: {e}") from e
+    finally:
+        await sb.close()
+
+
+def grade_sync(task: Task, diff: str) -> GradeResult:
+    """``grade`` for synchronous callers (not from inside a running event loop)."""
+    return asyncio.run(grade(task, diff))
+
+
+def attach_grade(trajectory: Trajectory, g: GradeResult) -> Trajectory:
+    """The trajectory with the grade's outcome recorded in its metadata."""
+    return dataclasses.replace(trajectory, metadata={**trajectory.metadata, **g.details()})
+
+
+def tests_reward(task: Task, trajectory: Trajectory) -> float | None:
+    """The hidden-test score recorded by ``attach_grade``; None when ungraded or infra-failed.
+
+    >>> from looprl.types import Counters, Grader, StopReason
+    >>> t = Task("t", "/r", "fix", Grader("pytest", fail_to_pass=("a::b",)))
+    >>> tr = Trajectory("t", "g", (), (), Counters(), StopReason.FINISHED)
+    >>> tests_reward(t, tr) is None
+    True
+    >>> tests_reward(t, attach_grade(tr, GradeResult(1.0, {"a::b": "passed"})))
+    1.0
+    """
+    if trajectory.is_infra_error or "tests_score" not in trajectory.metadata:
+        return None
+    return float(trajectory.metadata["tests_score"])  # type: ignore[arg-type]
+
+
+tests_reward.__test__ = False  # type: ignore[attr-defined]  # a reward, not a pytest test

@@ -1,0 +1,155 @@
+"""Task prompts written like a user's: terse, underspecified, from the failing behaviour.
+
+A prompt never contains the diff or the test file. It is built from what a user would notice: the
+function they called, the wrong vs expected value from a failing assertion, an exception, or a
+failing test's name. Several styles exist; each task records the one used in
+``metadata["prompt_style"]``, picked deterministically from the task id among those that fit.
+
+    p = make_prompt(Evidence(functions=("titleize",), module="inflection", failing=(...,),
+                             messages={...}, kind="compare_flip"), seed="task-id")
+    p.text, p.style
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MAX_VALUE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the failing behaviour shows (gathered when the task is screened)."""
+
+    functions: tuple[str, ...]
+    """Qualified names of the functions involved ('Class.method')."""
+    module: str
+    """Dotted module of the first function ('pkg.mod')."""
+    failing: tuple[str, ...]
+    """fail_to_pass node ids."""
+    messages: dict[str, str] = field(default_factory=dict)
+    """node id -> first line of its failure (pytest's short summary / ``E`` lines)."""
+    kind: str = "mutation"
+    """Mutation kind, "feature_deletion" or "release"."""
+    package: str = ""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    style: str
+
+
+def _short(v: str) -> str:
+    v = " ".join(v.split())
+    return v if len(v) <= MAX_VALUE_CHARS else v[: MAX_VALUE_CHARS - 3] + "..."
+
+
+def _test_name(node: str) -> str:
+    return node.rsplit("::", 1)[-1].split("[", 1)[0]
+
+
+def _api(ev: Evidence) -> str:
+    """How a user would name the thing: the public function, else the failing test's subject."""
+    for f in ev.functions:
+        last = f.split(".")[-1]
+        if not last.startswith("_"):
+            return f.split(".")[-2] if last == "__init__" and "." in f else f
+    name = _test_name(ev.failing[0]) if ev.failing else ""
+    return re.sub(r"^test_?", "", name) or (ev.functions[0] if ev.functions else ev.module)
+
+
+def _assertion(ev: Evidence) -> tuple[str, str] | None:
+    """(actual, expected) from an ``assert a == b`` failure message, if one is there."""
+    for node in ev.failing:
+        msg = ev.messages.get(node, "")
+        m = re.search(r"assert (.+?) == (.+?)(?:$|\n|\s+\+\s)", msg)
+        if m and len(m.group(1)) < 200 and len(m.group(2)) < 200:
+            return _short(m.group(1)), _short(m.group(2))
+    return None
+
+
+def _exception(ev: Evidence) -> str | None:
+    for node in ev.failing:
+        m = re.match(r"^(\w+(?:Error|Exception|Warning)|StopIteration|KeyError)\b:?\s*(.*)",
+                     ev.messages.get(node, ""))
+        if m and m.group(1) != "AssertionError":
+            return _short(f"{m.group(1)}: {m.group(2)}" if m.group(2) else m.group(1))
+    return None
+
+
+# Each style returns None when the evidence does not support it.
+def s_wrong_value(ev: Evidence) -> str | None:
+    pair = _assertion(ev)
+    if not pair:
+        return None
+    got, want = pair
+    return f"{_api(ev)} gives me {got} but it should be {want}"
+
+
+def s_exception(ev: Evidence) -> str | None:
+    exc = _exception(ev)
+    return f"{_api(ev)} crashes with {exc} now. can you fix it?" if exc else None
+
+
+def s_failing_test(ev: Evidence) -> str | None:
+    if not ev.failing:
+        return None
+    names = sorted({_test_name(n) for n in ev.failing})
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{shown} failing, please fix (don't touch the tests)"
+
+
+def s_bug_report(ev: Evidence) -> str | None:
+    where = ev.package or ev.module.split(".")[0]
+    return f"something's off with {_api(ev)} in {where}, results look wrong. fix it"
+
+
+def s_terse(ev: Evidence) -> str | None:
+    return f"fix {_api(ev)}"
+
+
+def s_implement(ev: Evidence) -> str | None:
+    if ev.kind != "feature_deletion":
+        return None
+    f = ev.functions[0] if ev.functions else _api(ev)
+    return f"{f} in {ev.module} raises NotImplementedError. implement it"
+
+
+def s_release(ev: Evidence) -> str | None:
+    if ev.kind != "release":
+        return None
+    names = sorted({_test_name(n) for n in ev.failing})
+    topic = re.sub(r"^test_?", "", names[0]).replace("_", " ") if names else "this"
+    return f"{ev.package}: support {topic} (expected behaviour is like the next release). " \
+           f"{len(names)} test(s) should pass"
+
+
+STYLES: dict[str, Callable[[Evidence], str | None]] = {
+    "wrong_value": s_wrong_value,
+    "exception": s_exception,
+    "failing_test": s_failing_test,
+    "bug_report": s_bug_report,
+    "terse": s_terse,
+    "implement": s_implement,
+    "release": s_release,
+}
+# Feature tasks are asked for as features; bugs prefer the most informative fitting style.
+_PREFERRED = {"feature_deletion": ("implement",), "release": ("release", "wrong_value",
+                                                              "exception", "failing_test")}
+
+
+def make_prompt(ev: Evidence, seed: str) -> Prompt:
+    """One prompt for ``ev``, its style chosen from the fitting ones by a hash of ``seed``."""
+    names = _PREFERRED.get(ev.kind) or ("wrong_value", "exception", "failing_test", "bug_report",
+                                        "terse")
+    fitting = [(n, t) for n in names if (t := STYLES[n](ev))]
+    assert fitting, f"no prompt style fits {ev}"
+    h = int(hashlib.sha1(seed.encode()).hexdigest(), 16)
+    # informative styles twice as likely: users often paste what they saw
+    weighted = [x for x in fitting for _ in range(2 if x[0] in ("wrong_value", "exception") else 1)]
+    style, text = weighted[h % len(weighted)]
+    return Prompt(text, style)

@@ -1,0 +1,107 @@
+"""The bench end to end on a real (small) task: oracle and null policies through the harness,
+graded in sandboxes; then reports, pass@k and the promotion gate."""
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from looprl.bench.cli import app
+from looprl.bench.gate import compare, load
+from looprl.bench.report import pass_at_k, summarize, write_report
+from looprl.bench.run import PolicyFactory, Sample, run_bench
+from looprl.errors import ConfigError
+from tests.example_package import write_example_package
+from looprl.tasks.mutate import unified_diff
+from looprl.tasks.taskset import write_tasks
+from looprl.types import Grader, Task
+
+CMD = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python -m "
+       "pytest -p no:cacheprovider -q -rA --tb=short --color=no -o addopts=")
+CORE = "src/minicalc/core.py"
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    repo = write_example_package(tmp_path_factory.mktemp("b") / "minicalc")
+    core = repo / CORE
+    original = core.read_text()
+    core.write_text(original.replace("acc = acc + v", "acc = acc - v"))
+    t = Task("minicalc-running-total", str(repo), "running_total is off", venv=sys.prefix,
+             gold_patch=unified_diff(CORE, core.read_text(), original),
+             grader=Grader(CMD, ("tests/test_core.py::test_running_total",
+                                 "tests/test_core.py::test_running_total_start"),
+                           ("tests/test_core.py::test_mean",), ("tests/test_core.py",)),
+             metadata={"source_kind": "mutation", "package": "minicalc"})
+    return [t]
+
+
+@pytest.fixture(scope="module")
+def reports(tasks, tmp_path_factory):
+    d = tmp_path_factory.mktemp("reports")
+    out = {}
+    for policy in ("oracle", "null"):
+        samples = run_bench(tasks, policy, k=2)
+        out[policy] = write_report(summarize(samples, 2, policy, "t.jsonl"), d / f"{policy}.json")[0]
+    return out
+
+
+@pytest.mark.slow
+def test_oracle_solves_and_null_does_not(reports):
+    oracle, null = load(reports["oracle"]), load(reports["null"])
+    assert oracle["metrics"]["pass@1"] == 1.0 and oracle["metrics"]["pass@2"] == 1.0
+    assert null["metrics"]["pass@1"] == 0.0 and null["infra_errors"] == 0
+    assert oracle["metrics"]["mean_tool_calls"] >= 3 > null["metrics"]["mean_tool_calls"]
+    assert oracle["n_samples"] == 2 and oracle["pass@1_by_kind"] == {"mutation": 1.0}
+    assert reports["oracle"].with_suffix(".png").stat().st_size > 1000
+    assert "| pass@1 | 1 |" in reports["oracle"].with_suffix(".md").read_text()
+
+
+@pytest.mark.slow
+def test_compare_gate_exit_codes(reports):
+    runner = CliRunner()
+    up = runner.invoke(app, ["compare", str(reports["null"]), str(reports["oracle"])])
+    assert up.exit_code == 0, up.output
+    assert "gate PASSED" in up.output and "| pass@1 | 0 | 1 | +1 |" in up.output
+    down = runner.invoke(app, ["compare", str(reports["oracle"]), str(reports["null"])])
+    assert down.exit_code == 1 and "gate FAILED" in down.output
+
+
+def test_bench_cli_runs_a_task_file(tasks, tmp_path):
+    f = write_tasks(tasks, tmp_path / "t.jsonl")
+    r = CliRunner().invoke(app, ["run", "--policy", "null", "--tasks", str(f), "--out",
+                                 str(tmp_path / "n.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "n.json").read_text())["metrics"]["pass@1"] == 0.0
+
+
+def test_pass_at_k_and_infra_samples_are_excluded():
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert pass_at_k(10, 3, 5) == pytest.approx(1 - (7 * 6 * 5 * 4 * 3) / (10 * 9 * 8 * 7 * 6))
+    samples = [Sample("a", 0, 1.0, "finished"), Sample("a", 1, None, "infra_error"),
+               Sample("b", 0, 0.0, "finished"), Sample("b", 1, 1.0, "finished")]
+    rep = summarize(samples, 2)
+    assert rep["infra_errors"] == 1 and rep["per_task"]["a"]["n"] == 1
+    assert rep["metrics"]["pass@1"] == pytest.approx((1.0 + 0.5) / 2)
+    assert rep["metrics"]["pass@2"] == pytest.approx(1.0)
+
+
+def test_gate_needs_common_tasks_and_tolerates_noise():
+    def rep(vals):
+        return {"per_task": {f"t{i}": {"pass@1": v, "output_tokens": 10, "tool_calls": 1,
+                                       "turns": 1, "wall_s": 1, "broken_tool_calls": 0}
+                             for i, v in enumerate(vals)}}
+    same = compare(rep([1, 0] * 20), rep([1, 0] * 20))
+    assert same.passed and same.diffs[0].diff == 0
+    worse = compare(rep([1] * 40), rep([1] * 20 + [0] * 20))
+    assert not worse.passed and worse.diffs[0].hi < 0
+    with pytest.raises(ConfigError, match="share no task ids"):
+        compare(rep([1]), {"per_task": {"other": {}}})
+
+
+def test_policy_specs_are_checked():
+    with pytest.raises(ConfigError, match="unknown policy"):
+        PolicyFactory("gpt")
+    with pytest.raises(ConfigError, match="needs an argument"):
+        PolicyFactory("model")

@@ -1,0 +1,130 @@
+"""Grading in real sandboxes over a small real package (the offline example package)."""
+
+import asyncio
+import sys
+
+import pytest
+
+from looprl.errors import RewardError
+from looprl.rewards.tests import (
+    GradeResult,
+    attach_grade,
+    failure_details,
+    grade,
+    parse_pytest_output,
+    tests_reward,
+)
+from tests.example_package import write_example_package
+from looprl.tasks.mutate import unified_diff
+from looprl.types import Counters, Grader, StopReason, Task, Trajectory
+
+CLAMP_TESTS = tuple(f"tests/test_core.py::test_clamp_{x}" for x in ("inside", "low", "high"))
+MEAN = ("tests/test_core.py::test_mean", "tests/test_core.py::test_mean_empty")
+CORE = "src/minicalc/core.py"
+# the project venv has many pytest plugins; skipping their autoload keeps each run fast
+CMD = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python -m "
+       "pytest -p no:cacheprovider -q -rA --tb=short --color=no -o addopts=")
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    repo = write_example_package(tmp_path_factory.mktemp("g") / "minicalc")
+    core = repo / CORE
+    original = core.read_text()
+    core.write_text(original.replace("if x > hi:", "if x < hi:"))
+    gold = unified_diff(CORE, core.read_text(), original)
+    return Task("minicalc-clamp", str(repo), "clamp is wrong", venv=sys.prefix, gold_patch=gold,
+                grader=Grader(CMD, CLAMP_TESTS[1:], (CLAMP_TESTS[0], *MEAN),
+                              ("tests/test_core.py", "pyproject.toml"), timeout_s=60))
+
+
+def g(task, diff):
+    return asyncio.run(grade(task, diff))
+
+
+def test_gold_passes_and_untouched_fails(task):
+    good = g(task, task.gold_patch)
+    assert good.score == 1.0 and not good.edited_tests
+    assert set(good.tests) == {*CLAMP_TESTS, *MEAN} and set(good.tests.values()) == {"passed"}
+    bad = g(task, "")
+    assert bad.score == 0.0
+    assert bad.tests["tests/test_core.py::test_clamp_high"] == "failed"
+    assert bad.tests["tests/test_core.py::test_mean"] == "passed"
+
+
+def test_breaking_pass_to_pass_scores_zero(task):
+    core = (task.repo + "/" + CORE)
+    text = open(core).read()
+    fixed = text.replace("if x < hi:", "if x > hi:")
+    diff = unified_diff(CORE, text, fixed.replace("return total / len(values)", "return 0"))
+    r = g(task, diff)
+    assert r.score == 0.0 and r.tests["tests/test_core.py::test_mean"] == "failed"
+
+
+def test_editing_tests_never_counts(task):
+    test_file = open(task.repo + "/tests/test_core.py").read()
+    cheat = unified_diff("tests/test_core.py", test_file,
+                         test_file.replace("== 10\n", "== 5\n").replace("== 0\n", "== -3\n"))
+    skip_all = unified_diff("tests/conftest.py", "", "import pytest\n\n\n"
+                            "def pytest_collection_modifyitems(items):\n"
+                            "    for i in items:\n        i.add_marker(pytest.mark.skip)\n")
+    for diff in (cheat, skip_all.replace("--- a/tests/conftest.py", "--- /dev/null")):
+        r = g(task, diff)
+        assert r.edited_tests and r.score == 0.0
+
+
+def test_gold_plus_test_edits_still_passes_and_is_flagged(task):
+    test_file = open(task.repo + "/tests/test_core.py").read()
+    diff = task.gold_patch + unified_diff("tests/test_core.py", test_file, test_file + "\n# hi\n")
+    r = g(task, diff)
+    assert r.score == 1.0 and r.edited_tests
+
+
+def test_hidden_test_patch_is_applied(task):
+    test_file = open(task.repo + "/tests/test_core.py").read()
+    extra = "\n\ndef test_clamp_equal_bounds():\n    assert clamp(7, 3, 3) == 3\n"
+    hidden = Grader(CMD, ("tests/test_core.py::test_clamp_equal_bounds", *CLAMP_TESTS[1:]),
+                    (), task.grader.test_files, 60,
+                    test_patch=unified_diff("tests/test_core.py", test_file, test_file + extra))
+    t = Task(task.id, task.repo, task.prompt, hidden, task.venv, task.gold_patch)
+    assert g(t, t.gold_patch).score == 1.0
+    r = g(t, "")
+    assert r.score == 0.0 and r.tests["tests/test_core.py::test_clamp_equal_bounds"] == "failed"
+
+
+def test_grader_failures_are_infra_errors_not_zero(task):
+    with pytest.raises(RewardError, match="does not apply"):
+        g(task, "--- a/src/minicalc/core.py\n+++ b/src/minicalc/core.py\n@@ -1,1 +1,1 @@\n"
+                "-no such line\n+x\n")
+    bad = Task(task.id, task.repo, "p", Grader(CMD, ("tests/test_nope.py::test_x",)), task.venv)
+    with pytest.raises(RewardError, match="could not run"):
+        g(bad, "")
+
+
+def test_hanging_code_times_out_as_a_failure(task):
+    text = open(task.repo + "/" + CORE).read()
+    hang = unified_diff(CORE, text, text.replace('    """Limit x to the closed interval [lo, hi]."""\n',
+                                                 '    """Limit."""\n    while True:\n        pass\n'))
+    t = Task(task.id, task.repo, "p", Grader(CMD, CLAMP_TESTS, (), (), timeout_s=8), task.venv)
+    r = g(t, hang)
+    assert r.timed_out and r.score == 0.0
+
+
+def test_parsers():
+    out = ("____ TestA.test_b[1] ____\n    def test_b(): ...\nE   assert 3 == 4\nE    +  where 3 = f()\n"
+           "=== short test summary info ===\nFAILED t.py::TestA::test_b[1] - assert 3 == 4\n"
+           "ERROR t.py::test_c - RuntimeError\nXFAIL t.py::test_d - reason\n")
+    outcomes, msgs = parse_pytest_output(out)
+    assert outcomes == {"t.py::TestA::test_b[1]": "failed", "t.py::test_c": "error",
+                        "t.py::test_d": "xfailed"}
+    assert msgs["t.py::test_c"] == "RuntimeError"
+    assert failure_details(out) == {"TestA.test_b[1]": "assert 3 == 4\n +  where 3 = f()"}
+
+
+def test_tests_reward_reads_the_grade():
+    t = Task("t", "/r", "p", Grader("pytest", ("a::b",)))
+    tr = Trajectory("t", "g", (), (), Counters(), StopReason.FINISHED)
+    assert tests_reward(t, tr) is None
+    assert tests_reward(t, attach_grade(tr, GradeResult(0.0, {"a::b": "failed"}))) == 0.0
+    infra = Trajectory("t", "g", (), (), Counters(), StopReason.INFRA_ERROR)
+    assert tests_reward(t, attach_grade(infra, GradeResult(1.0))) is None

@@ -1,0 +1,77 @@
+"""The task pipeline on the offline example package: screening in sandboxes, task repos, gold
+patches, validation through the harness's OracleAgent."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from looprl.rewards.tests import grade
+from looprl.tasks import mutate
+from looprl.tasks.build import BuildConfig, Screened, Screener, abuild_package_tasks, make_task
+
+pytestmark = pytest.mark.slow  # builds and validates real tasks in sandboxes (~30-60 s)
+
+
+@pytest.fixture(scope="module")
+def built(example_snapshot):
+    cfg = BuildConfig(max_tasks=4, budget_s=40, validate="oracle", seed=1)
+    seen = []
+    tasks = asyncio.run(abuild_package_tasks(example_snapshot, cfg,
+                                             lambda what, n: seen.append(what)))
+    return tasks, seen, cfg
+
+
+def test_builds_validated_tasks_of_three_kinds(built, example_snapshot):
+    tasks, seen, _ = built
+    kinds = {t.metadata["source_kind"] for t in tasks}
+    assert kinds == {"mutation", "multi_site", "feature_deletion"}
+    assert seen.count("validated") >= len(tasks) and "tried" in seen
+    for t in tasks:
+        assert 1 <= len(t.grader.fail_to_pass) <= 25
+        assert not set(t.grader.fail_to_pass) & set(t.grader.pass_to_pass)
+        assert set(t.grader.fail_to_pass) <= set(example_snapshot.passing_tests)
+        assert t.metadata["validated"] == "oracle"
+        assert t.metadata["lines_changed"] >= 1 and t.metadata["prompt_chars"] == len(t.prompt)
+        assert "@@" not in t.prompt and "def test" not in t.prompt
+        # the task repo carries the bug; the package's pristine repo does not
+        f = t.metadata["files"].split(",")[0]
+        assert (Path(t.repo) / f).read_text() != (Path(example_snapshot.repo) / f).read_text()
+
+
+def test_untouched_task_fails_and_gold_passes(built):
+    tasks, _, _ = built
+    t = tasks[0]
+    assert asyncio.run(grade(t, "")).score == 0.0
+    assert asyncio.run(grade(t, t.gold_patch)).score == 1.0
+
+
+def test_second_build_is_served_from_cache(built, example_snapshot):
+    tasks, _, cfg = built
+    again = asyncio.run(abuild_package_tasks(example_snapshot, cfg, None))
+    assert [t.id for t in again] == [t.id for t in tasks]
+
+
+def test_screening_rejects_mutations_no_test_notices(example_snapshot):
+    cfg = BuildConfig(workers=1)
+    src = Path(example_snapshot.repo, "src/minicalc/core.py").read_text()
+    # changing a docstring-free default nobody tests beyond 'sep' keeps tests green: rejected
+    muts = mutate.candidates(src, "src/minicalc/core.py", ("change_default",))
+    start_default = next(m for m in muts if m.functions == ("running_total",))
+    clamp_flip = next(m for m in mutate.candidates(src, "src/minicalc/core.py", ("compare_flip",))
+                      if m.functions == ("clamp",))
+
+    async def go():
+        async with Screener(example_snapshot, cfg) as sc:
+            return await sc.screen(start_default), await sc.screen(clamp_flip)
+
+    unnoticed, caught = asyncio.run(go())
+    assert unnoticed is None or unnoticed.fail_to_pass  # noticed only if a test pins the default
+    assert isinstance(caught, Screened)
+    assert set(caught.fail_to_pass) <= {"tests/test_core.py::test_clamp_inside",
+                                        "tests/test_core.py::test_clamp_low",
+                                        "tests/test_core.py::test_clamp_high"}
+    assert len(caught.pass_to_pass) == 14 - len(caught.fail_to_pass)
+    task = make_task(example_snapshot, caught, Path(example_snapshot.repo).parent / "t",
+                     {"src/minicalc/core.py": src})
+    assert task.metadata["mutation_kind"] == "compare_flip"

@@ -1,0 +1,38 @@
+from looprl.tasks.prompts import STYLES, Evidence, make_prompt
+
+EV = Evidence(functions=("Inflector._apply", "titleize"), module="inflection",
+              failing=("test_inflection.py::test_titleize[a-b]",),
+              messages={"test_inflection.py::test_titleize[a-b]":
+                        "AssertionError: assert 'Man From The Boondocks' == 'Man from the Boondocks'"},
+              package="inflection")
+
+
+def test_wrong_value_quotes_actual_and_expected():
+    text = STYLES["wrong_value"](EV)
+    assert text == "titleize gives me 'Man From The Boondocks' but it should be 'Man from the Boondocks'"
+
+
+def test_exception_style_only_when_an_exception_failed():
+    assert STYLES["exception"](EV) is None
+    ev = Evidence(("parse",), "m", ("t.py::test_x",), {"t.py::test_x": "TypeError: bad operand"})
+    assert STYLES["exception"](ev) == "parse crashes with TypeError: bad operand now. can you fix it?"
+
+
+def test_style_choice_is_deterministic_and_varied():
+    picks = {make_prompt(EV, f"task-{i}").style for i in range(40)}
+    assert make_prompt(EV, "x") == make_prompt(EV, "x")
+    assert {"wrong_value", "failing_test", "bug_report", "terse"} <= picks
+
+
+def test_feature_tasks_ask_for_an_implementation():
+    ev = Evidence(("camelize",), "inflection", ("t.py::test_c",), kind="feature_deletion")
+    p = make_prompt(ev, "t")
+    assert p.style == "implement" and "camelize" in p.text and "NotImplementedError" in p.text
+
+
+def test_prompts_stay_terse_and_never_show_diffs_or_test_code():
+    long = Evidence(("f",), "m", ("t.py::test_f",), {"t.py::test_f": "assert " + "x" * 500 + " == 1"})
+    for i in range(20):
+        p = make_prompt(long, str(i))
+        assert len(p.text) < 260
+        assert "def test" not in p.text and "@@" not in p.text and "+++" not in p.text
