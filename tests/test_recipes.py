@@ -10,9 +10,7 @@ import pytest
 import torch
 
 from looprl.types import Group
-
-sys.path.insert(0, str(Path(__file__).parent / "trainer"))
-from helpers import group, segment, tiny_llama, trajectory  # noqa: E402
+from tests.trainer.helpers import group, segment, tiny_llama, trajectory
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "grpo_minimal.py"
 

@@ -1,0 +1,298 @@
+"""looprl's GRPO (TorchEngine + GRPOStep) against TRL's ``GRPOTrainer``: wall-clock to the same
+training reward, same model, prompts, reward and algorithm.
+
+    .venv/bin/pip install "trl" "accelerate" "torch==2.13.0"   # the pin keeps the CPU torch
+    .venv/bin/python benchmarks/vs_trl.py                      # ~2-3 min on 2 cores
+    .venv/bin/python benchmarks/vs_trl.py --max-new-tokens 128 # longer completions, ~5-8 min
+
+Both sides start from the default tiny model (``init_default_model(size="tiny")``, saved HF dir).
+The task form both can run: single-turn prompts derived from the real inflection tasks (the
+task's terse prompt through the chat template, no tools), ``G`` completions per prompt, and a pure
+reward on the completion text both compute with the same function (``name_reward``: the share of
+the completion's characters that spell the function under repair — a toy objective a random-init
+model can climb in a few dozen steps; the agent's real reward needs sandboxes TRL cannot drive).
+
+Same algorithm on both: Dr. GRPO (``loss_type="dr_grpo"``, ``scale_rewards="none"``, no KL, one
+update per batch), same lr, temperature 1, same prompts per step, G and completion length.
+
+Reported: the reward curve of each (smoothed over ``--window`` steps); the target is 80% of the way
+from the start reward to the best reward *both* reached; time-to-target on each side and the
+ratio. If either side fails to improve, the output says so and compares time per step at equal
+work instead. Rollout and training tokens/s are printed side by side (TRL's generation time is
+its ``_generate_and_score_completions``, timed by wrapping that method on the instance).
+The last line is ``speedup_vs_trl=… trl_s=… looprl_s=… target_reward=… …``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from looprl import paths
+from looprl.inference import TorchEngine
+from looprl.models.loading import load_model
+from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.types import (
+    Counters,
+    Group,
+    RewardBreakdown,
+    SamplingParams,
+    Segment,
+    StopReason,
+    Trajectory,
+)
+
+
+def name_reward(completion: str, name: str) -> float:
+    """Share of the completion's non-space characters that occur in ``name``.
+
+    >>> name_reward("titleize ok", "titleize")
+    0.8
+    >>> name_reward("", "titleize")
+    0.0
+    """
+    chars = [c for c in completion if not c.isspace()]
+    return sum(c in name for c in chars) / len(chars) if chars else 0.0
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    function: str
+
+
+@dataclass
+class Curve:
+    """Per-step reward and elapsed time of one side, plus its token counts."""
+
+    rewards: list[float] = field(default_factory=list)
+    elapsed_s: list[float] = field(default_factory=list)
+    rollout_tokens: int = 0
+    train_tokens: int = 0
+    rollout_s: float = 0.0
+    train_s: float = 0.0
+
+
+def tiny_model_dir():
+    from looprl.models.tiny import init_default_model
+
+    path = paths.sub("models") / "default-tiny-seed0"
+    if not (path / "config.json").exists():
+        print(f"initialising the default tiny model at {path} ...", flush=True)
+        init_default_model(path, size="tiny", seed=0)
+    return path
+
+
+def prompts_from_tasks(tok, spec: str) -> list[Prompt]:
+    from looprl.tasks.build import BuildConfig, build_package_tasks
+    from looprl.tasks.sources import fetch_package
+
+    tasks = build_package_tasks(fetch_package(spec), BuildConfig(max_tasks=20))
+    out = []
+    for t in tasks:
+        fn = str(t.metadata.get("functions") or t.prompt.split()[-1]).split(",")[0]
+        text = tok.apply_chat_template([{"role": "user", "content": t.prompt}], tokenize=False,
+                                       add_generation_prompt=True)
+        out.append(Prompt(text, fn))
+    return out
+
+
+# ----------------------------------------------------------------------------- looprl side
+
+def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Curve:
+    lm = load_model(model_dir)
+    tok = lm.tokenizer
+    torch.manual_seed(args.seed)
+    engine = TorchEngine(copy.deepcopy(lm.model), tok, max_len=1024, seed=args.seed)
+    step = GRPOStep(lm.model.train(), GRPOConfig(lr=args.lr, loss="dr_grpo", std_norm="never",
+                                                 norm_tokens=args.max_new_tokens),
+                    pad_id=tok.pad_token_id)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
+    curve, t0 = Curve(), time.monotonic()
+
+    async def sample(p: Prompt, gid: str, ids: list[int]) -> Trajectory:
+        g = await engine.generate(ids, params, group_id=gid)
+        text = tok.decode(list(g.token_ids), skip_special_tokens=True)
+        n = len(ids)
+        seg = Segment(tuple(ids) + g.token_ids, (0.0,) * n + g.logprobs, (0,) * n + (1,) * len(g.token_ids),
+                      (-1,) * n + g.policy_versions)
+        return Trajectory(p.function, gid, (seg,), (), Counters(output_tokens=len(g.token_ids)),
+                          StopReason.FINISHED, reward=RewardBreakdown.of({"name": name_reward(text, p.function)}))
+
+    async def group(gid: str, p: Prompt) -> Group:
+        ids = tok.encode(p.text, add_special_tokens=False)
+        trajs = await asyncio.gather(*(sample(p, gid, ids) for _ in range(args.group_size)))
+        return Group(p.function, gid, tuple(trajs))
+
+    async def main() -> None:
+        for s in range(args.steps):
+            tr = time.monotonic()
+            batch = [prompts[(s * args.prompts_per_step + i) % len(prompts)] for i in range(args.prompts_per_step)]
+            # Every completion of the step decodes in one continuous batch (TRL: one generate call).
+            groups = list(await asyncio.gather(*(group(f"{s}-{i}", p) for i, p in enumerate(batch))))
+            curve.rollout_s += time.monotonic() - tr
+            tt = time.monotonic()
+            m = await asyncio.to_thread(step.on_groups, groups, current_version=s)
+            await engine.update_weights({k: v.detach().clone() for k, v in step.model.state_dict().items()}, s + 1)
+            curve.train_s += time.monotonic() - tt
+            trajs = [t for g in groups for t in g.trajectories]
+            curve.rollout_tokens += sum(t.counters.output_tokens for t in trajs)
+            curve.train_tokens += sum(len(t.segments[0].token_ids_T) for t in trajs)
+            curve.rewards.append(sum(t.reward.total for t in trajs) / len(trajs))
+            curve.elapsed_s.append(time.monotonic() - t0)
+            if (s + 1) % 10 == 0:
+                print(f"  [looprl] step {s + 1} reward {curve.rewards[-1]:.3f} t={curve.elapsed_s[-1]:.1f}s "
+                      f"(kl {m.kl_mean:.4f})", flush=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
+    return curve
+
+
+# ----------------------------------------------------------------------------- TRL side
+
+def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Curve:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    n = args.steps * args.prompts_per_step
+    ds = Dataset.from_list([{"prompt": prompts[i % len(prompts)].text,
+                             "function": prompts[i % len(prompts)].function} for i in range(n)])
+    curve = Curve()
+    step_rewards: list[float] = []
+
+    def reward(prompts, completions, function, completion_ids=None, **kw) -> list[float]:
+        curve.rollout_tokens += sum(len(c) for c in completion_ids) if completion_ids else 0
+        rs = [name_reward(c, f) for c, f in zip(completions, function, strict=True)]
+        step_rewards.append(sum(rs) / len(rs))
+        return rs
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = TRLConfig(
+            output_dir=out, use_cpu=True, report_to="none", save_strategy="no", logging_steps=10,
+            disable_tqdm=True,
+            max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
+            per_device_train_batch_size=args.prompts_per_step * args.group_size,
+            num_generations=args.group_size, max_completion_length=args.max_new_tokens,
+            temperature=1.0, top_p=1.0, loss_type="dr_grpo", scale_rewards="none", beta=0.0,
+            num_iterations=1, seed=args.seed, shuffle_dataset=False, bf16=False,
+            max_grad_norm=1.0, weight_decay=0.0, dataloader_num_workers=0, disable_dropout=True)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds,
+                              processing_class=tok)
+        gen = trainer._generate_and_score_completions
+
+        def timed_gen(*a, **k):
+            t = time.monotonic()
+            try:
+                res = gen(*a, **k)
+            finally:
+                curve.rollout_s += time.monotonic() - t
+            mask = res.get("completion_mask")
+            curve.train_tokens += int(res["prompt_mask"].sum() + (mask.sum() if mask is not None else 0))
+            return res
+
+        trainer._generate_and_score_completions = timed_gen
+        t0 = [0.0]
+
+        class Clock(TrainerCallback):
+            def on_train_begin(self, *a, **k):
+                t0[0] = time.monotonic()
+
+            def on_step_end(self, *a, **k):
+                curve.elapsed_s.append(time.monotonic() - t0[0])
+                curve.rewards.append(step_rewards[-1])
+                if len(curve.rewards) % 10 == 0:
+                    print(f"  [trl] step {len(curve.rewards)} reward {curve.rewards[-1]:.3f} "
+                          f"t={curve.elapsed_s[-1]:.1f}s", flush=True)
+
+        trainer.add_callback(Clock())
+        trainer.train()
+    curve.train_s = curve.elapsed_s[-1] - curve.rollout_s if curve.elapsed_s else 0.0
+    return curve
+
+
+# ----------------------------------------------------------------------------- comparison
+
+def smooth(xs: list[float], w: int) -> list[float]:
+    return [sum(xs[max(0, i - w + 1):i + 1]) / len(xs[max(0, i - w + 1):i + 1]) for i in range(len(xs))]
+
+
+def time_to(curve: Curve, target: float, w: int) -> float | None:
+    for r, t in zip(smooth(curve.rewards, w), curve.elapsed_s, strict=True):
+        if r >= target:
+            return t
+    return None
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--prompts-per-step", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-2,
+                   help="high, as fits a random-init 0.6M model and a toy reward; same on both sides")
+    p.add_argument("--window", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--package", default="inflection==0.5.1")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def main() -> int:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print('TRL is not installed; install it with the CPU torch pinned in the same command:\n'
+              '  .venv/bin/pip install "trl" "accelerate" "torch==2.13.0"', file=sys.stderr)
+        return 2
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = tiny_model_dir()
+    prompts = prompts_from_tasks(load_model(model_dir).tokenizer, args.package)
+    print(f"{len(prompts)} prompts from {args.package}; {args.steps} steps x {args.prompts_per_step} "
+          f"prompts x G={args.group_size} x {args.max_new_tokens} tokens; lr {args.lr}", flush=True)
+    ours = run_looprl(model_dir, prompts, args)
+    theirs = run_trl(model_dir, prompts, args)
+    w = args.window
+    start = (sum(ours.rewards[:w]) + sum(theirs.rewards[:w])) / (2 * w)
+    best = min(max(smooth(ours.rewards, w)), max(smooth(theirs.rewards, w)))
+    target = start + 0.8 * (best - start)
+    t_ours, t_trl = time_to(ours, target, w), time_to(theirs, target, w)
+    for name, c in (("looprl", ours), ("trl", theirs)):
+        print(f"{name:>6}: reward {c.rewards[0]:.3f} -> {smooth(c.rewards, w)[-1]:.3f} (smoothed) | "
+              f"{c.elapsed_s[-1]:.1f}s for {len(c.rewards)} steps ({c.elapsed_s[-1] / len(c.rewards):.2f} s/step) | "
+              f"rollout {c.rollout_tokens / max(c.rollout_s, 1e-9):.0f} tok/s | "
+              f"train {c.train_tokens / max(c.train_s, 1e-9):.0f} tok/s", flush=True)
+    per_step = (theirs.elapsed_s[-1] / len(theirs.rewards)) / (ours.elapsed_s[-1] / len(ours.rewards))
+    common = (f"trl_s_per_step={theirs.elapsed_s[-1] / len(theirs.rewards):.3f} "
+              f"looprl_s_per_step={ours.elapsed_s[-1] / len(ours.rewards):.3f} "
+              f"rollout_tok_s_looprl={ours.rollout_tokens / max(ours.rollout_s, 1e-9):.0f} "
+              f"rollout_tok_s_trl={theirs.rollout_tokens / max(theirs.rollout_s, 1e-9):.0f} "
+              f"train_tok_s_looprl={ours.train_tokens / max(ours.train_s, 1e-9):.0f} "
+              f"train_tok_s_trl={theirs.train_tokens / max(theirs.train_s, 1e-9):.0f} target_speedup=3")
+    if best - start < 0.02 or t_ours is None or t_trl is None:
+        print(f"equal reward not reached on both sides within {args.steps} steps (start {start:.3f}, "
+              f"best both reached {best:.3f}); comparing time per step at equal work instead")
+        print(f"speedup_vs_trl={per_step:.2f} mode=time_per_step {common}")
+        return 0
+    print(f"speedup_vs_trl={t_trl / t_ours:.2f} mode=time_to_reward trl_s={t_trl:.1f} looprl_s={t_ours:.1f} "
+          f"target_reward={target:.3f} start_reward={start:.3f} per_step_speedup={per_step:.2f} {common}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
