@@ -4,7 +4,8 @@ EV = Evidence(functions=("Inflector._apply", "titleize"), module="inflection",
               failing=("test_inflection.py::test_titleize[a-b]",),
               messages={"test_inflection.py::test_titleize[a-b]":
                         "AssertionError: assert 'Man From The Boondocks' == 'Man from the Boondocks'"},
-              package="inflection")
+              package="inflection", sources={"test_inflection.py::test_titleize":
+                  "def test_titleize(a, b):\n    assert inflection.titleize(a) == b"})
 
 
 def test_wrong_value_quotes_actual_and_expected():
@@ -36,3 +37,20 @@ def test_prompts_stay_terse_and_never_show_diffs_or_test_code():
         p = make_prompt(long, str(i))
         assert len(p.text) < 260
         assert "def test" not in p.text and "@@" not in p.text and "+++" not in p.text
+
+
+def test_wrong_value_reads_which_side_was_computed_from_the_test_source():
+    """Tests write `assert want == f(x)` as often as `assert f(x) == want`: the prompt must name
+    the value the code gave, not the expected one, and skip the style when it cannot tell."""
+    from looprl.tasks.prompts import Evidence, s_wrong_value
+
+    node = "test_inflection.py::test_ordinal[-1--1st]"
+    msg = {node: "assert '-1st' == '-1th'"}
+    expected_left = Evidence(("ordinal",), "inflection", (node,), msg, sources={
+        "test_inflection.py::test_ordinal":
+            "def test_ordinal(number, ordinalized):\n    assert ordinalized == number + inflection.ordinal(number)"})
+    assert s_wrong_value(expected_left) == "ordinal gives me '-1th' but it should be '-1st'"
+    actual_left = Evidence(("ordinal",), "inflection", (node,), msg, sources={
+        "test_inflection.py::test_ordinal": "def test_ordinal():\n    assert ordinal(-1) == '-1th'"})
+    assert s_wrong_value(actual_left) == "ordinal gives me '-1st' but it should be '-1th'"
+    assert s_wrong_value(Evidence(("ordinal",), "inflection", (node,), msg)) is None

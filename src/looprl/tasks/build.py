@@ -178,6 +178,18 @@ def _test_sources(path: str, text: str) -> dict[str, str]:
     return out
 
 
+def failing_test_sources(repo: str, nodes: tuple[str, ...]) -> dict[str, str]:
+    """node id (without parameters) -> its test function's source, read from the pristine repo."""
+    out: dict[str, str] = {}
+    for path in sorted({n.split("::", 1)[0] for n in nodes}):
+        try:
+            text = (Path(repo) / path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        out.update(_test_sources(path, text))
+    return out
+
+
 def _plan(cfg: BuildConfig) -> dict[str, int]:
     return {k: max(1, round(cfg.max_tasks * share)) for k, share in cfg.mix.items() if share > 0}
 
@@ -297,7 +309,8 @@ def make_task(snap: PackageSnapshot, s: Screened, root: Path, originals: dict[st
             (repo / p).write_text(text, encoding="utf-8")
     gold = mutate.gold_patch(originals, files)
     ev = Evidence(functions=mut.functions, module=_module_of(mut.sites[0].path, snap.pythonpath),
-                  failing=s.fail_to_pass, messages=s.messages, kind=kind, package=snap.name)
+                  failing=s.fail_to_pass, messages=s.messages, kind=kind, package=snap.name,
+                  sources=failing_test_sources(snap.repo, s.fail_to_pass))
     prompt = make_prompt(ev, task_id)
     return Task(
         id=task_id, repo=str(repo), prompt=prompt.text, venv=snap.venv, gold_patch=gold,

@@ -12,8 +12,10 @@ failing test's name. Several styles exist; each task records the one used in
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +37,9 @@ class Evidence:
     kind: str = "mutation"
     """Mutation kind, "feature_deletion" or "release"."""
     package: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+    """node id (without parameters) -> source of the test function, to tell which side of a
+    failing ``assert a == b`` is the computed (actual) value."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,43 @@ def _api(ev: Evidence) -> str:
     return re.sub(r"^test_?", "", name) or (ev.functions[0] if ev.functions else ev.module)
 
 
+def _actual_is_left(source: str) -> bool | None:
+    """In the test's first ``assert a == b``: True if only the left side calls code (the left is
+    the computed value), False if only the right does, None when the source does not say.
+
+    >>> _actual_is_left("def test_x():\\n    assert f(1) == 2")
+    True
+    >>> _actual_is_left("def test_x(n, want):\\n    assert want == n + g(n)")
+    False
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)
+                and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq)):
+            left, right = node.test.left, node.test.comparators[0]
+            calls = [any(isinstance(n, ast.Call) for n in ast.walk(side)) for side in (left, right)]
+            if calls[0] != calls[1]:
+                return calls[0]
+            return None
+    return None
+
+
 def _assertion(ev: Evidence) -> tuple[str, str] | None:
-    """(actual, expected) from an ``assert a == b`` failure message, if one is there."""
+    """(actual, expected) from an ``assert a == b`` failure message, if one is there and the
+    test's source tells which side was computed (tests write both orders)."""
     for node in ev.failing:
         msg = ev.messages.get(node, "")
         m = re.search(r"assert (.+?) == (.+?)(?:$|\n|\s+\+\s)", msg)
-        if m and len(m.group(1)) < 200 and len(m.group(2)) < 200:
-            return _short(m.group(1)), _short(m.group(2))
+        if not (m and len(m.group(1)) < 200 and len(m.group(2)) < 200):
+            continue
+        left_actual = _actual_is_left(ev.sources.get(node.split("[", 1)[0], ""))
+        if left_actual is None:
+            continue
+        a, b = _short(m.group(1)), _short(m.group(2))
+        return (a, b) if left_actual else (b, a)
     return None
 
 
