@@ -155,8 +155,9 @@ def _call(name: str, **arguments: Any) -> str:
 
 
 def oracle_turns(task: Task) -> list[str]:
-    """The oracle's script: read the touched files, edit them (unique snippets, else the whole
-    file), run the tests, finish."""
+    """The oracle's script: read the code around each hunk, edit it (unique snippets, else the
+    whole file), run the tests, finish. Reading windows rather than whole files keeps its
+    trajectories (SFT data) short, as a focused engineer's would be."""
     if not task.gold_patch:
         raise TaskError(f"task {task.id} has no gold_patch; the oracle needs one")
     patches = parse_unified_diff(task.gold_patch)
@@ -174,7 +175,8 @@ def oracle_turns(task: Task) -> list[str]:
                 edits += _file_edits(task, fp, target=fp.new_path)
             edits.append(_call("run_terminal", command=f"rm -f -- {shlex.quote(fp.old_path)}"))
             continue
-        reads.append(_call("read_file", path=fp.old_path))
+        for offset, limit in _read_windows(fp.hunks):
+            reads.append(_call("read_file", path=fp.old_path, offset=offset, limit=limit))
         edits += _file_edits(task, fp, target=fp.old_path)
     turns = []
     if reads:
@@ -184,6 +186,23 @@ def oracle_turns(task: Task) -> list[str]:
     turns.append("Run the tests.\n" + (_call("run_tests", tests=tests) if tests else _call("run_tests")))
     turns.append(_call("finish", summary=f"Applied the fix for {task.id}."))
     return turns
+
+
+READ_CONTEXT = 30
+"""Lines of context the oracle reads above and below each hunk."""
+
+
+def _read_windows(hunks: list[Hunk]) -> list[tuple[int, int]]:
+    """(offset, limit) line windows around the hunks, merged where they overlap."""
+    windows: list[list[int]] = []
+    for h in sorted(hunks, key=lambda h: h.old_start):
+        lo = max(1, h.old_start - READ_CONTEXT)
+        hi = h.old_start + len(h.old_lines) + READ_CONTEXT
+        if windows and lo <= windows[-1][1] + 1:
+            windows[-1][1] = max(windows[-1][1], hi)
+        else:
+            windows.append([lo, hi])
+    return [(lo, hi - lo + 1) for lo, hi in windows]
 
 
 def _file_edits(task: Task, fp: FilePatch, target: str) -> list[str]:
