@@ -2,8 +2,6 @@
 failures are retried and never scored, and groups overlap under one in-flight bound."""
 
 import asyncio
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 

@@ -208,7 +208,7 @@ class RolloutRunner:
                     item = await asyncio.wait_for(done.get(), timeout=0.05)
                 except asyncio.TimeoutError:
                     if admitter.done() and admitter.exception():
-                        raise admitter.exception()  # type: ignore[misc]
+                        raise admitter.exception() from None  # type: ignore[misc]
                     continue
                 if isinstance(item, BaseException):
                     raise item
