@@ -226,6 +226,9 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
     demos = asyncio.run(oracle_trajectories(train, tok, cfg))
     console.print(f"[bold]SFT[/] on {len(demos)} oracle trajectories")
     sft_res = sft(model, demos, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
+    if sft_res.losses:
+        console.print(f"SFT: {sft_res.steps} steps, {sft_res.tokens:,} model tokens, loss "
+                      f"{sft_res.losses[0]:.3f} -> {sft_res.losses[-1]:.3f} in {sft_res.wall_s:.0f} s")
     sft_dir = run_dir / "model_sft"
     model.save_pretrained(sft_dir, safe_serialization=True)
     tok.save_pretrained(sft_dir)

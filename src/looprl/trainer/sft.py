@@ -113,7 +113,7 @@ def sft(model: nn.Module, trajectories: Sequence[Trajectory], cfg: SFTConfig | N
     plan = _batches(len(segs), cfg)
     model.train()
     t0, losses, tokens = time.perf_counter(), [], 0
-    with Progress(disable=not cfg.progress, transient=True) as bar:
+    with Progress(disable=not cfg.progress, transient=False) as bar:
         task = bar.add_task("sft", total=len(plan))
         for idx in plan:
             loss, n = sft_step(model, optimizer, [segs[i] for i in idx], cfg)
