@@ -273,7 +273,7 @@ def plot_curves(history: list[dict[str, float]], path: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, key, title in ((axes[0], "reward/total_mean", "mean reward"),
                            (axes[1], "rollout/pass_rate", "pass rate (hidden tests)"),
-                           (axes[2], "train/kl_mean", "KL to sampler (k1)")):
+                           (axes[2], "train/is_ratio_mean", "IS ratio trainer/engine (mean)")):
         ys = [h.get(key, float("nan")) for h in history]
         ax.plot(steps, ys, marker="o", ms=3)
         ax.set_title(title)
