@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from looprl.harness.format import ChatFormat
 from looprl.harness.tools import ToolContext
 from looprl.models.tokenizer import build_tokenizer
 from looprl.types import Grader, Task
+from tests.bwrap_support import bwrap_ok, needs_bwrap  # noqa: F401  (re-exported to the tests)
 
 from .dir_sandbox import DirSandbox
 
@@ -47,21 +47,6 @@ def repo(tmp_path: Path) -> Path:
     (root / "tests" / "test_calc.py").write_text(TEST_CALC)
     (root / "README.md").write_text("# calc\n\nA tiny calculator.\n")
     return root
-
-
-def bwrap_ok() -> bool:
-    from looprl.errors import SandboxUnavailableError
-    from looprl.sandbox import check_bwrap
-
-    try:
-        check_bwrap()
-    except SandboxUnavailableError:
-        return False
-    return os.geteuid() == 0
-
-
-needs_bwrap = [pytest.mark.needs_bwrap,
-               pytest.mark.skipif(not bwrap_ok(), reason="needs bubblewrap, user namespaces and root")]
 
 
 def make_sandbox(kind: str, repo: Path):

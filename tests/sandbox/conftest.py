@@ -10,21 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from looprl.errors import SandboxUnavailableError
-
-
-def bwrap_ok() -> bool:
-    from looprl.sandbox.bwrap import check_bwrap
-
-    try:
-        check_bwrap()
-    except SandboxUnavailableError:
-        return False
-    return os.geteuid() == 0
-
-
-needs_bwrap = [pytest.mark.needs_bwrap,
-               pytest.mark.skipif(not bwrap_ok(), reason="needs bubblewrap, user namespaces, root")]
+from tests.bwrap_support import bwrap_ok, needs_bwrap  # noqa: F401  (re-exported to the tests)
 
 
 def run(coro):
