@@ -32,7 +32,7 @@ from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.format import ChatFormat
 from looprl.harness.tools import DEFAULT_TOOLS, make_tools
 from looprl.protocols import Engine
-from looprl.types import Group, RewardBreakdown, StopReason, Task, Trajectory
+from looprl.types import Counters, Group, RewardBreakdown, StopReason, Task, Trajectory
 
 Scorer = Callable[[Task, Trajectory], Awaitable[RewardBreakdown | None]]
 """Grades a finished trajectory; ``None`` = cannot be judged (dropped). Raises ``RewardError``
@@ -222,8 +222,6 @@ class RolloutRunner:
 
 
 def _infra_trajectory(task: Task, group_id: str, traj_id: str, e: LooprlError) -> Trajectory:
-    from looprl.types import Counters
-
     return Trajectory(task_id=task.id, group_id=group_id, segments=(), messages=(),
                       counters=Counters(), stop_reason=StopReason.INFRA_ERROR,
                       error=f"{type(e).__name__}: {e}", id=traj_id)
