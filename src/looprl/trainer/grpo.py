@@ -11,6 +11,11 @@ version, and every token records the version that sampled it. Groups whose oldes
 trainer by more than ``max_staleness`` versions are dropped and counted; zero-variance groups are
 skipped and counted; infra-failed trajectories never reach here (the runner drops them).
 
+Resume: ``loop.resume()`` loads the newest checkpoint under ``run_dir/ckpt`` (model, optimizer,
+RNGs, weight version and the ids of the tasks already trained); ``run`` then hands those weights to
+the engine first. A killed run's groups after its last checkpoint never reached the saved weights,
+so their tasks are sampled again: no group is lost and none is trained twice into one model.
+
 ``sync=True`` runs the same code synchronously (generate a step's groups, then train), the
 baseline for ``benchmarks/async.py``. Per-step metrics go to ``metrics.jsonl`` and TensorBoard;
 ``reward_curve.png`` is written at the end.
@@ -30,7 +35,7 @@ from typing import Any
 from looprl.protocols import Engine, WeightStore
 from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import GroupResult, RolloutRunner
-from looprl.trainer.checkpoint import save_checkpoint
+from looprl.trainer.checkpoint import Resumed, latest_checkpoint, load_checkpoint, save_checkpoint
 from looprl.trainer.step import GRPOStep
 from looprl.types import Group, Task
 
@@ -110,6 +115,7 @@ class GRPOLoop:
         self.version = start_version
         self.stats = LoopStats()
         self.config_to_save = config_to_save
+        self._resumed: Resumed | None = None
         self._writer = None
         if self.run_dir:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -119,9 +125,33 @@ class GRPOLoop:
             except ImportError:  # tensorboard is optional for library users
                 self._writer = None
 
+    def resume(self, ckpt_root: Path | None = None) -> Resumed | None:
+        """Continue from the newest complete checkpoint (default ``run_dir/ckpt``); None if there
+        is none. Metrics rows logged after that checkpoint (steps whose weights were lost) are
+        dropped from ``metrics.jsonl``, so the log and the curve describe the resumed model."""
+        root = Path(ckpt_root) if ckpt_root else (self.run_dir / "ckpt" if self.run_dir else None)
+        path = latest_checkpoint(root) if root else None
+        if path is None:
+            return None
+        r = load_checkpoint(path, self.step.model, self.step.optimizer)
+        self.sampler.mark_trained(r.sampler_state.get("trained", []))
+        self.version = int(r.weight_version if r.weight_version is not None else r.step)
+        self.stats.steps = r.step
+        self._resumed = r
+        if self.run_dir and (self.run_dir / "metrics.jsonl").exists():
+            rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()
+                    if line.strip()]
+            kept = [row for row in rows if int(row.get("step", 0)) <= r.step]
+            self.stats.history = kept
+            (self.run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in kept))
+        return r
+
     async def run(self, progress: Any = None) -> LoopStats:
         """Train until the task set is exhausted, ``max_steps`` or ``max_minutes``."""
         self._t0 = time.monotonic()
+        if self._resumed is not None:  # the engine samples from the resumed weights
+            state = {k: v.detach().clone() for k, v in self.step.model.state_dict().items()}
+            await self.engine.update_weights(state, self.version)
         if self.cfg.sync:
             await self._run_sync(progress)
         else:
@@ -227,6 +257,7 @@ class GRPOLoop:
         elapsed = time.monotonic() - self._t0
         row = {
             "step": self.stats.steps, "version": self.version, "elapsed_s": round(elapsed, 2),
+            "tasks": [g.task_id for g in groups],
             **{f"train/{k}": v for k, v in step_metrics.items()},
             **reward_metrics(trajs),
             "rollout/pass_rate": sum(t.reward.components.get("tests", 0.0) >= 1.0 for t in trajs
@@ -245,7 +276,7 @@ class GRPOLoop:
                 f.write(json.dumps(row) + "\n")
         if self._writer is not None:
             for k, v in row.items():
-                if isinstance(v, (int, float)):
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._writer.add_scalar(k, v, self.stats.steps)
 
     def checkpoint(self) -> Path | None:
