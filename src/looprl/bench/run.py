@@ -1,28 +1,26 @@
 """Run a policy on a task set through the harness, k samples a task, and grade every sample.
 
-    report = run_bench(load_tasks("tasks.jsonl"), "oracle", k=1)     # -> BenchReport
-    sample = await run_sample(task, "oracle", index=0)                # one graded sample
+    samples = run_bench(load_tasks("tasks.jsonl"), "oracle", k=1)    # -> list[Sample]
 
 Policies are picked by a spec string (``POLICIES``): ``oracle`` (replays the gold patch through
 the tools: proves tasks solvable), ``null`` (finishes at once: the floor), ``model:PATH`` (the
 in-process torch engine on a local checkpoint), ``openai:URL`` (any OpenAI-compatible server).
-Each sample runs ``run_agent`` in its own sandbox over the task repo, then ``rewards.tests.grade``
-grades the final diff in a fresh one. Infra failures (sandbox, engine, grader) are recorded with
+Samples run through the ``RolloutRunner`` that training uses (a task's k samples are one group),
+each in its own sandbox over the task repo; ``rewards.tests.grade`` grades the final diff in a fresh
+one. Infra failures (sandbox, engine, grader) are retried in a fresh sandbox, then recorded with
 ``score=None`` and left out of every metric, never counted as the model's failure.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from looprl.errors import ConfigError, LooprlError, RewardError, SandboxError
+from looprl.errors import ConfigError
 from looprl.protocols import Engine
-from looprl.rewards.tests import grade
-from looprl.types import StopReason, Task
+from looprl.types import StopReason, Task, Trajectory
 
 Progress = Callable[[int], None]
 
@@ -140,51 +138,32 @@ POLICIES: dict[str, Callable[[str, Task | None, Any], Engine]] = {
 # ------------------------------------------------------------------ running
 
 
-async def run_sample(task: Task, policy: str | PolicyFactory, *, index: int = 0,
-                     settings: BenchSettings | None = None) -> Sample:
-    """One sample: run the agent on ``task`` in a fresh sandbox, then grade its diff."""
-    from looprl.harness.agent import AgentConfig, run_agent
-    from looprl.harness.format import ChatFormat
-    from looprl.harness.tools import make_tools
-    from looprl.sandbox import create_sandbox
+def agent_config(factory: PolicyFactory, st: BenchSettings) -> Any:
+    from looprl.harness.agent import AgentConfig
 
-    st = settings or BenchSettings()
-    factory = policy if isinstance(policy, PolicyFactory) else PolicyFactory(policy)
     # scripted policies have no context limit (their bytes tokenizer makes files long)
     scripted = factory.kind not in ("model", "openai")
-    window = 1 << 24 if scripted else st.context_window
-    cfg = AgentConfig(max_turns=st.max_turns,
-                      max_new_tokens=1 << 20 if scripted else st.max_new_tokens,
-                      max_total_new_tokens=1 << 22 if scripted else st.max_total_new_tokens,
-                      wall_time_s=st.wall_time_s, context_window=window,
-                      temperature=st.temperature)
-    t0 = time.monotonic()
-    try:
-        engine = factory.engine_for(task)
-        fmt = ChatFormat(factory.tokenizer())
-        tools = make_tools(test_command=task.grader.test_command)
-        sb = await create_sandbox(task.repo, venv=task.venv)
-    except (SandboxError, LooprlError) as e:
-        return Sample(task.id, index, None, StopReason.INFRA_ERROR.value, error=str(e)[:500],
-                      wall_s=time.monotonic() - t0)
-    try:
-        traj = await run_agent(task, sb, engine, fmt, tools, cfg, group_id=task.id,
-                               trajectory_id=f"{task.id}/{index}")
-    finally:
-        await sb.close()
+    return AgentConfig(max_turns=st.max_turns,
+                       max_new_tokens=1 << 20 if scripted else st.max_new_tokens,
+                       max_total_new_tokens=1 << 22 if scripted else st.max_total_new_tokens,
+                       wall_time_s=st.wall_time_s,
+                       context_window=1 << 24 if scripted else st.context_window,
+                       temperature=st.temperature)
+
+
+def to_sample(task: Task, index: int, traj: Trajectory) -> Sample:
+    """A graded (or infra-failed) trajectory as a bench sample."""
     c = traj.counters
     common = dict(turns=c.turns, tool_calls=c.tool_calls, broken_tool_calls=c.broken_tool_calls,
-                  output_tokens=c.output_tokens)
-    if traj.is_infra_error:
-        return Sample(task.id, index, None, traj.stop_reason.value, error=traj.error,
-                      wall_s=time.monotonic() - t0, **common)
-    try:
-        g = await grade(task, traj.diff)
-    except RewardError as e:
-        return Sample(task.id, index, None, StopReason.INFRA_ERROR.value, error=str(e)[:500],
-                      wall_s=time.monotonic() - t0, **common)
-    return Sample(task.id, index, g.score, traj.stop_reason.value, wall_s=time.monotonic() - t0,
-                  grade_wall_s=g.wall_s, edited_tests=g.edited_tests,
+                  output_tokens=c.output_tokens,
+                  wall_s=traj.wall_s)
+    if traj.is_infra_error or traj.reward is None:
+        return Sample(task.id, index, None, StopReason.INFRA_ERROR.value,
+                      error=(traj.error or "not graded")[:500], **common)
+    d = traj.reward.details
+    return Sample(task.id, index, traj.reward.components["tests"], traj.stop_reason.value,
+                  grade_wall_s=float(d.get("grade_wall_s", 0.0)),
+                  edited_tests=bool(d.get("edited_tests", False)),
                   metadata={"source_kind": task.metadata.get("source_kind"),
                             "package": task.metadata.get("package")}, **common)
 
@@ -192,23 +171,41 @@ async def run_sample(task: Task, policy: str | PolicyFactory, *, index: int = 0,
 async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
                      settings: BenchSettings | None = None,
                      progress: Progress | None = None) -> list[Sample]:
+    """k samples a task through the same ``RolloutRunner`` training uses (a group of k per task,
+    infra failures retried in fresh sandboxes, then recorded with ``score=None``), graded by the
+    hidden tests alone."""
+    from looprl.harness.format import ChatFormat
+    from looprl.rollout.runner import RolloutConfig, RolloutRunner
+    from looprl.rollout.score import make_tests_scorer
+    from looprl.sandbox import SandboxPool
+
     st = settings or BenchSettings()
     factory = PolicyFactory(policy)
-    sem = asyncio.Semaphore(st.concurrency)
-
-    async def one(task: Task, i: int) -> Sample:
-        async with sem:
-            s = await run_sample(task, factory, index=i, settings=st)
-        if progress:
-            progress(1)
-        return s
-
+    pool = SandboxPool(max_running=st.concurrency)
+    cfg = RolloutConfig(group_size=k, min_group_size=1, max_in_flight=st.concurrency,
+                        agent=agent_config(factory, st))
+    by_task: dict[str, list[Sample]] = {}
     try:
-        return list(await asyncio.gather(*(one(t, i) for t in tasks for i in range(k))))
+        runner = RolloutRunner(factory.engine_for, ChatFormat(factory.tokenizer()), pool,
+                               make_tests_scorer(), cfg)
+        async for r in runner.run(tasks):
+            if r.group is None:
+                out = [Sample(r.task.id, i, None, StopReason.INFRA_ERROR.value,
+                              error=(r.dropped or "")[:500], wall_s=r.wall_s) for i in range(k)]
+            else:
+                out = [to_sample(r.task, i, t) for i, t in enumerate(r.group.trajectories)]
+                out += [Sample(r.task.id, i, None, StopReason.INFRA_ERROR.value,
+                               error="infrastructure failed after retries")
+                        for i in range(len(out), k)]
+            by_task[r.task.id] = out
+            if progress:
+                progress(k)
     finally:
+        await pool.close()
         close = getattr(factory._shared, "close", None)
         if callable(close):  # the torch engine's decode thread
             close()
+    return [s for t in tasks for s in by_task.get(t.id, [])]
 
 
 def run_bench(tasks: list[Task], policy: str, k: int = 1, settings: BenchSettings | None = None,
@@ -216,4 +213,6 @@ def run_bench(tasks: list[Task], policy: str, k: int = 1, settings: BenchSetting
     """All samples (k per task) of ``policy`` on ``tasks``; summarize with ``report.summarize``."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
+    if len({t.id for t in tasks}) != len(tasks):
+        raise ConfigError("the task list repeats task ids; each task is sampled k times already")
     return asyncio.run(arun_bench(tasks, policy, k, settings, progress))

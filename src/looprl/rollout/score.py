@@ -3,6 +3,7 @@ composite shaped reward (length/effort, broken calls, style, hacking monitors).
 
     score = make_scorer(RewardConfig())
     reward = await score(task, trajectory)     # RewardBreakdown, or raises RewardError (infra)
+    bench_score = make_tests_scorer()          # the hidden tests alone (benchmarks, gates)
 """
 
 from __future__ import annotations
@@ -26,5 +27,17 @@ def make_scorer(cfg: RewardConfig | None = None) -> Scorer:
         if rb is not None:
             rb = RewardBreakdown(rb.components, rb.total, rb.flags, {**rb.details, **g.details()})
         return rb
+
+    return score
+
+
+def make_tests_scorer() -> Scorer:
+    """A ``Scorer`` of the hidden tests alone: ``components == {"tests": 1.0 | 0.0}``, the grade's
+    per-test details kept, ``edited_tests`` raised as a flag."""
+
+    async def score(task: Task, trajectory: Trajectory) -> RewardBreakdown:
+        g = await grade(task, trajectory.diff)
+        return RewardBreakdown.of({"tests": g.score}, ("edited_tests",) if g.edited_tests else (),
+                                  g.details())
 
     return score
