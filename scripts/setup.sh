@@ -6,15 +6,22 @@ set -euo pipefail
 PY="${1:-python3}"
 VENV="${2:-.venv}"
 
-if ! command -v bwrap >/dev/null 2>&1; then
+# bubblewrap isolates sandboxed commands; a C compiler builds the one-exec sandbox launcher
+# (src/looprl/sandbox/launch.py; without one, a slower chain of stock tools is used).
+NEED=""
+command -v bwrap >/dev/null 2>&1 || NEED="$NEED bubblewrap"
+command -v cc >/dev/null 2>&1 || NEED="$NEED gcc libc6-dev"
+if [ -n "$NEED" ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[setup] installing bubblewrap (sandbox isolation)"
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    echo "[setup] installing system packages:$NEED"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $NEED >/dev/null \
+      || echo "[setup] WARNING: apt-get could not install:$NEED" >&2
   elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    sudo apt-get update -qq >/dev/null && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    sudo apt-get update -qq >/dev/null && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $NEED >/dev/null \
+      || echo "[setup] WARNING: apt-get could not install:$NEED" >&2
   else
-    echo "[setup] WARNING: bubblewrap is missing and cannot be installed here; install it with your" \
-         "package manager (e.g. 'apt-get install bubblewrap'). Sandboxed commands will fail until then." >&2
+    echo "[setup] WARNING: missing system packages:$NEED; install them with your package manager." \
+         "Without bubblewrap sandboxed commands fail; without a C compiler they start slower." >&2
   fi
 fi
 

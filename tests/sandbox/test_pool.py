@@ -1,8 +1,10 @@
-"""SandboxPool: bounded leases with a queue, lease expiry, reuse after reset, metrics."""
+"""SandboxPool: bounded leases with a queue, lease expiry, reuse after reset, warm sandboxes
+created ahead, metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from looprl.errors import SandboxError
 from looprl.protocols import Sandbox
 from looprl.sandbox import SandboxPool
-from looprl.sandbox.workspace import _remove_tree
+from looprl.sandbox.workspace import _remove_tree, mounts_under, sandbox_root
 
 from .conftest import needs_bwrap, run
 
@@ -106,4 +108,106 @@ def test_snapshot_leases(base_repo: Path) -> None:
         snap.release()
         assert outs == ["shared\n", "shared\n"]
         await pool.close()
+    run(go())
+
+
+# ---------------------------------------------------------------- warm sandboxes
+
+
+def _own_dirs() -> set[str]:
+    """Workspace and staging dirs of this process under the sandbox root."""
+    root = sandbox_root()
+    return {p.name for p in root.iterdir() if p.name.startswith(f"ws-{os.getpid()}-")}
+
+
+def _own_mounts() -> set[Path]:
+    return {m for m in mounts_under(sandbox_root()) if f"ws-{os.getpid()}-" in str(m)}
+
+
+async def _settle(pool: SandboxPool, warm: int) -> None:
+    for _ in range(500):
+        if pool.metrics().warm == warm and all(t.done() for t in pool._fillers.values()):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"pool never settled at {warm} warm: {pool.metrics()}")
+
+
+def test_warm_lease_is_a_fresh_sandbox_and_is_refilled(base_repo: Path) -> None:
+    async def go():
+        pool = SandboxPool(max_running=2, warm=2, max_idle=0)  # returned ones are closed
+        await pool.prewarm(base_repo)
+        assert pool.metrics().warm == 2
+        async with pool.lease(base_repo) as sb:
+            assert pool.metrics().warm_hits_total == 1
+            assert not any(sb.inner.workspace.upper.iterdir()), "a clean overlay upper"
+            assert await sb.diff() == ""
+            r = await sb.exec("echo dirty > left.txt; echo junk > /tmp/junk; cat /tmp/junk")
+            assert r.ok and r.stdout == "junk\n"
+            first = sb.inner
+        await _settle(pool, 2)  # refilled in the background
+        async with pool.lease(base_repo) as sb:
+            assert sb.inner is not first and first.workspace.closed
+            assert pool.metrics().warm_hits_total == 2
+            r = await sb.exec("ls left.txt; ls /tmp/junk")
+            assert r.exit_code != 0 and r.stderr.count("No such file") == 2, r
+            assert not any(sb.inner.workspace.upper.iterdir())
+        await pool.close()
+    run(go())
+
+
+def test_shutdown_leaves_no_mounts_dirs_or_launchers(base_repo: Path) -> None:
+    async def go():
+        before_dirs, before_mounts = _own_dirs(), _own_mounts()
+        pool = SandboxPool(max_running=2, warm=3)
+        await pool.prewarm(base_repo)
+        launchers = [sb._ready for sb in pool._warm[(os.path.realpath(base_repo), None)]]
+        assert len(launchers) == 3 and all(p is not None for p in launchers)
+        async with pool.lease(base_repo) as sb:  # starts a refill that close() interrupts
+            assert (await sb.exec("echo hi")).ok
+            await sb.write("x.txt", b"x")
+            await pool.close()
+        assert pool.metrics().warm == 0 and pool.metrics().idle == 0
+        assert _own_dirs() == before_dirs and _own_mounts() == before_mounts
+        assert all(p.proc.returncode is not None for p in launchers)
+        assert not any(d.exists() for p in launchers for d in p.cg.dirs)
+        with pytest.raises(SandboxError, match="closed"):
+            await pool.prewarm(base_repo)
+    run(go())
+
+
+def test_concurrency_bound_holds_with_warm_sandboxes(base_repo: Path) -> None:
+    async def go():
+        pool = SandboxPool(max_running=2, warm=2)
+        await pool.prewarm(base_repo)
+        running, peak = 0, 0
+
+        async def job(i: int) -> str:
+            nonlocal running, peak
+            async with pool.lease(base_repo) as sb:
+                running += 1
+                peak = max(peak, running, pool.metrics().busy)
+                r = await sb.exec(f"echo {i} > me.txt; sleep 0.1; cat me.txt")
+                running -= 1
+                return r.stdout.strip()
+
+        outs = await asyncio.gather(*(job(i) for i in range(6)))
+        assert outs == [str(i) for i in range(6)] and peak == 2
+        m = pool.metrics()
+        assert m.busy == 0 and m.warm_hits_total == 6 and m.leases_total == 6
+        await pool.close()
+    run(go())
+
+
+def test_only_recent_bases_are_kept_warm(base_repo: Path, tmp_path: Path) -> None:
+    async def go():
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "f.txt").write_text("f")
+        before = _own_dirs()
+        pool = SandboxPool(max_running=2, warm=1, warm_keys=1)
+        await pool.prewarm(base_repo)
+        await pool.prewarm(other)  # pushes base_repo's warm sandbox out
+        assert list(pool._warm) == [(os.path.realpath(other), None)]
+        await pool.close()
+        assert _own_dirs() == before
     run(go())

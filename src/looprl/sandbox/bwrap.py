@@ -8,7 +8,8 @@ still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets
 - the workspace (an overlay from ``workspace.py``) as the only writable path besides a private,
   size-capped tmpfs /tmp; it is mounted at the base repository's absolute path (so editable
   installs and absolute paths of the task resolve to the workspace) and is the working directory;
-- a read-only system: /usr (+ the /bin, /lib* links), a few /etc files, a minimal /proc and /dev;
+- a read-only system: /usr (+ the /bin, /lib* links), an /etc with a few host files (copied at
+  first use), a minimal /proc and /dev;
 - the task's venv bound read-only at its own absolute path (venvs hard-code paths), plus the
   interpreter prefix it points to (``home`` in ``pyvenv.cfg``);
 - no network: ``--unshare-net`` leaves only a dead loopback; no DNS config is visible;
@@ -17,6 +18,10 @@ still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets
 - a wall-clock timeout that kills the whole tree: the process group and every pid of the cgroup
   are SIGKILLed, and ``--die-with-parent`` + the pid namespace take the rest down with bwrap;
 - output capped to head + tail with a ``[... N bytes truncated ...]`` marker.
+
+The setup before bwrap (cgroups, rlimits, host uid) is one exec of a small C launcher
+(``launch.py``); each sandbox keeps the next command's launcher prepared ahead, so a command
+pays only for bwrap itself. Where no C compiler exists, a stock-tool chain does the same.
 
 What this does NOT protect against: kernel exploits (namespaces share the host kernel, no seccomp
 filter is installed), CPU/memory-bandwidth contention and timing side channels between sandboxes,
@@ -32,12 +37,9 @@ user and the fork-bomb guard is RLIMIT_NPROC alone (shared by all of that user's
 from __future__ import annotations
 
 import asyncio
-import atexit
 import functools
-import hashlib
 import os
 import resource
-import shlex
 import shutil
 import signal
 import stat
@@ -50,15 +52,22 @@ from pathlib import Path, PurePosixPath
 from looprl.errors import SandboxError, SandboxUnavailableError, ToolError
 from looprl.sandbox.cgroups import Cgroup, cgroup_janitor
 from looprl.sandbox.idmap import FIRST_UID, UID_POOL, as_fsuid
+from looprl.sandbox.launch import (
+    ERROR_PREFIX,
+    Capped,
+    Prepared,
+    launcher_argv,
+    launcher_path,
+    pump,
+    tool_chain,
+)
+from looprl.sandbox.mounts import bind_args, system_binds, venv_paths  # noqa: F401
 from looprl.sandbox.workspace import (
     IGNORED_NAMES,
     Snapshot,
     Workspace,
-    _mount_bind,
-    _remove_tree,
     create_workspace,
     janitor,
-    sandbox_root,
 )
 from looprl.types import ExecResult, FileEntry
 
@@ -105,7 +114,7 @@ def check_bwrap() -> str:
         raise SandboxUnavailableError(
             "bubblewrap is not installed: `apt-get install bubblewrap` (Debian/Ubuntu) or "
             "`dnf install bubblewrap`, then retry")
-    for tool in ("prlimit", "setpriv"):
+    for tool in () if launcher_path() else ("prlimit", "setpriv"):
         if shutil.which(tool) is None:
             raise SandboxUnavailableError(f"`{tool}` is missing: install util-linux "
                                           "(`apt-get install util-linux`)")
@@ -122,75 +131,10 @@ def check_bwrap() -> str:
     return path
 
 
-@functools.lru_cache(maxsize=1)
-def _system_binds() -> tuple[str, ...]:
-    """Read-only system paths: /usr, the /bin and /lib* entries (links or dirs), /etc bits."""
-    args: list[str] = ["--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        p = Path("/") / name
-        if p.is_symlink():
-            args += ["--symlink", os.readlink(p), str(p)]
-        elif p.is_dir():
-            args += ["--ro-bind", str(p), str(p)]
-    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
-                 "mime.types", "ssl/certs"):
-        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    etc = sandbox_root() / "etc"
-    etc.mkdir(exist_ok=True)
-    (etc / "passwd").write_text("root:x:0:0::/root:/bin/sh\nsandbox:x:1000:1000::/tmp:/bin/sh\n"
-                                "nobody:x:65534:65534::/nonexistent:/bin/false\n")
-    (etc / "group").write_text("root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n")
-    args += ["--ro-bind", str(etc / "passwd"), "/etc/passwd",
-             "--ro-bind", str(etc / "group"), "/etc/group"]
-    return tuple(args)
-
-
 def _drop_to(uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-
-
-def venv_paths(venv: str | None) -> list[str]:
-    """A venv's root and the interpreter prefix it links to (both mounted read-only)."""
-    if venv is None:
-        return []
-    v = Path(venv).absolute()
-    if not (v / "bin").is_dir():
-        raise SandboxError(f"venv {venv} has no bin/ directory; pass the venv's root directory "
-                           "(the one holding pyvenv.cfg)")
-    out = [str(v)]
-    cfg = v / "pyvenv.cfg"
-    if cfg.exists():
-        for line in cfg.read_text().splitlines():
-            key, _, val = line.partition("=")
-            if key.strip() == "home":
-                prefix = Path(val.strip()).resolve().parent
-                if prefix.is_dir() and not str(prefix).startswith("/usr"):
-                    out.append(str(prefix))
-    return out
-
-
-def bind_args(host_dir: Path, workdir: str, venv: str | None, staged: bool) -> list[str]:
-    """bwrap bind arguments: the workspace read-write, the venv and its prefix read-only.
-    ``staged``: the bwrap runs unprivileged, so read-only sources are first bind-mounted under
-    the sandbox root, where it can reach them (e.g. a venv under a 0700 /root)."""
-    args = ["--bind", str(host_dir), workdir]
-    for p in venv_paths(venv):
-        args += ["--ro-bind", _staged(p) if staged else p, p]
-    return args
-
-
-@functools.lru_cache(maxsize=256)
-def _staged(path: str) -> str:
-    dst = sandbox_root() / f"mnt-{os.getpid()}-{hashlib.sha1(path.encode()).hexdigest()[:16]}"
-    dst.mkdir(exist_ok=True)
-    try:
-        _mount_bind(path, dst)
-    except OSError as e:
-        raise SandboxError(f"cannot stage {path} for the sandbox: {e}") from e
-    atexit.register(_remove_tree, dst)
-    return str(dst)
 
 
 def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: str | None,
@@ -206,7 +150,7 @@ def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: st
     merged = {**base_env, **(env or {})}
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", uid,
             "--gid", uid, "--hostname", "sandbox", "--die-with-parent", "--new-session",
-            *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+            *system_binds(), "--proc", "/proc", "--dev", "/dev",
             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
             *binds, "--chdir", workdir,
             "--clearenv"]
@@ -220,92 +164,74 @@ def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: st
 # ---------------------------------------------------------------- running
 
 
-class _Capped:
-    """Keeps the first and last ``cap // 2`` bytes of a stream."""
-
-    def __init__(self, cap: int):
-        self.half = max(cap // 2, 1)
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > 2 * self.half:
-                del self.tail[: len(self.tail) - self.half]
-
-    def text(self) -> tuple[str, bool]:
-        tail = bytes(self.tail[-self.half:]) if self.tail else b""
-        dropped = self.total - len(self.head) - len(tail)
-        body = bytes(self.head) + (f"\n[... {dropped} bytes truncated ...]\n".encode()
-                                   if dropped > 0 else b"") + tail
-        return body.decode("utf-8", errors="replace"), dropped > 0
-
-
-async def _pump(stream: asyncio.StreamReader, sink: _Capped) -> None:
-    while chunk := await stream.read(65536):
-        sink.add(chunk)
-
-
-def launcher(limits: SandboxLimits, procs_files: list[str], uid: int | None) -> list[str]:
-    """The exec chain before bwrap: join the cgroups (sh), set rlimits (prlimit), drop to the
-    sandbox's host uid (setpriv). Plain execs, so spawning never forks this (possibly large,
-    torch-holding) Python process the slow way, as a ``preexec_fn`` would."""
-    chain: list[str] = []
-    if procs_files:  # join before anything else runs: every descendant is then counted
-        script = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs_files)
-        chain += ["/bin/sh", "-c", script + ' && exec "$@"', "sh"]
+def rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
+    """(resource, soft, hard) for every rlimit a command gets, capped at our own hard limits."""
     mb = 2**20
 
     def cap(res: int, v: int) -> int:  # never above our own hard limit (cannot raise it)
         cur = resource.getrlimit(res)[1]
         return v if cur == resource.RLIM_INFINITY else min(v, cur)
 
-    chain += ["prlimit",
-              # SIGXCPU at the soft limit (reported as a CPU-limit kill), SIGKILL 1 s later
-              f"--cpu={cap(resource.RLIMIT_CPU, limits.cpu_s)}:"
-              f"{cap(resource.RLIMIT_CPU, limits.cpu_s + 1)}",
-              f"--as={cap(resource.RLIMIT_AS, limits.address_space_mb * mb)}",
-              f"--fsize={cap(resource.RLIMIT_FSIZE, limits.file_size_mb * mb)}",
-              f"--nofile={cap(resource.RLIMIT_NOFILE, limits.open_files)}",
-              f"--nproc={cap(resource.RLIMIT_NPROC, limits.processes)}", "--core=0", "--"]
-    if uid is not None:  # last: an unprivileged host uid, so RLIMIT_NPROC and DAC apply
-        chain += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-    return chain
+    def both(res: int, v: int) -> tuple[int, int, int]:
+        return res, cap(res, v), cap(res, v)
+
+    # SIGXCPU at the soft CPU limit (reported as a CPU-limit kill), SIGKILL 1 s later
+    return [(resource.RLIMIT_CPU, cap(resource.RLIMIT_CPU, limits.cpu_s),
+             cap(resource.RLIMIT_CPU, limits.cpu_s + 1)),
+            both(resource.RLIMIT_AS, limits.address_space_mb * mb),
+            both(resource.RLIMIT_FSIZE, limits.file_size_mb * mb),
+            both(resource.RLIMIT_NOFILE, limits.open_files),
+            both(resource.RLIMIT_NPROC, limits.processes),
+            (resource.RLIMIT_CORE, 0, 0)]
 
 
-_LAUNCH_ERRORS = ("bwrap:", "prlimit:", "setpriv:", "sh: 1: cannot create /sys/fs/cgroup")
+async def prepare(limits: SandboxLimits, uid: int | None,
+                  argv: list[str] | None = None) -> Prepared | None:
+    """Spawn the launcher of one command: in fresh cgroups, with fresh rlimits, as host ``uid``.
+    With the C launcher it then waits for its command line (``Prepared.go``); with the stock-tool
+    chain ``argv`` is needed now (None without it: nothing can be prepared ahead)."""
+    path = launcher_path()
+    if path is None and argv is None:
+        return None
+    cg = Cgroup(limits.memory_mb, limits.processes, enabled=limits.cgroups)
+    try:
+        if path is None:
+            assert argv is not None
+            return Prepared.spawn([*tool_chain(rlimits(limits), cg.procs_files(), uid), *argv], cg)
+        pipe = os.pipe()
+        chain = launcher_argv(path, cg.procs_files(), rlimits(limits), uid, pipe[0])
+        return Prepared.spawn(chain, cg, pipe)
+    except BaseException:
+        cg.close()
+        raise
+
+
+_LAUNCH_ERRORS = ("bwrap:", "prlimit:", "setpriv:", "sh: 1: cannot create /sys/fs/cgroup",
+                  ERROR_PREFIX)
 _KILLED = {128 + signal.SIGKILL: "killed", 128 + signal.SIGXCPU: "CPU time limit",
            128 + signal.SIGXFSZ: "file size limit"}
 
 
 async def run_bwrap(argv: list[str], *, timeout_s: float, limits: SandboxLimits,
-                    uid: int | None = None) -> ExecResult:
-    """Run a bwrap command line with limits, a wall timeout and capped output, as host ``uid``."""
+                    uid: int | None = None, prepared: Prepared | None = None) -> ExecResult:
+    """Run a bwrap command line with limits, a wall timeout and capped output, as host ``uid``.
+    ``prepared``: a launcher ``prepare``d ahead for the same limits and uid (taken over)."""
     t0 = time.perf_counter()
-    cg = Cgroup(limits.memory_mb, limits.processes, enabled=limits.cgroups)
-    out, err = _Capped(limits.output_bytes), _Capped(limits.output_bytes)
+    if prepared is None:
+        prepared = await prepare(limits, uid, argv)
+        assert prepared is not None
+    proc, cg = prepared.proc, prepared.cg
+    out, err = Capped(limits.output_bytes), Capped(limits.output_bytes)
     pumps: asyncio.Future[list[None]] | None = None
     try:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *launcher(limits, cg.procs_files(), uid), *argv, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise SandboxError(f"could not start bubblewrap: {e}") from e
         assert proc.stdout is not None and proc.stderr is not None
-        pumps = asyncio.gather(_pump(proc.stdout, out), _pump(proc.stderr, err))
+        pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
         # When we are cancelled the pumps are too; retrieve that so asyncio does not log it.
         pumps.add_done_callback(lambda f: f.cancelled() or f.exception())
         timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            await prepared.go(argv)  # the timeout clock runs from here
+            await asyncio.wait_for(prepared.wait(), timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
         finally:  # kill the whole tree, also when we are cancelled
@@ -316,12 +242,12 @@ async def run_bwrap(argv: list[str], *, timeout_s: float, limits: SandboxLimits,
             await asyncio.wait_for(pumps, 2.0)
         except asyncio.TimeoutError:
             pumps.cancel()
-        rc = proc.returncode if proc.returncode is not None else await proc.wait()
+        rc = proc.returncode if proc.returncode is not None else await prepared.wait()
         oom = cg.oom_killed()
     finally:
         if pumps is not None and not pumps.done():
             pumps.cancel()
-        cg.close()
+        prepared.discard()
     stdout, t1 = out.text()
     stderr, t2 = err.text()
     if rc != 0 and stderr.startswith(_LAUNCH_ERRORS):  # the machinery failed: infrastructure
@@ -391,6 +317,40 @@ class BwrapSandbox:
         self._bwrap = check_bwrap()
         self._gate = _Gate()
         self._root = os.path.realpath(workspace.path)
+        self._ready: Prepared | None = None
+        """A launcher prepared ahead for the next command (``launch.py``)."""
+        self._refill: asyncio.Task[None] | None = None
+
+    async def prime(self) -> None:
+        """Prepare the next command's launcher now (cgroups joined, rlimits set, uid dropped),
+        so that command starts without paying for it. Done after every command by itself."""
+        if self._ready is not None or self.workspace.closed or launcher_path() is None:
+            return
+        ready = await prepare(self.limits, self.workspace.uid)
+        if self._ready is not None or self.workspace.closed:
+            if ready is not None:
+                ready.discard()
+            return
+        self._ready = ready
+
+    def _take_ready(self) -> Prepared | None:
+        ready, self._ready = self._ready, None
+        if ready is not None and not ready.usable():  # its setup failed
+            ready.discard()
+            ready = None
+        return ready
+
+    def _schedule_prime(self) -> None:
+        """After a command: prepare the next one's launcher while the caller thinks (not during
+        the command, where spawning would compete with it)."""
+        if self._refill is None or self._refill.done():
+            self._refill = asyncio.ensure_future(self._prime_quietly())
+
+    async def _prime_quietly(self) -> None:
+        try:
+            await self.prime()
+        except SandboxError:
+            pass  # the next command prepares its own launcher and reports the failure
 
     @property
     def cow_backend(self) -> str:
@@ -405,9 +365,12 @@ class BwrapSandbox:
                           limits=self.limits, env=env)
         await self._gate.enter(False)
         try:
-            return await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits, uid=uid)
+            return await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits, uid=uid,
+                                   prepared=self._take_ready())
         finally:
             await self._gate.leave(False)
+            if not self.workspace.closed:
+                self._schedule_prime()
 
     def _resolve(self, path: str) -> Path:
         self._check_open()
@@ -506,6 +469,11 @@ class BwrapSandbox:
             await self._gate.leave(True)
 
     async def close(self) -> None:
+        if self._refill is not None and not self._refill.done():
+            self._refill.cancel()
+        if self._ready is not None:
+            self._ready.discard()
+            self._ready = None
         if not self.workspace.closed:
             await asyncio.to_thread(self.workspace.destroy)
             if self.workspace.uid is not None:
@@ -530,14 +498,31 @@ async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None,
     _janitor_once()
     limits = limits or SandboxLimits()
     uid = UID_POOL.take() if os.geteuid() == 0 else None
+    # the first command's launcher is spawned while the workspace is being mounted
+    ready = asyncio.ensure_future(prepare(limits, uid))
     try:
         ws = await asyncio.to_thread(create_workspace, base_dir, snapshot=snapshot,
                                      disk_mb=limits.disk_mb, uid=uid)
     except BaseException:
+        await _drop_prepared(ready)
         if uid is not None:
             UID_POOL.give(uid)
         raise
-    return BwrapSandbox(ws, venv, limits, workdir)
+    sb = BwrapSandbox(ws, venv, limits, workdir)
+    try:
+        sb._ready = await ready
+    except SandboxError:
+        pass  # the first command prepares its own launcher and reports the failure
+    return sb
+
+
+async def _drop_prepared(fut: asyncio.Future[Prepared | None]) -> None:
+    try:
+        ready = await fut
+    except Exception:
+        return
+    if ready is not None:
+        ready.discard()
 
 
 async def sandbox_from(snapshot: Snapshot, *, venv: str | None = None,

@@ -2,13 +2,23 @@
 
 At most ``max_running`` sandboxes are leased at once; further ``lease`` calls wait in a queue.
 Each lease has a timeout after which its sandbox is closed and further use raises
-``SandboxError`` (infrastructure: never the model's fault). Returned sandboxes are reset and
-kept warm (``idle``) for the next lease over the same base.
+``SandboxError`` (infrastructure: never the model's fault).
 
-    pool = SandboxPool(max_running=16, lease_timeout_s=900)
+A lease is served, fastest first, by: an ``idle`` sandbox (returned by an earlier lease and reset:
+a fresh overlay upper, no files, processes or /tmp carried over), a ``warm`` one (created ahead,
+never leased, its first command's launcher already prepared), or a new one (cold). Once a
+(base, venv) pair has been leased (or ``prewarm``ed), a background task keeps ``warm`` sandboxes
+ready for it, one creation at a time, started after a lease's first command or its return (so it
+never competes with the latency-critical first command); only the ``warm_keys`` most recently used pairs are kept
+warm, so memory stays bounded (each warm sandbox is a small tmpfs, an overlay mount and one
+blocked ~1 MB launcher process). Warm and idle sandboxes run nothing and do not count against
+``max_running``. ``close()`` cancels the refill and destroys every sandbox.
+
+    pool = SandboxPool(max_running=16, lease_timeout_s=900, warm=2)
+    await pool.prewarm("/data/repos/attrs", venv="/data/venvs/attrs")   # optional
     async with pool.lease("/data/repos/attrs", venv="/data/venvs/attrs") as sb:
         r = await sb.exec("python -m pytest -q")
-    print(pool.metrics())   # busy, idle, queued, exec latency p50/p95, ...
+    print(pool.metrics())   # busy, idle, warm, queued, exec latency p50/p95, ...
 
 ``server.py`` serves the same pool over HTTP; ``RemoteSandbox`` is its client.
 """
@@ -36,7 +46,7 @@ class PoolMetrics:
     busy: int
     """Sandboxes currently leased."""
     idle: int
-    """Reset sandboxes kept warm for the next lease."""
+    """Returned sandboxes, reset, kept for the next lease over the same base."""
     queued: int
     """Lease requests waiting for a free slot."""
     max_running: int
@@ -48,6 +58,10 @@ class PoolMetrics:
     execs_total: int
     exec_p50_ms: float
     exec_p95_ms: float
+    warm: int = 0
+    """Sandboxes created ahead (never leased), ready for the next lease over their base."""
+    warm_hits_total: int = 0
+    """Leases served by a warm or idle sandbox (the rest were created on the spot: cold)."""
 
     def to_dict(self) -> dict[str, float | int]:
         return dict(self.__dict__)
@@ -101,7 +115,10 @@ class PooledSandbox:
     async def exec(self, cmd: str, *, timeout_s: float = 60.0,
                    env: Mapping[str, str] | None = None) -> ExecResult:
         t0 = time.perf_counter()
-        r = await self._call(self.inner.exec, cmd, timeout_s=timeout_s, env=env)
+        try:
+            r = await self._call(self.inner.exec, cmd, timeout_s=timeout_s, env=env)
+        finally:  # refill after the first command, so creating does not compete with it
+            self.pool._refill(self.key)
         self.pool._record_exec(time.perf_counter() - t0)
         return r
 
@@ -129,12 +146,21 @@ class SandboxPool:
     """A bounded pool of sandboxes; ``lease`` waits in a queue when ``max_running`` are out."""
 
     def __init__(self, max_running: int = 16, *, limits: SandboxLimits | None = None,
-                 lease_timeout_s: float = 3600.0, max_idle: int = 8):
-        assert max_running >= 1, "max_running must be at least 1"
+                 lease_timeout_s: float = 3600.0, max_idle: int = 8, warm: int = 2,
+                 warm_keys: int = 4):
+        if max_running < 1 or warm < 0 or warm_keys < 1:
+            raise ValueError("SandboxPool needs max_running >= 1, warm >= 0 and warm_keys >= 1")
         self.max_running = max_running
         self.limits = limits or SandboxLimits()
         self.lease_timeout_s = lease_timeout_s
         self.max_idle = max_idle
+        self.warm = warm
+        self.warm_keys = warm_keys
+        self._warm: dict[tuple[str, str | None], list[BwrapSandbox]] = {}
+        """Per (base, venv), most recently used last: sandboxes created ahead."""
+        self._fillers: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._warm_hits = 0
+        self._closing: set[asyncio.Future[None]] = set()
         self._slots: asyncio.Semaphore | None = None
         self._busy: dict[str, PooledSandbox] = {}
         self._idle: dict[tuple[str, str | None], list[BwrapSandbox]] = {}
@@ -179,13 +205,75 @@ class SandboxPool:
         key = (os.path.realpath(base_dir), venv)
         if snapshot is not None:
             return await sandbox_from(snapshot, venv=venv, limits=self.limits), ("", None)
-        idle = self._idle.get(key)
-        if idle:
-            return idle.pop(), key
+        self._touch(key)
+        idle, warm = self._idle.get(key), self._warm.get(key)
+        ready = idle.pop() if idle else warm.pop(0) if warm else None
+        if ready is not None:
+            self._warm_hits += 1
+            return ready, key
+        return await self._new(key), key
+
+    async def _new(self, key: tuple[str, str | None]) -> BwrapSandbox:
         try:
-            return await new_sandbox(base_dir, venv, limits=self.limits), key
+            return await new_sandbox(key[0], key[1], limits=self.limits)
         except OSError as e:
-            raise SandboxError(f"could not create a workspace over {base_dir}: {e}") from e
+            raise SandboxError(f"could not create a workspace over {key[0]}: {e}") from e
+
+    # ------------------------------------------------------------ warm sandboxes
+
+    async def prewarm(self, base_dir: str | os.PathLike[str], venv: str | None = None) -> None:
+        """Create the ``warm`` sandboxes of (base, venv) now and wait until they are ready."""
+        if self._closed:
+            raise SandboxError("sandbox pool is closed")
+        check_bwrap()
+        key = (os.path.realpath(base_dir), venv)
+        self._touch(key)
+        self._refill(key)
+        task = self._fillers.get(key)
+        if task is not None:
+            await asyncio.shield(task)
+
+    def _touch(self, key: tuple[str, str | None]) -> None:
+        """Mark ``key`` most recently used; drain the warm sandboxes of keys beyond
+        ``warm_keys``."""
+        self._warm[key] = self._warm.pop(key, [])
+        while len(self._warm) > self.warm_keys:
+            old = next(iter(self._warm))
+            task = self._fillers.pop(old, None)
+            if task is not None:
+                task.cancel()
+            for sb in self._warm.pop(old):
+                closing = asyncio.ensure_future(sb.close())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+
+    def _refill(self, key: tuple[str, str | None]) -> None:
+        task = self._fillers.get(key)
+        if key not in self._warm:  # a snapshot lease, or a base no longer kept warm
+            return
+        if self.warm and not self._closed and (task is None or task.done()):
+            self._fillers[key] = asyncio.ensure_future(self._fill(key))
+
+    async def _fill(self, key: tuple[str, str | None]) -> None:
+        """Create sandboxes for ``key``, one at a time, until idle + warm reach ``warm``."""
+        while not self._closed and key in self._warm:
+            have = len(self._warm[key]) + len(self._idle.get(key, []))
+            if have >= self.warm:
+                return
+            creating = asyncio.ensure_future(self._new(key))
+            try:
+                sb = await asyncio.shield(creating)
+            except Exception:  # noqa: BLE001
+                return  # the next lease creates its own sandbox and reports the failure
+            except asyncio.CancelledError:  # the creation runs in a thread: finish, then undo
+                with contextlib.suppress(Exception):
+                    sb = await creating
+                    await sb.close()
+                raise
+            if self._closed or key not in self._warm:
+                await sb.close()
+                return
+            self._warm[key].append(sb)
 
     async def release(self, leased: PooledSandbox) -> None:
         """Return a lease; its sandbox is reset and kept idle, or closed."""
@@ -207,6 +295,7 @@ class SandboxPool:
             await leased.inner.close()
         finally:
             self._sem().release()
+            self._refill(leased.key)
 
     @contextlib.asynccontextmanager
     async def lease(self, base_dir: str | os.PathLike[str], venv: str | None = None, *,
@@ -233,7 +322,8 @@ class SandboxPool:
             busy=len(self._busy), idle=sum(len(v) for v in self._idle.values()),
             queued=self._queued, max_running=self.max_running, leases_total=self._leases,
             expired_total=self._expired, errors_total=self._errors, execs_total=self._execs,
-            exec_p50_ms=1000 * _percentile(lat, 0.5), exec_p95_ms=1000 * _percentile(lat, 0.95))
+            exec_p50_ms=1000 * _percentile(lat, 0.5), exec_p95_ms=1000 * _percentile(lat, 0.95),
+            warm=sum(len(v) for v in self._warm.values()), warm_hits_total=self._warm_hits)
 
     def health(self) -> dict[str, object]:
         """ok + why not: bubblewrap usable and the pool open."""
@@ -245,11 +335,19 @@ class SandboxPool:
         return {"ok": ok, "detail": detail, **self.metrics().to_dict()}
 
     async def close(self) -> None:
-        """Close every idle and leased sandbox."""
+        """Stop the warm refill; close every warm, idle and leased sandbox."""
         self._closed = True
+        fillers = list(self._fillers.values())
+        for task in fillers:
+            task.cancel()
+        await asyncio.gather(*fillers, return_exceptions=True)
+        self._fillers.clear()
         for leased in list(self._busy.values()):
             await self.release(leased)
-        for idle in self._idle.values():
-            for sb in idle:
+        for group in (*self._idle.values(), *self._warm.values()):
+            for sb in group:
                 await sb.close()
         self._idle.clear()
+        self._warm.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        self._closing.clear()

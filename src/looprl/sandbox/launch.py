@@ -1,0 +1,333 @@
+"""The launcher that starts each sandboxed command: one small exec before bubblewrap.
+
+A command's process must join its cgroups, get its rlimits and drop to the sandbox's host uid
+before bwrap runs — in that order, in the process itself, so nothing it forks escapes. Doing that
+with stock tools costs three execs (``sh`` to join the cgroups, ``prlimit``, ``setpriv``); this
+module builds a small C helper once (cached under ``LOOPRL_HOME/bin``, keyed by its source) that
+does all three in one exec, then reads the command line to run from a pipe and execs it:
+
+    looprl-launch [-c CGROUP_PROCS]... [-r RES:SOFT:HARD]... [-u UID] -w FD
+
+Reading the command line *after* the setup is what lets a sandbox keep one launcher *prepared*:
+spawned, already in fresh cgroups with fresh rlimits and the sandbox's uid, blocked on its pipe.
+Joining a cgroup v1 costs an RCU grace period (~1 ms idle, 10+ ms on a loaded host); a prepared
+launcher has paid it before the command arrives. A prepared launcher that is never used sees EOF
+on its pipe (sandbox closed, or this process died) and exits 0 without running anything.
+
+Without a C compiler (or with ``LOOPRL_SANDBOX_LAUNCHER=tools``), ``launcher_path()`` is None and
+``bwrap.py`` falls back to the stock-tool chain (``tool_chain``), with no prepared launchers.
+``Prepared`` is a plain ``Popen`` (bound to no event loop); ``pump``/``Capped`` read its output
+with a cap.
+
+    path = launcher_path()                     # None: no cc here
+    argv = [path, "-c", procs, "-r", "7:1024:1024", "-u", "200001", "-w", "3"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import os
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from looprl import paths
+from looprl.errors import SandboxError, ToolError
+from looprl.sandbox.cgroups import Cgroup
+
+ERROR_PREFIX = "looprl-launch:"
+"""Every failure of the launcher itself starts stderr with this (an infrastructure error)."""
+
+_SOURCE = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+static void die(const char *what, const char *arg) {
+    fprintf(stderr, "looprl-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
+    _exit(125);
+}
+
+int main(int argc, char **argv) {
+    int wait_fd = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { errno = EINVAL; die("missing value after", a); }
+        if (!strcmp(a, "-c")) {            /* join a cgroup: before anything can fork */
+            char pid[32];
+            int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+            int fd = open(v, O_WRONLY | O_CLOEXEC);
+            if (fd < 0 || write(fd, pid, n) != n) die("cannot join cgroup", v);
+            close(fd);
+        } else if (!strcmp(a, "-r")) {     /* RES:SOFT:HARD */
+            int res; unsigned long long soft, hard;
+            if (sscanf(v, "%d:%llu:%llu", &res, &soft, &hard) != 3) {
+                errno = EINVAL; die("bad rlimit", v);
+            }
+            struct rlimit rl = {(rlim_t)soft, (rlim_t)hard};
+            if (setrlimit(res, &rl) != 0) die("setrlimit", v);
+        } else if (!strcmp(a, "-u")) {     /* last: the unprivileged host uid */
+            unsigned id = (unsigned)strtoul(v, NULL, 10);
+            if (setgroups(0, NULL) != 0) die("setgroups", v);
+            if (setresgid(id, id, id) != 0) die("setresgid", v);
+            if (setresuid(id, id, id) != 0) die("setresuid", v);
+        } else if (!strcmp(a, "-w")) {
+            wait_fd = atoi(v);
+        } else {
+            errno = EINVAL; die("unknown option", a);
+        }
+        i++;
+    }
+    if (wait_fd < 0) { errno = EINVAL; die("missing", "-w FD"); }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {                             /* the command line: NUL-terminated args, then EOF */
+        if (len == cap && !(buf = realloc(buf, cap *= 2))) die("out of memory", NULL);
+        ssize_t n = read(wait_fd, buf + len, cap - len);
+        if (n == 0) break;
+        if (n < 0) { if (errno == EINTR) continue; die("read", "command line"); }
+        len += (size_t)n;
+    }
+    close(wait_fd);
+    if (len == 0) return 0;                /* never used: exit quietly */
+    if (buf[len - 1] != '\0') { errno = EINVAL; die("truncated", "command line"); }
+    size_t n_args = 0;
+    for (size_t i = 0; i < len; i++) n_args += buf[i] == '\0';
+    char **args = calloc(n_args + 1, sizeof *args);
+    if (!args) die("out of memory", NULL);
+    for (size_t i = 0, k = 0; i < len; k++) { args[k] = buf + i; i += strlen(buf + i) + 1; }
+    execv(args[0], args);
+    die("exec", args[0]);
+}
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def launcher_path() -> str | None:
+    """Path of the compiled launcher (built on first use), or None where no C compiler works."""
+    if os.environ.get("LOOPRL_SANDBOX_LAUNCHER") == "tools":  # force the stock-tool chain
+        return None
+    digest = hashlib.sha256(_SOURCE.encode()).hexdigest()[:16]
+    out = paths.sub("bin") / f"looprl-launch-{digest}"
+    if out.is_file() and _trusted(out):
+        return str(out)
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="looprl-cc-") as tmp:
+        src, exe = Path(tmp) / "launch.c", Path(tmp) / "launch"
+        src.write_text(_SOURCE)
+        r = subprocess.run([cc, "-O2", "-o", str(exe), str(src)], capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            return None
+        os.chmod(exe, 0o755)
+        tmp_out = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+        shutil.copy2(exe, tmp_out)
+        os.replace(tmp_out, out)  # atomic: concurrent builders never see half a binary
+    return str(out)
+
+
+def _trusted(path: Path) -> bool:
+    """Ours and writable by no one else: it runs with our privileges (root, for per-sandbox uids)."""
+    st = path.stat()
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022 and os.access(path, os.X_OK)
+
+
+def launcher_argv(path: str, procs_files: list[str], rlimits: list[tuple[int, int, int]],
+                  uid: int | None, wait_fd: int) -> list[str]:
+    """Argument vector of the launcher: join ``procs_files``, set ``rlimits``, become ``uid``."""
+    argv = [path]
+    for f in procs_files:
+        argv += ["-c", f]
+    for res, soft, hard in rlimits:
+        argv += ["-r", f"{res}:{soft}:{hard}"]
+    if uid is not None:
+        argv += ["-u", str(uid)]
+    return [*argv, "-w", str(wait_fd)]
+
+
+def encode_argv(argv: list[str]) -> bytes:
+    """The command line as the launcher reads it: each argument NUL-terminated."""
+    out = bytearray()
+    for a in argv:
+        b = os.fsencode(a)
+        if b"\0" in b:
+            raise ToolError(f"command contains a NUL byte: {a[:80]!r}; remove it")
+        out += b + b"\0"
+    return bytes(out)
+
+
+class Prepared:
+    """A spawned launcher for one command: set up, blocked on its pipe until ``go(argv)``.
+
+    A plain ``subprocess.Popen`` (waited through a pidfd, its pipes read with ``add_reader``), so
+    it is bound to no event loop: a sandbox made under one ``asyncio.run`` works under the next.
+    ``cg`` is the command's ``Cgroup`` (owned: ``run_bwrap`` closes it). Dropping the object
+    closes the pipe, so an unused launcher exits on its own.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], cg: Cgroup, ctl: BinaryIO | None):
+        self.proc = proc
+        self.cg = cg
+        self._ctl = ctl
+
+    @classmethod
+    def spawn(cls, chain: list[str], cg: Cgroup, pipe: tuple[int, int] | None = None) -> Prepared:
+        """Start ``chain`` (stdout/stderr piped, in its own session). ``pipe``: the (read, write)
+        ends of its command pipe: the child gets the read end, this side keeps the write end."""
+        try:
+            proc = subprocess.Popen(chain, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    pass_fds=() if pipe is None else (pipe[0],))
+        except (OSError, subprocess.SubprocessError) as e:
+            if pipe is not None:
+                os.close(pipe[1])
+            raise SandboxError(f"could not start the sandbox launcher: {e}") from e
+        finally:
+            if pipe is not None:
+                os.close(pipe[0])
+        return cls(proc, cg, None if pipe is None else os.fdopen(pipe[1], "wb", buffering=0))
+
+    def usable(self) -> bool:
+        """Still waiting for its command."""
+        return self._ctl is not None and self.proc.poll() is None
+
+    async def go(self, argv: list[str]) -> None:
+        """Hand the launcher its command line; it execs it (no-op for a stock-tool chain)."""
+        if self._ctl is None:
+            return
+        data, ctl, self._ctl = encode_argv(argv), self._ctl, None
+        try:
+            if len(data) > 32_768:  # could fill the pipe while the launcher is still joining
+                await asyncio.to_thread(ctl.write, data)
+            else:
+                ctl.write(data)
+        except BrokenPipeError:
+            pass  # the launcher died during setup: its stderr says why
+        finally:
+            ctl.close()
+
+    async def wait(self) -> int:
+        """Wait for the process to exit (without blocking the loop) and reap it."""
+        if self.proc.poll() is not None:
+            return self.proc.returncode
+        loop = asyncio.get_running_loop()
+        fd = os.pidfd_open(self.proc.pid)  # not reaped yet: the pid is still ours
+        exited = loop.create_future()
+        loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await exited
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+        return self.proc.wait()
+
+    def discard(self) -> None:
+        """Done, or never used: close its pipes (unused, it exits 0 unrun), remove its cgroups
+        and reap it."""
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        try:  # an unused launcher exits at EOF, once its setup is done (a few ms)
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.cg.close()
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+
+_PRLIMIT_NAMES = {resource.RLIMIT_CPU: "cpu", resource.RLIMIT_AS: "as",
+                  resource.RLIMIT_FSIZE: "fsize", resource.RLIMIT_NOFILE: "nofile",
+                  resource.RLIMIT_NPROC: "nproc", resource.RLIMIT_CORE: "core"}
+
+
+def tool_chain(rlimits: list[tuple[int, int, int]], procs_files: list[str],
+               uid: int | None) -> list[str]:
+    """The stock-tool exec chain before bwrap, used where the C launcher (``launch.py``) cannot
+    be built: join the cgroups (sh), set rlimits (prlimit), drop to the sandbox's host uid
+    (setpriv). Plain execs, so spawning never forks this (possibly large, torch-holding) Python
+    process the slow way, as a ``preexec_fn`` would."""
+    chain: list[str] = []
+    if procs_files:  # join before anything else runs: every descendant is then counted
+        script = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs_files)
+        chain += ["/bin/sh", "-c", script + ' && exec "$@"', "sh"]
+    chain += ["prlimit", *(f"--{_PRLIMIT_NAMES[r]}={soft}:{hard}"
+                           for r, soft, hard in rlimits), "--"]
+    if uid is not None:  # last: an unprivileged host uid, so RLIMIT_NPROC and DAC apply
+        chain += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    return chain
+
+
+class Capped:
+    """Keeps the first and last ``cap // 2`` bytes of a stream."""
+
+    def __init__(self, cap: int):
+        self.half = max(cap // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > 2 * self.half:
+                del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> tuple[str, bool]:
+        tail = bytes(self.tail[-self.half:]) if self.tail else b""
+        dropped = self.total - len(self.head) - len(tail)
+        body = bytes(self.head) + (f"\n[... {dropped} bytes truncated ...]\n".encode()
+                                   if dropped > 0 else b"") + tail
+        return body.decode("utf-8", errors="replace"), dropped > 0
+
+
+async def pump(f: BinaryIO, sink: Capped) -> None:
+    """Drain a pipe into ``sink`` until EOF, on the running loop (no thread)."""
+    loop = asyncio.get_running_loop()
+    fd = f.fileno()
+    os.set_blocking(fd, False)
+    eof = loop.create_future()
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            if not eof.done():
+                eof.set_exception(e)
+            return
+        if chunk:
+            sink.add(chunk)
+        elif not eof.done():
+            eof.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await eof
+    finally:
+        loop.remove_reader(fd)
