@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -23,6 +24,8 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("tasks", "looprl.tasks.cli", "Real tasks from real packages: fetch, build, show."),
     ("bench", "looprl.bench.cli", "Run a policy on a task set (pass@k) and gate checkpoints (compare)."),
     ("rewards", "looprl.rewards.cli", "Inspect reward shaping: length curve, batch metrics, monitor flags."),
+    ("serve", "looprl.serve.cli", "Serve the agent to users: sessions, feedback, A/B arms."),
+    ("feedback", "looprl.feedback.cli", "Real-time RL: feedback -> rewards -> GRPO cycle; A/B; promote."),
 ]
 
 for _name, _module, _help in SUBCOMMANDS:
@@ -31,17 +34,17 @@ for _name, _module, _help in SUBCOMMANDS:
 
 @app.command()
 def quickstart(
-    config: Path = typer.Option(Path("configs/quickstart.toml"), "--config", "-c",
-                                help="TOML config (see configs/)"),
-    override: list[str] = typer.Option([], "--override", "-o",
-                                       help="dotted override, e.g. -o loop.max_minutes=5"),
-    runs: Path = typer.Option(Path("runs"), help="where run directories go"),
+    config: Annotated[Path, typer.Option("--config", "-c", help="TOML config (see configs/)")] = Path(
+        "configs/quickstart.toml"),
+    override: Annotated[list[str] | None, typer.Option(
+        "--override", "-o", help="dotted override, e.g. -o loop.max_minutes=5")] = None,
+    runs: Annotated[Path, typer.Option(help="where run directories go")] = Path("runs"),
 ) -> None:
     """The main job: real tasks -> default model -> SFT -> async GRPO -> held-out eval -> report."""
     from looprl.config import load_config
     from looprl.quickstart import QuickstartConfig, run
 
-    cfg = load_config(QuickstartConfig, config if config.exists() else None, list(override))
+    cfg = load_config(QuickstartConfig, config if config.exists() else None, list(override or []))
     run(cfg, runs)
 
 

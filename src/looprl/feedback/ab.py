@@ -1,0 +1,199 @@
+"""A/B tests of two policies on live traffic: arm assignment, per-arm metrics, a decision.
+
+    arm = assign_arm("user-42", "exp-v7", split_b=0.1)          # "A" (control) or "B" (candidate)
+    rep = ab_report(store, signal="edit_outcome", min_sessions=200)
+    rep.arms["B"].kept_rate, rep.diffs["reward"].lo, rep.decision.action   # promote|keep|rollback
+
+Assignment hashes (experiment, user): deterministic, stateless, the same user always lands in the
+same arm of one experiment, and arms of different experiments are independent. Metrics are over
+*scored* sessions (``signals.py`` gives a reward; infrastructure failures are never counted):
+
+- ``reward``: mean signal reward;  ``kept``: mean share of edited files kept (sessions with an edit
+  event);  ``reverted``: share of those whose final edit event reverted everything;
+  ``dissatisfied``: share of scored sessions with a dissatisfied follow-up.
+
+Each difference B - A gets a 95% bootstrap interval, resampling each arm independently (the arms
+hold different users, so unlike ``looprl.bench.gate``'s paired bootstrap nothing is paired).
+The decision: ``keep`` until both arms have ``min_sessions`` scored sessions; ``promote`` when the
+reward CI's lower bound is above ``min_gain`` and reverts did not rise by more than
+``max_revert_rise`` at the CI's lower bound; ``rollback`` when the reward CI lies below 0 or reverts
+rose; ``keep`` otherwise (not enough evidence either way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from looprl.errors import ConfigError
+from looprl.feedback.signals import edit_share, get_signal, is_dissatisfied
+from looprl.feedback.store import EDIT_KINDS, Event, FeedbackStore, SessionRecord
+
+ARMS = ("A", "B")
+METRICS = ("reward", "kept", "reverted", "dissatisfied")
+HIGHER_IS_BETTER = {"reward": True, "kept": True, "reverted": False, "dissatisfied": False}
+
+
+def assign_arm(user: str, experiment: str, split_b: float = 0.5) -> str:
+    """"B" for a ``split_b`` share of users (by a hash of experiment and user), else "A".
+
+    >>> assign_arm("u1", "exp", 0.0), assign_arm("u1", "exp", 1.0)
+    ('A', 'B')
+    """
+    if not 0.0 <= split_b <= 1.0:
+        raise ConfigError(f"split_b must be in [0, 1] (the share of users on arm B), got {split_b}")
+    h = hashlib.sha256(f"{experiment}\x00{user}".encode()).digest()
+    u = int.from_bytes(h[:8], "big") / 2.0**64
+    return "B" if u < split_b else "A"
+
+
+def session_values(session: SessionRecord, events: Sequence[Event],
+                   signal: str = "edit_outcome") -> dict[str, float] | None:
+    """One scored session's value of each metric (a metric it says nothing about is absent)."""
+    rb = get_signal(signal)(session, events)
+    if rb is None:
+        return None
+    out = {"reward": rb.total,
+           "dissatisfied": float(any(e.kind == "follow_up" and is_dissatisfied(e.payload["text"])
+                                     for e in events))}
+    edits = [e for e in events if e.kind in EDIT_KINDS]
+    if edits:
+        share = edit_share(edits[-1], session.files)
+        out["kept"], out["reverted"] = share, float(share == 0.0)
+    return out
+
+
+@dataclass(frozen=True)
+class ArmMetrics:
+    arm: str
+    sessions: int
+    """Sessions served on this arm (infrastructure failures excluded)."""
+    scored: int
+    """Sessions with a signal (feedback arrived)."""
+    reward: float | None
+    kept: float | None
+    reverted: float | None
+    dissatisfied: float | None
+
+
+@dataclass(frozen=True)
+class Diff:
+    metric: str
+    diff: float | None
+    """mean(B) - mean(A); None when an arm has no value."""
+    lo: float | None
+    hi: float | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    """promote (B replaces A) | keep (keep collecting) | rollback (stop B)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class ABReport:
+    arms: dict[str, ArmMetrics]
+    diffs: dict[str, Diff]
+    decision: Decision
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arms": {a: asdict(m) for a, m in self.arms.items()},
+                "diffs": {k: asdict(d) for k, d in self.diffs.items()},
+                "decision": asdict(self.decision)}
+
+
+def bootstrap_diff(a: Sequence[float], b: Sequence[float], *, n_boot: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """95% interval of mean(b) - mean(a), each arm resampled independently with replacement."""
+    assert a and b, "bootstrap needs values in both arms"
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    ma = xa[rng.integers(0, len(xa), (n_boot, len(xa)))].mean(axis=1)
+    mb = xb[rng.integers(0, len(xb), (n_boot, len(xb)))].mean(axis=1)
+    lo, hi = np.quantile(mb - ma, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return math.fsum(xs) / len(xs) if xs else None
+
+
+def arm_metrics(arm: str, served: int, values: list[dict[str, float]]) -> ArmMetrics:
+    col = {m: [v[m] for v in values if m in v] for m in METRICS}
+    return ArmMetrics(arm, served, len(values), *(_mean(col[m]) for m in METRICS))
+
+
+def decide(arms: dict[str, ArmMetrics], diffs: dict[str, Diff], *, min_sessions: int = 100,
+           min_gain: float = 0.0, max_revert_rise: float = 0.02) -> Decision:
+    """promote / keep / rollback from the per-arm metrics and the B - A intervals."""
+    a, b = arms.get("A"), arms.get("B")
+    if a is None or b is None:
+        return Decision("keep", "one arm has no sessions yet: serve both arms (--model-b)")
+    if min(a.scored, b.scored) < min_sessions:
+        return Decision("keep", f"need >= {min_sessions} scored sessions per arm "
+                                f"(A has {a.scored}, B has {b.scored})")
+    r, rev = diffs["reward"], diffs["reverted"]
+    assert r.lo is not None and r.hi is not None and r.diff is not None
+    if rev.lo is not None and rev.lo > max_revert_rise:
+        return Decision("rollback", f"reverts rose: B - A {rev.diff:+.3f}, 95% CI lower bound "
+                                    f"{rev.lo:+.3f} > {max_revert_rise}")
+    if r.hi < 0:
+        return Decision("rollback", f"reward dropped: B - A {r.diff:+.3f}, 95% CI "
+                                    f"[{r.lo:+.3f}, {r.hi:+.3f}]")
+    if r.lo > min_gain and (rev.hi is None or rev.hi <= max_revert_rise):
+        return Decision("promote", f"reward gain B - A {r.diff:+.3f}, 95% CI "
+                                   f"[{r.lo:+.3f}, {r.hi:+.3f}] > {min_gain}")
+    return Decision("keep", f"no clear difference yet: reward B - A {r.diff:+.3f}, 95% CI "
+                            f"[{r.lo:+.3f}, {r.hi:+.3f}]")
+
+
+def compare_arms(values_by_arm: dict[str, list[dict[str, float]]], served: dict[str, int], *,
+                 n_boot: int = 2000, seed: int = 0, min_sessions: int = 100,
+                 min_gain: float = 0.0, max_revert_rise: float = 0.02) -> ABReport:
+    """The report from per-session metric values of each arm."""
+    arms = {a: arm_metrics(a, served.get(a, 0), values_by_arm.get(a, []))
+            for a in ARMS if served.get(a, 0) or values_by_arm.get(a)}
+    diffs = {}
+    for m in METRICS:
+        xa = [v[m] for v in values_by_arm.get("A", []) if m in v]
+        xb = [v[m] for v in values_by_arm.get("B", []) if m in v]
+        if xa and xb:
+            lo, hi = bootstrap_diff(xa, xb, n_boot=n_boot, seed=seed)
+            diffs[m] = Diff(m, math.fsum(xb) / len(xb) - math.fsum(xa) / len(xa), lo, hi)
+        else:
+            diffs[m] = Diff(m, None, None, None)
+    return ABReport(arms, diffs, decide(arms, diffs, min_sessions=min_sessions, min_gain=min_gain,
+                                        max_revert_rise=max_revert_rise))
+
+
+def ab_report(store: FeedbackStore, *, signal: str = "edit_outcome",
+              experiment: str | None = None, policy_versions: dict[str, int] | None = None,
+              since: float | None = None,
+              n_boot: int = 2000, seed: int = 0, min_sessions: int = 100, min_gain: float = 0.0,
+              max_revert_rise: float = 0.02) -> ABReport:
+    """Per-arm metrics and the decision over the store's sessions.
+
+    ``experiment`` keeps only that experiment's sessions, ``policy_versions`` (arm -> version) only
+    sessions served by those versions, and ``since`` (unix time) only recent ones.
+    """
+    events = store.events_by_session()
+    values: dict[str, list[dict[str, float]]] = {}
+    served: dict[str, int] = {}
+    for s in store.sessions(experiment=experiment):
+        if s.is_infra_error or (since is not None and s.created_at < since):
+            continue
+        if policy_versions is not None and policy_versions.get(s.arm) != s.policy_version:
+            continue
+        served[s.arm] = served.get(s.arm, 0) + 1
+        v = session_values(s, events.get(s.id, []), signal)
+        if v is not None:
+            values.setdefault(s.arm, []).append(v)
+    return compare_arms(values, served, n_boot=n_boot, seed=seed, min_sessions=min_sessions,
+                        min_gain=min_gain, max_revert_rise=max_revert_rise)

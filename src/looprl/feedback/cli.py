@@ -1,0 +1,97 @@
+"""``looprl feedback``: the real-time RL cycle, the A/B report, promotions, the stored sessions.
+
+    looprl feedback cycle --store fb.db --model M --out policies [--tasks heldout.jsonl]
+    looprl feedback ab --store fb.db --min-sessions 100
+    looprl feedback promote --out policies --version 3
+    looprl feedback sessions --store fb.db
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Production feedback -> rewards -> GRPO cycle; A/B tests; promotions.",
+                  no_args_is_help=True)
+
+Store = Annotated[Path, typer.Option("--store", help="SQLite feedback store (looprl serve --store)")]
+
+
+@app.command("cycle")
+def cycle_cmd(
+    store: Store,
+    model: Annotated[Path, typer.Option(help="the policy served before any promotion (model dir)")],
+    out: Annotated[Path, typer.Option(help="policies dir: candidates vNNNN/ and current.json")],
+    tasks: Annotated[Path | None, typer.Option(help="held-out JSONL tasks gating promotion")] = None,
+    signal: Annotated[str, typer.Option(help="reward signal: edit_outcome | edit_outcome_latency")] = "edit_outcome",
+    min_sessions: Annotated[int, typer.Option(help="scored sessions needed for a step")] = 32,
+    lr: Annotated[float, typer.Option(help="learning rate of the step")] = 1e-6,
+    promote_ungated: Annotated[bool, typer.Option(help="promote without --tasks")] = False,
+    limit: Annotated[int, typer.Option(help="only the first N tasks (0 = all)")] = 0,
+) -> None:
+    """One cycle: window of scored sessions -> one GRPO step -> gate -> promote or reject."""
+    from looprl.feedback.cycle import CycleConfig, run_cycle
+    from looprl.feedback.store import FeedbackStore
+    from looprl.tasks.taskset import load_tasks
+
+    ts = load_tasks(tasks) if tasks else None
+    if ts and limit:
+        ts = ts[:limit]
+    cfg = CycleConfig(signal=signal, min_sessions=min_sessions, lr=lr,
+                      promote_ungated=promote_ungated)
+    res = run_cycle(FeedbackStore(store), model, out, cfg, ts)
+    typer.echo(json.dumps(res.to_dict(), indent=1))
+
+
+@app.command("ab")
+def ab_cmd(
+    store: Store,
+    signal: Annotated[str, typer.Option(help="reward signal")] = "edit_outcome",
+    experiment: Annotated[str | None, typer.Option(help="only this experiment's sessions")] = None,
+    min_sessions: Annotated[int, typer.Option(help="scored sessions per arm before deciding")] = 100,
+    version_a: Annotated[int | None, typer.Option(help="only arm A sessions of this version")] = None,
+    version_b: Annotated[int | None, typer.Option(help="only arm B sessions of this version")] = None,
+) -> None:
+    """Per-arm metrics, B - A with 95% bootstrap CIs, and promote / keep / rollback."""
+    from looprl.feedback.ab import ab_report
+    from looprl.feedback.store import FeedbackStore
+
+    versions = None
+    if version_a is not None or version_b is not None:
+        versions = {a: v for a, v in (("A", version_a), ("B", version_b)) if v is not None}
+    rep = ab_report(FeedbackStore(store), signal=signal, experiment=experiment,
+                    policy_versions=versions,
+                    min_sessions=min_sessions)
+    typer.echo(json.dumps(rep.to_dict(), indent=1))
+
+
+@app.command("promote")
+def promote_cmd(
+    out: Annotated[Path, typer.Option(help="policies dir (feedback cycle --out)")],
+    version: Annotated[int, typer.Option(help="candidate version to make current")],
+) -> None:
+    """Make OUT/vNNNN the current policy (after an A/B test says promote)."""
+    from looprl.feedback.cycle import promote
+
+    ref = promote(out, version)
+    typer.echo(f"current policy: v{ref.version} ({ref.path})")
+
+
+@app.command("sessions")
+def sessions_cmd(store: Store, limit: Annotated[int, typer.Option(help="last N sessions")] = 20
+                 ) -> None:
+    """The last sessions with their arm, version, events and reward."""
+    from looprl.feedback.signals import session_reward
+    from looprl.feedback.store import FeedbackStore
+
+    st = FeedbackStore(store)
+    events = st.events_by_session()
+    for s in st.sessions()[-limit:]:
+        ev = events.get(s.id, [])
+        rb = session_reward(s, ev)
+        typer.echo(f"{s.id[:12]} {s.arm} v{s.policy_version} {s.stop_reason:12} files={len(s.files)} "
+                   f"events={','.join(e.kind for e in ev) or '-'} "
+                   f"reward={'-' if rb is None else f'{rb.total:+.2f}'} user={s.user}")

@@ -1,0 +1,356 @@
+"""The feedback store: served sessions and what users did with their edits, in one SQLite file.
+
+    store = FeedbackStore("feedback.db")                     # schema created (or checked) on open
+    sid = store.add_session(user="u1", arm="A", policy_version=3, prompt="fix mean()",
+                            repo="/srv/repos/app", trajectory=traj, latency_s=12.5)
+    store.add_event(sid, "partially_kept", {"files": ["src/app/core.py"]})
+    store.add_event(sid, "follow_up", {"text": "still failing on empty lists"})
+    store.session(sid).files, store.events(sid)
+
+Sessions hold the whole ``Trajectory`` (token-exact: it is training data), its diff and the files
+it touched. Events are appended, never updated or deleted: a user who keeps an edit and reverts it
+later leaves both events, and the signal functions (``signals.py``) decide what counts.
+Cycles (``cycle.py``) record which sessions they trained on, so a session is trained on once.
+
+One connection guarded by a lock serves every thread (the API's worker threads, a cycle); WAL mode
+lets other processes read while one writes. The schema carries a version (``PRAGMA user_version``):
+a file written by a newer schema is refused with a message rather than misread.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from looprl.errors import ConfigError
+from looprl.types import JSONScalar, StopReason, Trajectory
+
+SCHEMA_VERSION = 1
+EVENT_KINDS = ("kept", "reverted", "partially_kept", "follow_up")
+"""kept / reverted: the user kept or reverted the session's edits (optionally naming files);
+partially_kept: ``files`` lists the kept ones; follow_up: the user's next message (``text``)."""
+EDIT_KINDS = ("kept", "reverted", "partially_kept")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, user TEXT NOT NULL, arm TEXT NOT NULL, policy_version INTEGER NOT NULL,
+    prompt TEXT NOT NULL, repo TEXT NOT NULL, trajectory TEXT, diff TEXT NOT NULL,
+    files TEXT NOT NULL, stop_reason TEXT NOT NULL, created_at REAL NOT NULL,
+    latency_s REAL NOT NULL, experiment TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS sessions_version ON sessions(policy_version, created_at);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id),
+    kind TEXT NOT NULL, payload TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS events_session ON events(session_id, id);
+CREATE TABLE IF NOT EXISTS cycles (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, created_at REAL NOT NULL, policy_version INTEGER NOT NULL,
+    candidate_version INTEGER, status TEXT NOT NULL, reason TEXT NOT NULL,
+    metrics TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cycle_sessions (
+    cycle_id INTEGER NOT NULL REFERENCES cycles(id), session_id TEXT NOT NULL REFERENCES sessions(id),
+    reward REAL NOT NULL, PRIMARY KEY (cycle_id, session_id));
+CREATE INDEX IF NOT EXISTS cycle_sessions_session ON cycle_sessions(session_id);
+"""
+
+
+class UnknownSessionError(ConfigError):
+    """No session has this id (a feedback request for a session the store never saw)."""
+
+
+class FailedSessionError(ConfigError):
+    """Feedback on a session that failed for infrastructure reasons (never scored)."""
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """One served agent run. ``trajectory`` is None only if the caller stored none."""
+
+    id: str
+    user: str
+    arm: str
+    policy_version: int
+    prompt: str
+    repo: str
+    diff: str
+    files: tuple[str, ...]
+    """Workspace-relative files the diff changes (the unit of kept / reverted)."""
+    stop_reason: str
+    created_at: float
+    latency_s: float
+    trajectory: Trajectory | None = None
+    experiment: str = ""
+    """The A/B experiment the arm was assigned in (``serve.api.ServeConfig.experiment``)."""
+
+    @property
+    def is_infra_error(self) -> bool:
+        return self.stop_reason == StopReason.INFRA_ERROR.value
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing a user did with a session's edits; ``payload`` is already validated."""
+
+    id: int
+    session_id: str
+    kind: str
+    payload: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    id: int
+    created_at: float
+    policy_version: int
+    candidate_version: int | None
+    status: str
+    reason: str
+    metrics: dict[str, JSONScalar] = field(default_factory=dict)
+    session_ids: tuple[str, ...] = ()
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def _diff_path(header: str) -> str | None:
+    p = header.split("\t")[0].strip()
+    if p == "/dev/null":
+        return None
+    return p[2:] if p.startswith(("a/", "b/")) else p
+
+
+def diff_files(diff: str) -> tuple[str, ...]:
+    """Files a unified diff touches (new path, or old path for a deletion), in diff order. Hunk
+    bodies are skipped by their line counts, so a '--- x' line inside a hunk is not a header.
+
+    >>> diff_files("--- a/x.py\\n+++ b/x.py\\n@@ -1 +1 @@\\n-a\\n+b\\n--- a/y\\n+++ /dev/null\\n")
+    ('x.py', 'y')
+    """
+    out: list[str] = []
+    lines = diff.splitlines()
+    i = 0
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            p = _diff_path(lines[i + 1][4:]) or _diff_path(ln[4:])
+            if p and p not in out:
+                out.append(p)
+            i += 2
+            continue
+        m = _HUNK.match(ln)
+        i += 1
+        if m:  # skip the body: old and new line counts
+            n_old, n_new = int(m.group(1) or 1), int(m.group(2) or 1)
+            while i < len(lines) and (n_old > 0 or n_new > 0):
+                tag = lines[i][:1] or " "
+                n_old -= tag in " -"
+                n_new -= tag in " +"
+                i += 1
+    return tuple(out)
+
+
+def validate_payload(kind: str, payload: dict[str, Any], files: tuple[str, ...]) -> dict[str, Any]:
+    """The payload of a ``kind`` event on a session that changed ``files``, checked and normalised.
+
+    Raises ``ConfigError`` saying what is valid.
+    """
+    if kind not in EVENT_KINDS:
+        raise ConfigError(f"unknown feedback kind {kind!r}; use one of {list(EVENT_KINDS)}")
+    if not isinstance(payload, dict):
+        raise ConfigError(f"feedback payload must be a JSON object, got {type(payload).__name__}")
+    allowed = {"files", "text"} if kind == "follow_up" else {"files"}
+    extra = sorted(set(payload) - allowed - {"at"})
+    if extra:
+        raise ConfigError(f"unexpected field(s) {extra} for {kind!r} feedback; "
+                          f"allowed: {sorted(allowed)}")
+    out: dict[str, Any] = {}
+    if kind == "follow_up":
+        text = payload.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError("follow_up feedback needs 'text': the user's next message")
+        out["text"] = text
+    elif not files:
+        raise ConfigError(f"{kind!r} feedback needs a session that edited files; this session "
+                          "changed none (send a 'follow_up' with the user's message instead)")
+    if "files" in payload and payload["files"] is not None:
+        named = payload["files"]
+        if not isinstance(named, list) or not all(isinstance(f, str) for f in named):
+            raise ConfigError("'files' must be a list of workspace-relative paths")
+        unknown = sorted(set(named) - set(files))
+        if unknown:
+            raise ConfigError(f"file(s) {unknown} are not among the session's edited files "
+                              f"{list(files)}")
+        out["files"] = sorted(set(named))
+    if kind == "partially_kept" and not out.get("files"):
+        raise ConfigError(f"partially_kept feedback needs 'files': the kept subset of {list(files)}")
+    if "at" in payload:
+        if not isinstance(payload["at"], (int, float)):
+            raise ConfigError("'at' must be a unix timestamp (seconds)")
+        out["at"] = float(payload["at"])
+    return out
+
+
+class FeedbackStore:
+    """Sessions, feedback events and cycle records in one SQLite file (see module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0,
+                                       isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise ConfigError(f"cannot open feedback store {self.path}: {e}; pass a new file "
+                              "path or a store written by looprl") from None
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise ConfigError(f"feedback store {self.path} has schema v{version}, newer than this "
+                              f"looprl's v{SCHEMA_VERSION}; upgrade looprl to read it")
+        with self._lock:  # one transaction; every statement is idempotent (IF NOT EXISTS)
+            self._db.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version={SCHEMA_VERSION};"
+                                   "COMMIT;")
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- sessions ----------------------------------------------------------------------------
+    def add_session(self, *, user: str, arm: str, policy_version: int, prompt: str, repo: str,
+                    trajectory: Trajectory | None, latency_s: float, diff: str | None = None,
+                    session_id: str | None = None, created_at: float | None = None,
+                    experiment: str = "") -> str:
+        """Store one served run and return its id (a new uuid unless ``session_id`` is given)."""
+        sid = session_id or uuid.uuid4().hex
+        diff = diff if diff is not None else (trajectory.diff if trajectory else "")
+        stop = trajectory.stop_reason.value if trajectory else StopReason.INFRA_ERROR.value
+        with self._tx() as db:
+            db.execute("INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", (
+                sid, user, arm, int(policy_version), prompt, repo,
+                trajectory.to_json() if trajectory else None, diff, json.dumps(diff_files(diff)),
+                stop, created_at if created_at is not None else time.time(), float(latency_s),
+                experiment))
+        return sid
+
+    def session(self, session_id: str, *, with_trajectory: bool = True) -> SessionRecord:
+        cols = "*" if with_trajectory else _COLS_NO_TRAJ
+        rows = self._query(f"SELECT {cols} FROM sessions WHERE id=?", (session_id,))
+        if not rows:
+            raise UnknownSessionError(f"unknown session {session_id!r}; use the session_id that "
+                                      "POST /v1/sessions returned")
+        return _session(rows[0])
+
+    def sessions(self, *, policy_version: int | None = None, arm: str | None = None,
+                 experiment: str | None = None, untrained: bool = False,
+                 with_trajectory: bool = False) -> list[SessionRecord]:
+        """Sessions in creation order, filtered by version / arm / experiment; ``untrained``: not
+        yet used by a cycle."""
+        where, args = [], []
+        if experiment is not None:
+            where.append("experiment=?")
+            args.append(experiment)
+        if policy_version is not None:
+            where.append("policy_version=?")
+            args.append(policy_version)
+        if arm is not None:
+            where.append("arm=?")
+            args.append(arm)
+        if untrained:
+            where.append("id NOT IN (SELECT session_id FROM cycle_sessions)")
+        cols = "*" if with_trajectory else _COLS_NO_TRAJ
+        sql = f"SELECT {cols} FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
+        return [_session(r) for r in self._query(sql + " ORDER BY created_at, rowid", tuple(args))]
+
+    # -- events ------------------------------------------------------------------------------
+    def add_event(self, session_id: str, kind: str, payload: dict[str, Any] | None = None) -> Event:
+        """Append one feedback event (validated against the session's edited files)."""
+        s = self.session(session_id, with_trajectory=False)
+        if s.is_infra_error:
+            raise FailedSessionError(f"session {session_id} failed for infrastructure reasons and is never "
+                              "scored; its feedback is not recorded")
+        clean = validate_payload(kind, payload or {}, s.files)
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO events (session_id, kind, payload, created_at) "
+                             "VALUES (?,?,?,?)", (session_id, kind, json.dumps(clean), now))
+            eid = int(cur.lastrowid or 0)
+        return Event(eid, session_id, kind, clean, now)
+
+    def events(self, session_id: str | None = None) -> list[Event]:
+        """Events of one session (or all), in the order they arrived."""
+        sql = "SELECT id, session_id, kind, payload, created_at FROM events"
+        rows = self._query(sql + (" WHERE session_id=? ORDER BY id" if session_id else " ORDER BY id"),
+                           (session_id,) if session_id else ())
+        return [Event(int(r[0]), r[1], r[2], json.loads(r[3]), float(r[4])) for r in rows]
+
+    def events_by_session(self) -> dict[str, list[Event]]:
+        out: dict[str, list[Event]] = {}
+        for e in self.events():
+            out.setdefault(e.session_id, []).append(e)
+        return out
+
+    # -- cycles ------------------------------------------------------------------------------
+    def add_cycle(self, *, policy_version: int, candidate_version: int | None, status: str,
+                  reason: str, metrics: dict[str, JSONScalar],
+                  trained: dict[str, float] | None = None) -> int:
+        """Record one cycle; ``trained`` (session id -> reward) marks those sessions as used."""
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO cycles (created_at, policy_version, candidate_version, "
+                             "status, reason, metrics) VALUES (?,?,?,?,?,?)",
+                             (time.time(), policy_version, candidate_version, status, reason,
+                              json.dumps(metrics)))
+            cid = int(cur.lastrowid or 0)
+            db.executemany("INSERT INTO cycle_sessions VALUES (?,?,?)",
+                           [(cid, s, float(r)) for s, r in (trained or {}).items()])
+        return cid
+
+    def cycles(self) -> list[CycleRecord]:
+        rows = self._query("SELECT id, created_at, policy_version, candidate_version, status, "
+                           "reason, metrics FROM cycles ORDER BY id")
+        used: dict[int, list[str]] = {}
+        for cid, sid in self._query("SELECT cycle_id, session_id FROM cycle_sessions "
+                                    "ORDER BY session_id"):
+            used.setdefault(int(cid), []).append(sid)
+        return [CycleRecord(int(r[0]), float(r[1]), int(r[2]), r[3], r[4], r[5], json.loads(r[6]),
+                            tuple(used.get(int(r[0]), ()))) for r in rows]
+
+
+_COLS_NO_TRAJ = ("id, user, arm, policy_version, prompt, repo, NULL, diff, files, stop_reason, "
+                 "created_at, latency_s, experiment")
+
+
+def _session(r: tuple[Any, ...]) -> SessionRecord:
+    traj = Trajectory.from_json(r[6]) if r[6] else None
+    return SessionRecord(id=r[0], user=r[1], arm=r[2], policy_version=int(r[3]), prompt=r[4],
+                         repo=r[5], diff=r[7], files=tuple(json.loads(r[8])), stop_reason=r[9],
+                         created_at=float(r[10]), latency_s=float(r[11]), trajectory=traj,
+                         experiment=r[12])
