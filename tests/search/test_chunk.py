@@ -77,3 +77,35 @@ def test_doctests():
     for mod in (looprl.search.chunk, looprl.search.bm25, looprl.search.embed, looprl.search.pairs):
         res = doctest.testmod(mod)
         assert res.attempted > 0 and res.failed == 0, mod.__name__
+
+
+def test_span_text_matches_a_line_by_line_reference():
+    import random
+
+    from looprl.search.chunk import _text
+    lines = [f"line {i}" for i in range(1, 31)]
+    rng = random.Random(0)
+    for _ in range(200):
+        start = rng.randint(1, 30)
+        end = rng.randint(start, 30)
+        drop = [tuple(sorted((rng.randint(1, 30), rng.randint(1, 30))))
+                for _ in range(rng.randint(0, 2))]
+        drop = [d for n, d in enumerate(drop) if all(d[1] < e[0] or d[0] > e[1] for e in drop[:n])]
+        want = "\n".join(lines[i - 1] for i in range(start, end + 1)
+                         if not any(a <= i <= b for a, b in drop))
+        assert _text(lines, start, end, drop) == want, (start, end, drop)
+
+
+def test_parsing_leaves_the_garbage_collector_as_it_was():
+    import gc
+
+    from looprl.search.chunk import parse_python
+    assert gc.isenabled()
+    parse_python("x = 1\n")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse_python("x = 1\n")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

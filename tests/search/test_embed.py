@@ -56,3 +56,41 @@ def test_load_plain_hf_encoder_dir(tmp_path):
 def test_missing_model_says_how_to_train(tmp_path):
     with pytest.raises(ConfigError, match="looprl embed train"):
         load_embedder(tmp_path / "nope")
+
+
+def test_bag_of_tokens_matches_the_model_forward():
+    """The 0-layer fast path must give the vectors BertModel + mean pooling gives."""
+    import torch
+
+    from looprl.search.embed import BagOfTokens, CodeEmbedder
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=300, hidden_size=24, num_hidden_layers=0,
+                                 num_attention_heads=2, max_position_embeddings=40,
+                                 type_vocab_size=1), add_pooling_layer=False).eval()
+    with torch.no_grad():  # trained-looking LayerNorm and a non-zero token-type row
+        model.embeddings.LayerNorm.weight.uniform_(0.5, 1.5)
+        model.embeddings.LayerNorm.bias.normal_(0, 0.1)
+        model.embeddings.token_type_embeddings.weight.normal_(0, 0.3)
+        model.embeddings.word_embeddings.weight.add_(0.05)  # rows with a non-zero mean
+    rng = np.random.default_rng(1)
+    ids = [rng.integers(1, 300, size=n).tolist() for n in [1, 5, 5, 40, 17, 1, 33, 5]]
+    emb = CodeEmbedder(model, tok=None, meta={}, model_id="t")
+    assert isinstance(emb.bag, BagOfTokens)
+    np.testing.assert_allclose(emb.bag(ids), emb.forward(ids), atol=2e-6)
+    emb.bag.TOKENS_PER_BLOCK = 12  # split each length group into several blocks
+    np.testing.assert_allclose(emb.bag(ids), emb.forward(ids), atol=2e-6)
+    assert emb.bag([]).shape == (0, 24)
+
+
+def test_cut_tokenizing_gives_the_ids_of_whole_texts(tiny_embedder):
+    from looprl.search.embed import _encode, normalize_text
+    tok = tiny_embedder.tok
+    words = "def parse header line return value self result split words x" .split()
+    rng = np.random.default_rng(2)
+    texts = [" ".join(rng.choice(words, size=n)) for n in (0, 1, 3, 8, 9, 20, 60)]
+    texts += ["a" * 300, "x = 1 " + "y" * 200, "   ", "if(a,b):return[c]" * 12]
+    for max_len in (4, 8, 32):
+        tok.no_padding()
+        tok.no_truncation()
+        want = [tok.encode(normalize_text(t)).ids[:max_len] or [1] for t in texts]
+        assert _encode(tok, texts, max_len) == want

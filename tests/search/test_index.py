@@ -71,7 +71,7 @@ def test_store_persists_and_removes_deleted_files(repo, tiny_embedder, tmp_path)
 def test_fusions_are_selectable(repo, tiny_embedder):
     store = Store(tiny_embedder.dim, tiny_embedder.model_id)
     store.sync(read_tree(repo), tiny_embedder)
-    for fusion in ("rrf", "score", "dense", "bm25"):
+    for fusion in ("rrf", "score", "zscore", "dense", "bm25"):
         hits = CodeIndex(store, tiny_embedder, SearchConfig(fusion=fusion)).search("vowels", k=2)
         assert len(hits) == (1 if fusion == "bm25" else 2)  # BM25 only returns word matches
     bm = CodeIndex(store, tiny_embedder, SearchConfig(fusion="bm25")).search("count vowels", k=1)
@@ -99,3 +99,39 @@ def test_evaluate_compares_retrievers_on_the_same_chunks(repo, tiny_embedder):
     store.sync(read_tree(repo), tiny_embedder)
     chunks = [store.chunks[i] for i in sorted(store.chunks)]
     assert grep_rank(chunks, "count vowels", 1)[0].name == "count_vowels"
+
+
+def test_build_in_worker_processes_equals_the_inline_build(repo, tiny_embedder, monkeypatch):
+    import numpy as np
+
+    import looprl.search.index as index_mod
+    files = read_tree(repo)
+    inline = Store(tiny_embedder.dim, tiny_embedder.model_id, strip_docstrings=True)
+    inline.workers = 0
+    inline.sync(files, tiny_embedder)
+    monkeypatch.setattr(index_mod, "PARALLEL_MIN_FILES", 1)
+    monkeypatch.setattr(index_mod, "CHUNK_BATCH_FILES", 2)  # several batches, in order
+    forked = Store(tiny_embedder.dim, tiny_embedder.model_id, strip_docstrings=True)
+    forked.workers = 2
+    forked.sync(files, tiny_embedder)
+    assert forked.chunks == inline.chunks and forked.file_ids == inline.file_ids
+    assert forked.files == inline.files and forked.bm25.postings == inline.bm25.postings
+    np.testing.assert_array_equal(forked.vecs_N_D, inline.vecs_N_D)
+    assert set(forked.timings) == {"chunk", "embed", "hnsw", "bm25"}
+    q = "reverse the words"
+    assert CodeIndex(forked, tiny_embedder).search(q) == CodeIndex(inline, tiny_embedder).search(q)
+
+
+def test_zscore_fusion_ignores_each_lists_scale_and_offset():
+    from looprl.search.index import fuse_zscore
+    cfg = SearchConfig(bm25_weight=1.5)
+    dense = {(0, 1): 0.9, (0, 2): 0.5, (0, 3): 0.4}
+    lex = {(0, 3): 30.0, (0, 4): 8.0, (0, 1): 2.0}
+    fused = fuse_zscore(dense, lex, cfg)
+    shifted = fuse_zscore({k: 7 * v - 3 for k, v in dense.items()},
+                          {k: 0.1 * v + 5 for k, v in lex.items()}, cfg)
+    assert fused.keys() == shifted.keys() == {(0, 1), (0, 2), (0, 3), (0, 4)}
+    for k in fused:
+        assert abs(fused[k] - shifted[k]) < 1e-9
+    assert fused[(0, 1)] > 0 and fused[(0, 4)] > 0  # a list's lowest score adds nothing
+    assert max(fused, key=fused.get) == (0, 3)  # BM25's clear winner, weighted 1.5

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import gc
 from dataclasses import dataclass
 from typing import Literal
 
@@ -83,11 +84,24 @@ def chunk_file(path: str, text: str, *, strip_docstrings: bool = False) -> list[
     lines = text.splitlines()
     if path.endswith((".py", ".pyi")):
         try:
-            tree = ast.parse(text)
+            tree = parse_python(text)
         except (SyntaxError, ValueError):
             return window_chunks(path, lines)
         return _python_chunks(path, lines, tree, strip_docstrings)
     return window_chunks(path, lines)
+
+
+def parse_python(text: str) -> ast.Module:
+    """``ast.parse`` with the cyclic GC paused: a parse allocates ~10^5 tracked nodes, and the
+    collections they trigger scan everything else alive (an index under construction), which made
+    parsing a 2,000-file repository ~1.7x slower. The nodes hold no cycles worth collecting."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(text)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def window_chunks(path: str, lines: list[str], size: int = WINDOW_LINES,
@@ -117,8 +131,14 @@ def _docstring_span(node: ast.AST) -> tuple[int, int] | None:
 
 
 def _text(lines: list[str], start: int, end: int, drop: list[tuple[int, int]]) -> str:
-    keep = [lines[i - 1] for i in range(start, end + 1)
-            if not any(a <= i <= b for a, b in drop)]
+    """Lines ``start..end`` (1-based, inclusive) without those inside the ``drop`` spans."""
+    keep, i = [], start
+    for a, b in sorted(drop):
+        if b < i or a > end:
+            continue
+        keep.extend(lines[i - 1:a - 1])
+        i = b + 1
+    keep.extend(lines[i - 1:end])
     return "\n".join(keep)
 
 

@@ -50,7 +50,7 @@ def train(overrides: Annotated[list[str] | None, typer.Option(
 @app.command("eval")
 def evaluate_cmd(model: Annotated[Path | None, typer.Option(help="Embedder dir.")] = None,
                  queries: Annotated[int, typer.Option(help="Number of queries.")] = 400,
-                 fusion: Annotated[str, typer.Option(help="score | rrf | dense | bm25")] = "score",
+                 fusion: Annotated[str, typer.Option(help="zscore | score | rrf | dense | bm25")] = "zscore",
                  ) -> None:
     """Recall@10 / MRR on held-out packages: fused vs dense vs BM25 vs grep."""
     from looprl.search.embed import load_embedder

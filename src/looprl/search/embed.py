@@ -138,10 +138,30 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
+CHARS_PER_TOKEN_CUT = 5
+"""Normalised text is cut (at a space) to ``max_len * 5`` chars before tokenizing: code averages
+~3.4 chars a token (95th percentile 4.8), so the cut text almost always still fills ``max_len``
+tokens, at about half the tokenizing cost. Texts that come up short are re-encoded whole."""
+
+
 def _encode(tok: Tokenizer, texts: list[str], max_len: int) -> list[list[int]]:
+    """Token ids of the normalised texts, first ``max_len`` of each (``[UNK]`` if empty).
+
+    Same ids as encoding each whole text: the tokenizer pre-splits on whitespace, so a text cut at
+    a space yields a prefix of the whole text's tokens; enough of them is the same truncation."""
     tok.no_padding()
     tok.enable_truncation(max_len)
-    return [e.ids or [1] for e in tok.encode_batch([normalize_text(t) for t in texts])]
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast: no offsets, ~2x less CPU
+    norm = [normalize_text(t) for t in texts]
+    budget = max_len * CHARS_PER_TOKEN_CUT
+    heads = [t if len(t) <= budget or (k := t.rfind(" ", 0, budget + 1)) <= 0 else t[:k]
+             for t in norm]
+    ids = [e.ids for e in encode(heads)]
+    redo = [i for i, x in enumerate(ids) if len(x) < max_len and len(heads[i]) < len(norm[i])]
+    if redo:
+        for i, e in zip(redo, encode([norm[i] for i in redo]), strict=True):
+            ids[i] = e.ids
+    return [x or [1] for x in ids]
 
 
 def _pad(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,6 +183,67 @@ def mean_pool(hidden_B_T_D: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tenso
 
 # --- our model ---------------------------------------------------------------------------------
 
+class BagOfTokens:
+    """The exact forward of a 0-layer encoder (a neural bag of words), in numpy.
+
+    For token id v at position p, x = word[v] + pos[p] (+ the constant token-type row) and the
+    model outputs LayerNorm(x); a text's vector is the mean over its tokens, L2-normalised. With
+    no attention this expands to, per text,
+
+        sum_t y_t = gamma * (sum_t r_t word[v_t] + sum_t r_t pos[p_t] - sum_t r_t mu_t) + L beta
+
+    where mu_t and r_t = 1/std_t come from per-row tables (row sums, squared norms and the
+    word.pos^T dot products, computed once in float64), so no (tokens, D) activation is
+    normalised: texts of equal length are stacked and the only heavy step is one gather and one
+    batched (1 x L) @ (L x D) product. Same vectors as ``BertModel`` + ``mean_pool`` to ~1e-6,
+    ~10x faster, and no torch thread pool (which on a shared 2-core machine turns a 1 ms query
+    into ~90 ms).
+    """
+
+    TOKENS_PER_BLOCK = 1 << 15  # 32 MB of gathered fp32 rows at D=256
+
+    def __init__(self, model: BertModel) -> None:
+        assert model.config.num_hidden_layers == 0, "BagOfTokens is only exact for 0 layers"
+        e = model.embeddings
+        with torch.no_grad():
+            self.word_V_D = e.word_embeddings.weight.numpy().copy()
+            self.pos_P_D = (e.position_embeddings.weight + e.token_type_embeddings.weight[0]).numpy()
+            self.gamma_D = e.LayerNorm.weight.numpy().copy()
+            self.beta_D = e.LayerNorm.bias.numpy().copy()
+        self.eps = float(e.LayerNorm.eps)
+        w64, p64 = self.word_V_D.astype(np.float64), self.pos_P_D.astype(np.float64)
+        self.dim = w64.shape[1]
+        self.wsum_V, self.psum_P = w64.sum(1), p64.sum(1)
+        self.wsq_V, self.psq_P = np.square(w64).sum(1), np.square(p64).sum(1)
+        self.wp_V_P = w64 @ p64.T
+
+    def __call__(self, ids: list[list[int]]) -> np.ndarray:
+        out_N_D = np.zeros((len(ids), self.dim), dtype=np.float32)
+        lens_N = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        assert len(ids) == 0 or lens_N.min() > 0, "every text needs at least one token"
+        for L in np.unique(lens_N).tolist():
+            rows = np.flatnonzero(lens_N == L)
+            step = max(1, self.TOKENS_PER_BLOCK // L)
+            for s in range(0, len(rows), step):
+                part = rows[s:s + step]
+                tok_B_L = np.array([ids[i] for i in part], dtype=np.int64).reshape(len(part), L)
+                out_N_D[part] = self._same_length(tok_B_L)
+        return out_N_D
+
+    def _same_length(self, tok_B_L: np.ndarray) -> np.ndarray:
+        L, D = tok_B_L.shape[1], self.dim
+        pos_L = np.arange(L)
+        mu_B_L = (self.wsum_V[tok_B_L] + self.psum_P[pos_L]) / D
+        sq_B_L = (self.wsq_V[tok_B_L] + 2 * self.wp_V_P[tok_B_L, pos_L] + self.psq_P[pos_L]) / D
+        r_B_L = 1.0 / np.sqrt(np.maximum(sq_B_L - mu_B_L ** 2, 0.0) + self.eps)
+        r32_B_1_L = r_B_L.astype(np.float32)[:, None, :]
+        s_B_D = (r32_B_1_L @ self.word_V_D[tok_B_L])[:, 0]          # sum_t r_t word[v_t]
+        s_B_D += r_B_L.astype(np.float32) @ self.pos_P_D[:L]          # sum_t r_t pos[t]
+        s_B_D -= (r_B_L * mu_B_L).sum(1, keepdims=True).astype(np.float32)
+        v_B_D = self.gamma_D * s_B_D / L + self.beta_D
+        return v_B_D / np.maximum(np.linalg.norm(v_B_D, axis=1, keepdims=True), 1e-12)
+
+
 class CodeEmbedder:
     """The looprl-trained bi-encoder (one shared encoder for queries and code)."""
 
@@ -172,13 +253,22 @@ class CodeEmbedder:
         self.meta = meta
         self.model_id = model_id
         self.dim = int(model.config.hidden_size)
-        self.batch_size = 64
+        self.batch_size = 256
+        self.bag = BagOfTokens(model) if model.config.num_hidden_layers == 0 else None
+
+    def token_ids(self, texts: list[str], max_len: int) -> list[list[int]]:
+        """What the encoder sees: normalised texts as token ids, at most ``max_len`` each."""
+        # cut long chunks before normalising: only the first max_len tokens are kept anyway
+        return _encode(self.tok, [t[:max_len * 8] for t in texts], max_len)
 
     def _embed(self, texts: list[str], max_len: int) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        # cut long chunks before normalising: only the first max_len tokens are kept anyway
-        ids = _encode(self.tok, [t[:max_len * 8] for t in texts], max_len)
+        ids = self.token_ids(texts, max_len)
+        return self.bag(ids) if self.bag is not None else self.forward(ids)
+
+    def forward(self, ids: list[list[int]]) -> np.ndarray:
+        """Vectors through the full model on padded, length-sorted batches (any layer count)."""
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # less padding per batch
         out_N_D = np.zeros((len(ids), self.dim), dtype=np.float32)
         with torch.inference_mode():

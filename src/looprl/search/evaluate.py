@@ -24,6 +24,9 @@ from looprl.search.pairs import MIN_QUERY_WORDS, first_sentence, site_packages_d
 
 EVAL_PACKAGES = ("rich", "click", "jinja2", "httpx", "werkzeug", "markdown", "yaml")
 """A subset of the held-out packages: ~270 files, ~4,000 chunks."""
+TUNE_PACKAGES = ("networkx", "pygments")
+"""Held-out packages disjoint from ``EVAL_PACKAGES``: fusion weights are tuned here, never on the
+benchmark's queries (and not on training packages, where the embedder would look too good)."""
 
 
 @dataclass(frozen=True)
@@ -119,3 +122,19 @@ def evaluate(embedder: Embedder, *, n_queries: int = 400, cfg: SearchConfig | No
     grep = sum((r := _rank(grep_rank(chunks, q.query, 10, lowered), q)) is not None and r < 10
                for q in queries) / len(queries)
     return EvalResult(len(queries), len(base), fused[0], dense[0], bm25[0], grep, fused[1], bm25[1])
+
+
+def tune_bm25_weight(embedder: Embedder,
+                     weights: tuple[float, ...] = (0.5, 0.85, 1.0, 1.2, 1.5, 2.0, 3.0), *,
+                     fusion: str = "zscore", n_queries: int = 300,
+                     files: dict[str, bytes] | None = None,
+                     seed: int = 0) -> dict[float, tuple[float, float]]:
+    """{bm25_weight: (recall@10, MRR)} of ``fusion`` on ``TUNE_PACKAGES`` (docstrings removed, as
+    in ``evaluate``); pick the best and set ``SearchConfig.bm25_weight``."""
+    files = files if files is not None else package_tree(TUNE_PACKAGES)
+    queries = make_queries(files, n_queries, seed)
+    base = Store(embedder.dim, embedder.model_id, strip_docstrings=True)
+    base.sync(files, embedder)
+    return {w: _score(CodeIndex(base, embedder, SearchConfig(fusion=fusion, bm25_weight=w,
+                                                             strip_docstrings=True)), queries)
+            for w in weights}
