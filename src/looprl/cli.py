@@ -26,6 +26,7 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("rewards", "looprl.rewards.cli", "Inspect reward shaping: length curve, batch metrics, monitor flags."),
     ("serve", "looprl.serve.cli", "Serve the agent to users: sessions, feedback, A/B arms."),
     ("feedback", "looprl.feedback.cli", "Real-time RL: feedback -> rewards -> GRPO cycle; A/B; promote."),
+    ("dashboard", "looprl.dashboard.cli", "Training, fleet and feedback dashboards; static HTML export."),
 ]
 
 for _name, _module, _help in SUBCOMMANDS:

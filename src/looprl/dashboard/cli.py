@@ -1,0 +1,86 @@
+"""``looprl dashboard``: watch training runs, the sandbox fleet and the A/B test in a browser.
+
+    looprl dashboard --run runs/quickstart [--run runs/other] [--store feedback.db] \\
+        [--env-server http://127.0.0.1:8377 --env-token s3cret] [--port 8500] [--token T]
+    looprl dashboard export --run runs/quickstart --out report.html    # one self-contained file
+
+Serves on 127.0.0.1 by default; binding another address needs ``--token``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Training, fleet and feedback dashboards (web app or static HTML export).",
+                  invoke_without_command=True)
+
+Runs = Annotated[list[Path] | None, typer.Option("--run", metavar="DIR", help="run directory (repeatable)")]
+Store = Annotated[Path | None, typer.Option("--store", metavar="FILE", help="feedback store (looprl serve --store)")]
+EnvServer = Annotated[str | None, typer.Option("--env-server", metavar="URL", help="env server URL (looprl sandbox serve)")]
+EnvToken = Annotated[str | None, typer.Option("--env-token", envvar="LOOPRL_ENV_TOKEN",
+                                              help="bearer token of the env server")]
+MinSessions = Annotated[int, typer.Option(help="scored sessions per arm before an A/B decision")]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@app.callback()
+def serve(
+    ctx: typer.Context,
+    run: Runs = None,
+    store: Store = None,
+    env_server: EnvServer = None,
+    env_token: EnvToken = None,
+    host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port")] = 8500,
+    token: Annotated[str | None, typer.Option(envvar="LOOPRL_DASHBOARD_TOKEN",
+                                              help="bearer token required by the dashboard")] = None,
+    refresh: Annotated[int, typer.Option(help="page auto-refresh, seconds (0 = off)")] = 10,
+    min_sessions: MinSessions = 100,
+) -> None:
+    """Serve the dashboard (without a sub-command)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from looprl.dashboard.app import DashboardConfig, create_app
+
+    if not run and store is None and env_server is None:
+        raise typer.BadParameter("nothing to show: pass --run DIR (repeatable), --store FILE "
+                                 "or --env-server URL")
+    if not _is_loopback(host) and not token:
+        raise typer.BadParameter(f"--host {host} is reachable from other machines: pass --token "
+                                 "(or LOOPRL_DASHBOARD_TOKEN), or keep the default 127.0.0.1")
+    import uvicorn
+
+    cfg = DashboardConfig(tuple(run or ()), store, env_server, env_token, token, refresh, min_sessions)
+    typer.echo(f"looprl dashboard on http://{host}:{port}/" + ("?token=..." if token else ""))
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning")
+
+
+@app.command("export")
+def export_cmd(
+    run: Runs = None,
+    out: Annotated[Path, typer.Option("--out", help="HTML file to write")] = Path("report.html"),
+    store: Store = None,
+    env_server: EnvServer = None,
+    env_token: EnvToken = None,
+    min_sessions: MinSessions = 100,
+) -> None:
+    """Write one self-contained HTML report (charts inlined; for CI artifacts)."""
+    from looprl.dashboard.app import DashboardConfig, export_html
+
+    if not run and store is None and env_server is None:
+        raise typer.BadParameter("nothing to export: pass --run DIR (repeatable) or --store FILE")
+    cfg = DashboardConfig(tuple(run or ()), store, env_server, env_token, None, 0, min_sessions)
+    path = export_html(cfg, out)
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
