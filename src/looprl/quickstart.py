@@ -275,7 +275,10 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
 
     report = write_report(run_dir, cfg, train, held, demos, sft_res, before, after, stats, rl_minutes,
                           (time.monotonic() - t_start) / 60)
-    console.print(f"[bold green]report:[/] {report}")
+    from looprl.dashboard import DashboardConfig, export_html
+
+    page = export_html(DashboardConfig(runs=(run_dir,)), run_dir / "dashboard.html")
+    console.print(f"[bold green]report:[/] {report}  (charts: {page}; live: looprl dashboard --run {run_dir})")
     console.print(report.read_text().splitlines()[-1])
     return report
 
