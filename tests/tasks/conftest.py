@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.example_package import write_example_package
 from looprl.tasks.sources import PackageSnapshot, build_venv, record_snapshot
+from tests.example_package import write_example_package
 
 
 @pytest.fixture(scope="session")

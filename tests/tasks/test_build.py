@@ -31,7 +31,9 @@ def test_builds_validated_tasks_of_three_kinds(built, example_snapshot):
         assert 1 <= len(t.grader.fail_to_pass) <= 25
         assert not set(t.grader.fail_to_pass) & set(t.grader.pass_to_pass)
         assert set(t.grader.fail_to_pass) <= set(example_snapshot.passing_tests)
-        assert t.metadata["validated"] == "oracle"
+        assert t.metadata["validated"] == "oracle" and t.metadata["untouched_score"] == 0.0
+        # screening graded the untouched task repo and left pytest's bytecode for later runs
+        assert list(Path(t.repo, "tests", "__pycache__").glob("*-pytest-*.pyc"))
         assert t.metadata["lines_changed"] >= 1 and t.metadata["prompt_chars"] == len(t.prompt)
         assert "@@" not in t.prompt and "def test" not in t.prompt
         # the task repo carries the bug; the package's pristine repo does not
@@ -44,6 +46,15 @@ def test_untouched_task_fails_and_gold_passes(built):
     t = tasks[0]
     assert asyncio.run(grade(t, "")).score == 0.0
     assert asyncio.run(grade(t, t.gold_patch)).score == 1.0
+
+
+def test_only_tasks_keep_repos(built, example_snapshot):
+    """Rejected mutations and singles screened only to be combined leave nothing behind."""
+    from looprl.tasks.build import package_root
+
+    tasks, _, _ = built
+    dirs = {p.name for p in package_root(example_snapshot).iterdir() if p.is_dir()}
+    assert dirs == {t.id for t in tasks}
 
 
 def test_second_build_is_served_from_cache(built, example_snapshot):
@@ -75,3 +86,4 @@ def test_screening_rejects_mutations_no_test_notices(example_snapshot):
     task = make_task(example_snapshot, caught, Path(example_snapshot.repo).parent / "t",
                      {"src/minicalc/core.py": src})
     assert task.metadata["mutation_kind"] == "compare_flip"
+

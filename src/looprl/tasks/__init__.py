@@ -3,10 +3,12 @@
 - ``sources``: ``fetch_package("NAME==VERSION")`` -> ``PackageSnapshot`` (sdist, test venv,
   passing tests recorded twice in the sandbox; cached under LOOPRL_HOME/packages).
 - ``mutate``: AST-located bug injection (``MUTATORS``), multi-site ``combine``, feature deletion.
+- ``coverage``: which tests call which function (one traced suite run) -> ``CallMap``.
 - ``build``: screening, task repos and validation -> ``build_package_tasks``.
 - ``releases``: tasks from tests a newer release added -> ``build_release_tasks``.
 - ``prompts``: terse user-like prompts in several styles (``STYLES``).
 - ``taskset``: JSONL task files (``write_tasks`` / ``load_tasks``), splits, the summary table.
+- ``timing``: seconds per build stage (``benchmarks/tasks.py`` prints the breakdown).
 - ``cli``: ``looprl tasks fetch|build|show``.
 
     snap = fetch_package("inflection==0.5.1")

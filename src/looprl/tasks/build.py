@@ -1,17 +1,19 @@
-"""Turn a fetched package into validated tasks: screen mutations in sandboxes, write task repos,
-prove each task solvable.
+"""Turn a fetched package into validated tasks: screen mutations by grading them, write task
+repos, prove each task solvable.
 
     snap = fetch_package("inflection==0.5.1")
     tasks = build_package_tasks(snap, BuildConfig(max_tasks=40))   # -> list[Task], validated
 
-A mutation is kept only if it makes between 1 and ``max_fail`` of the package's recorded passing
-tests fail; only the test modules that mention the mutated function run, for speed. Its task
-repo is the pristine repo (hard links) with the mutated files replaced; ``fail_to_pass`` are the
-tests it broke, ``pass_to_pass`` the other recorded tests of those modules, and the gold patch is
-the reverse diff. Validation (``validate``): ``"oracle"`` replays the gold patch through the
-harness (``OracleAgent``) and grades its diff, ``"patch"`` grades the gold patch directly; either
-way a task is kept only if it grades 1.0 (the untouched task already failed during screening).
-Results are cached per package and config under ``LOOPRL_HOME/tasks``.
+Screening a mutation writes its task repo (the pristine repo as hard links, mutated files
+replaced and byte-compiled) and grades the untouched task in a fresh sandbox on the tests that
+can notice it: those that called a mutated function in a traced baseline run (``coverage.py``)
+plus the other recorded tests of their modules. It is kept only if between 1 and ``max_fail``
+of them fail: those are ``fail_to_pass``, the rest ``pass_to_pass``, so the untouched task is
+known to grade 0.0 on exactly its grader's tests. The gold patch is the reverse diff.
+Validation (``validate``): ``"oracle"`` replays the gold patch through the harness
+(``OracleAgent``) and grades its diff, ``"patch"`` grades the gold patch directly; a task is
+kept only if it grades 1.0. Results are cached per package and config under
+``LOOPRL_HOME/tasks``; ``timing.totals()`` says where the time went.
 """
 
 from __future__ import annotations
@@ -19,24 +21,36 @@ from __future__ import annotations
 import ast
 import asyncio
 import hashlib
+import importlib.util
 import json
 import os
+import py_compile
 import random
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from looprl import paths
-from looprl.errors import RewardError, SandboxError, TaskError
+from looprl.errors import RewardError, SandboxError, TaskError, ToolError
 from looprl.rewards.diffs import lines_changed
-from looprl.rewards.tests import grade, run_tests
+from looprl.rewards.tests import (
+    OUTPUT_FILE,
+    GradeResult,
+    failure_details,
+    grade,
+    grade_in,
+    parse_pytest_output,
+)
 from looprl.tasks import mutate
+from looprl.tasks.coverage import CallMap, def_line, record_coverage
 from looprl.tasks.prompts import Evidence, make_prompt
 from looprl.tasks.sources import PackageSnapshot, normalize
+from looprl.tasks.timing import stage
 from looprl.types import Grader, Task
 
 Progress = Callable[[str, int], None]
@@ -62,6 +76,13 @@ class BuildConfig:
     validate: str = "oracle"
     """'oracle' (through the harness), 'patch' (grade the gold patch), or 'none'."""
     grade_timeout_s: float = 120.0
+    max_tests: int = 150
+    """Tests a task's grader runs: the tests that can notice the mutation, then other tests of
+    their modules (evenly spread) as pass_to_pass up to this many. Every grading (screening,
+    validation, each rollout) runs them, so a 500-test module costs on every rollout."""
+    selection: str = "calls"
+    """Tests run per mutation: 'calls' (those that called the mutated function in a traced
+    baseline run) or 'names' (test modules whose tests mention it)."""
 
     def key(self) -> str:
         return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
@@ -82,10 +103,18 @@ def _name_re(name: str) -> re.Pattern[str]:
 
 
 class Screener:
-    """Runs mutations against the tests that mention the mutated code, in reused sandboxes."""
+    """Screens mutations by grading each untouched task: the mutated task repo is written, then
+    the grader runs (fresh sandbox, tests restored) the tests that can notice the mutation.
 
-    def __init__(self, snap: PackageSnapshot, cfg: BuildConfig):
+    ``selection="calls"``: the recorded passing tests that called a mutated function in the
+    traced baseline run (``coverage.py``); a mutation inside a function cannot change any other
+    test's outcome, so these hold every test it breaks. Their modules' other recorded tests run
+    too (they become pass_to_pass). ``"names"`` (the fallback when tracing fails): the recorded
+    tests of the modules whose test sources mention a mutated function."""
+
+    def __init__(self, snap: PackageSnapshot, cfg: BuildConfig, root: Path | None = None):
         self.snap, self.cfg = snap, cfg
+        self.root = root or package_root(snap)
         repo = Path(snap.repo)
         self.originals = {p: (repo / p).read_text(encoding="utf-8") for p in snap.source_files}
         self.passing_by_file: dict[str, list[str]] = {}
@@ -98,27 +127,52 @@ class Screener:
         self.passing_by_test: dict[str, list[str]] = {}
         for t in snap.passing_tests:
             self.passing_by_test.setdefault(t.split("[", 1)[0], []).append(t)
+        self.def_lines: dict[tuple[str, str], list[int]] = {}  # (path, qualname) -> def lines
+        for path, text in self.originals.items():
+            try:
+                tree = ast.parse(text)
+            except SyntaxError:
+                continue
+            for qual, fn in mutate.functions(tree):
+                self.def_lines.setdefault((path, qual), []).append(def_line(fn))
+        self.test_dirs = tuple(sorted({f.rpartition("/")[0] or "." for f in snap.test_files
+                                       if f.endswith(".py")}))
+        self.calls: CallMap | None = None
         self.timeout_s = max(30.0, 4 * snap.suite_wall_s)
-        self._free: asyncio.Queue = asyncio.Queue()
-        self._sandboxes: list = []
 
     async def __aenter__(self) -> Screener:
-        from looprl.sandbox import create_sandbox
-
-        for _ in range(self.cfg.workers):
-            sb = await create_sandbox(self.snap.repo, venv=self.snap.venv)
-            self._sandboxes.append(sb)
-            self._free.put_nowait(sb)
+        if self.cfg.selection == "calls":
+            try:
+                self.calls = await record_coverage(self.snap)
+            except TaskError as e:
+                print(f"note: {e}; screening falls back to the tests that name the function",
+                      file=sys.stderr)
+        elif self.cfg.selection != "names":
+            raise TaskError(f"unknown test selection {self.cfg.selection!r}: use calls or names")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for sb in self._sandboxes:
-            await sb.close()
+        return None
+
+    def discard(self, s: Screened) -> None:
+        """Remove the repo screening wrote for ``s`` (it will not become a task)."""
+        shutil.rmtree(self.root / task_id_of(self.snap, s.mutation), ignore_errors=True)
+
+    def covering_tests(self, mut: mutate.Mutation) -> list[str]:
+        """Recorded passing tests that called a mutated function (needs the call map)."""
+        assert self.calls is not None
+        out: dict[str, None] = {}
+        for site in mut.sites:
+            for line in self.def_lines.get((site.path, site.function), ()):
+                out.update(dict.fromkeys(self.calls.tests_for(site.path, line)))
+        return list(out)
 
     def targets(self, mut: mutate.Mutation) -> list[str]:
-        """Test modules with a recorded passing test whose own source mentions a mutated
-        function (or its class, for dunder methods). Mutations of code no test names are
-        skipped without a run: they rarely break anything."""
+        """The tests that can notice ``mut`` (node ids): the covering tests (call map), else the
+        recorded tests of modules with a test whose source mentions a mutated function (or
+        its class, for dunder methods). Empty (no run) when no test reaches the code."""
+        if self.calls is not None:
+            return self.covering_tests(mut)
         names = set()
         for q in mut.functions:
             parts = q.split(".")
@@ -130,35 +184,106 @@ class Screener:
             if f not in files and self.passing_by_test.get(key) and any(
                     p.search(text) for p in pats):
                 files.append(f)
-        return files
+        return [t for f in files for t in self.passing_by_file[f]]
 
     async def screen(self, mut: mutate.Mutation) -> Screened | None:
-        """Run the test modules that exercise ``mut``; keep it if 1..max_fail recorded tests
-        fail. fail_to_pass / pass_to_pass partition those modules' recorded passing tests."""
+        """Grade the untouched task of ``mut`` on its target tests plus their modules' other
+        recorded tests; keep it if 1..max_fail of them fail (fail_to_pass; the rest are
+        pass_to_pass), else remove its repo."""
         targets = self.targets(mut)
         if not targets:
             return None
         files = mutate.mutated_files(self.originals, mut)
         if not all(mutate.parses(text) for text in files.values()):
             return None
-        sb = await self._free.get()
-        try:
-            for p, text in files.items():
-                await sb.write(p, text.encode())
-            run = await run_tests(sb, self.snap.test_command, targets, timeout_s=self.timeout_s)
-        finally:
-            for p in files:
-                await sb.write(p, self.originals[p].encode())
-            self._free.put_nowait(sb)
-        if run.timed_out:
-            return None
-        recorded = [t for f in targets for t in self.passing_by_file[f]]
-        f2p = tuple(t for t in recorded if run.outcomes.get(t) != "passed")
-        if not 1 <= len(f2p) <= self.cfg.max_fail:
-            return None
-        messages = {t: run.details.get(t) or run.messages.get(t, "") for t in f2p[:5]}
-        p2p = tuple(t for t in recorded if t not in set(f2p))
-        return Screened(mut, f2p, p2p, messages)
+        modules = dict.fromkeys(t.split("::", 1)[0] for t in targets)
+        chosen = set(targets)
+        others = _spread([t for f in modules for t in self.passing_by_file[f]
+                          if t not in chosen], self.cfg.max_tests - len(targets))
+        repo = write_task_repo(self.snap, self.root, mut, files)
+        # past max_fail failures the verdict is known: pytest stops there
+        probe = Task(id=f"screen-{mut.id}", repo=str(repo), prompt="", venv=self.snap.venv,
+                     grader=Grader(f"{self.snap.test_command} --maxfail={self.cfg.max_fail + 1}",
+                                   tuple(targets), tuple(others), self.snap.test_files,
+                                   timeout_s=self.timeout_s))
+        with stage("screen"):
+            graded = await _grade_untouched(probe, self.test_dirs)
+        if graded is not None:
+            g, output, bytecode = graded
+            f2p = tuple(t for t in (*targets, *others) if g.tests.get(t) != "passed")
+            if not g.timed_out and 1 <= len(f2p) <= self.cfg.max_fail:
+                _add_files(repo, bytecode)
+                failed = set(f2p)
+                p2p = tuple(t for t in (*targets, *others) if t not in failed)
+                return Screened(mut, f2p, p2p, _failure_messages(output, f2p))
+        shutil.rmtree(repo.parent, ignore_errors=True)
+        return None
+
+
+def _spread(items: list[str], n: int) -> list[str]:
+    """At most ``n`` of ``items``, evenly spaced, in order."""
+    if n >= len(items):
+        return items
+    return [items[i * len(items) // n] for i in range(n)] if n > 0 else []
+
+
+async def _grade_untouched(task: Task, test_dirs: tuple[str, ...]
+                           ) -> tuple[GradeResult, str, dict[str, bytes]] | None:
+    """``grade(task, "")``, plus pytest's whole output (for the failure messages prompts
+    quote) and the bytecode pytest wrote for the test modules (see ``_pytest_bytecode``);
+    None when the grader could not run (infrastructure, never the mutation's fault)."""
+    from looprl.sandbox import create_sandbox
+
+    try:
+        sb = await create_sandbox(task.repo, venv=task.venv)
+    except SandboxError:
+        return None
+    try:
+        g = await grade_in(sb, task, "")
+        output = (await sb.read(OUTPUT_FILE)).decode("utf-8", "replace")
+        return g, output, _pytest_bytecode(sb, test_dirs)
+    except (RewardError, SandboxError, ToolError):
+        return None
+    finally:
+        await sb.close()
+
+
+def _pytest_bytecode(sb: object, test_dirs: tuple[str, ...]) -> dict[str, bytes]:
+    """The assertion-rewritten test modules pytest cached in ``sb``'s workspace: copied into
+    the task repo, every later sandbox over it (oracle, grading, rollouts) skips rewriting
+    them (~0.4 s a run here). They embed the workspace path, which is the task repo's path in
+    every sandbox over it, so tracebacks stay right. Empty when the workspace is not on disk."""
+    root = getattr(getattr(sb, "workspace", None), "path", None)
+    out: dict[str, bytes] = {}
+    if root is None:
+        return out
+    for d in test_dirs:
+        cache = Path(root, d, "__pycache__")
+        for pyc in cache.glob("*-pytest-*.pyc") if cache.is_dir() else ():
+            out[pyc.relative_to(root).as_posix()] = pyc.read_bytes()
+    return out
+
+
+def _add_files(repo: Path, files: dict[str, bytes]) -> None:
+    """Write files that are not yet in ``repo`` (new names only: nothing shared is changed)."""
+    for rel, data in files.items():
+        dest = repo / rel
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, dest)
+
+
+def _failure_messages(output: str, f2p: tuple[str, ...]) -> dict[str, str]:
+    """node id -> what its failure showed (the ``E`` lines, else the summary message)."""
+    _, messages = parse_pytest_output(output)
+    details = failure_details(output)
+    out = {}
+    for t in f2p[:5]:
+        head = t.split("::", 1)[-1].replace("::", ".")
+        out[t] = details.get(head) or messages.get(t, "")
+    return out
 
 
 def _test_sources(path: str, text: str) -> dict[str, str]:
@@ -167,14 +292,19 @@ def _test_sources(path: str, text: str) -> dict[str, str]:
         tree = ast.parse(text)
     except SyntaxError:
         return {}
+    lines = text.splitlines(keepends=True)
+
+    def source(node: ast.AST) -> str:  # whole lines: ast.get_source_segment re-splits the file
+        return "".join(lines[node.lineno - 1: node.end_lineno])  # type: ignore[attr-defined]
+
     out: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out[f"{path}::{node.name}"] = ast.get_source_segment(text, node) or ""
+            out[f"{path}::{node.name}"] = source(node)
         elif isinstance(node, ast.ClassDef):
             for m in node.body:
                 if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    out[f"{path}::{node.name}::{m.name}"] = ast.get_source_segment(text, m) or ""
+                    out[f"{path}::{node.name}::{m.name}"] = source(m)
     return out
 
 
@@ -231,6 +361,8 @@ async def _screen_until(screener: Screener, cands: list[mutate.Mutation], want: 
                 used_functions[m.functions[0]] = used_functions.get(m.functions[0], 0) + 1
                 if progress:
                     progress("screened", 1)
+            elif s:  # the other worker filled the quota meanwhile
+                screener.discard(s)
 
     await asyncio.gather(*(worker() for _ in range(screener.cfg.workers)))
     return kept
@@ -244,7 +376,8 @@ async def screen_package(snap: PackageSnapshot, cfg: BuildConfig,
     deadline = time.monotonic() + cfg.budget_s
     out: list[Screened] = []
     async with Screener(snap, cfg) as sc:
-        singles_wanted = plan.get("mutation", 0) + 2 * plan.get("multi_site", 0)
+        # combos draw from every kept single (the mutation tasks too): few extra are needed
+        singles_wanted = plan.get("mutation", 0) + min(4, plan.get("multi_site", 0))
         singles = await _screen_until(sc, _ordered_candidates(sc, mutate.SINGLE_KINDS, rng),
                                       singles_wanted, deadline - cfg.budget_s * 0.45, progress)
         out += singles[: plan.get("mutation", 0)]
@@ -255,6 +388,8 @@ async def screen_package(snap: PackageSnapshot, cfg: BuildConfig,
         if plan.get("multi_site") and len(singles) >= 2:
             out += await _screen_until(sc, _combos(singles, plan["multi_site"] * 3, rng),
                                        plan["multi_site"], deadline, progress)
+    for s in singles[plan.get("mutation", 0):]:  # screened only to be combined: not tasks
+        sc.discard(s)
     return out
 
 
@@ -285,28 +420,47 @@ def _module_of(path: str, pythonpath: str) -> str:
     return mod[: -len(".__init__")] if mod.endswith(".__init__") else mod
 
 
-def _hardlink_copy(src: str, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
+def package_root(snap: PackageSnapshot) -> Path:
+    """Where the task repos and task files of one package version live."""
+    return paths.sub("tasks") / f"{normalize(snap.name)}-{snap.version}-{snap.sdist_sha256[:12]}"
+
+
+def task_id_of(snap: PackageSnapshot, mut: mutate.Mutation) -> str:
+    return f"{normalize(snap.name)}-{snap.version}-{source_kind(mut.kind)}-{mut.id}"
+
+
+def write_task_repo(snap: PackageSnapshot, root: Path, mut: mutate.Mutation,
+                    files: dict[str, str]) -> Path:
+    """``root/<task id>/repo``: the pristine repo (hard links) with ``files`` (path -> mutated
+    text) written and byte-compiled, made atomically; kept if already there."""
+    repo = root / task_id_of(snap, mut) / "repo"
+    if repo.is_dir():
+        return repo
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = repo.with_name(f"repo.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    r = subprocess.run(["cp", "-al", src, str(tmp)], capture_output=True, text=True)
+    r = subprocess.run(["cp", "-al", snap.repo, str(tmp)], capture_output=True, text=True)
     if r.returncode != 0:
-        raise TaskError(f"copying {src} for a task failed: {r.stderr.strip()}")
-    os.replace(tmp, dst)
+        raise TaskError(f"copying {snap.repo} for a task failed: {r.stderr.strip()}")
+    for p, text in files.items():
+        (tmp / p).unlink()  # break the hard links before writing
+        (tmp / p).write_text(text, encoding="utf-8")
+        pyc = Path(importlib.util.cache_from_source(str(tmp / p)))
+        pyc.unlink(missing_ok=True)  # a hard link to the pristine bytecode
+        # bytecode recorded against the repo's final path: every sandbox over it skips a compile
+        py_compile.compile(str(tmp / p), cfile=str(pyc), dfile=str(repo / p), doraise=False,
+                           quiet=2)
+    os.replace(tmp, repo)
+    return repo
 
 
 def make_task(snap: PackageSnapshot, s: Screened, root: Path, originals: dict[str, str]) -> Task:
-    """Write the task's repo (pristine + mutated files) and its record."""
+    """Write the task's repo (pristine + mutated files, if screening did not) and its record."""
     mut = s.mutation
     kind = source_kind(mut.kind)
-    task_id = f"{normalize(snap.name)}-{snap.version}-{kind}-{mut.id}"
-    repo = root / task_id / "repo"
+    task_id = task_id_of(snap, mut)
     files = mutate.mutated_files(originals, mut)
-    if not repo.is_dir():
-        _hardlink_copy(snap.repo, repo)
-        for p, text in files.items():
-            (repo / p).unlink()  # break the hard link before writing
-            (repo / p).write_text(text, encoding="utf-8")
+    repo = write_task_repo(snap, root, mut, files)
     gold = mutate.gold_patch(originals, files)
     ev = Evidence(functions=mut.functions, module=_module_of(mut.sites[0].path, snap.pythonpath),
                   failing=s.fail_to_pass, messages=s.messages, kind=kind, package=snap.name,
@@ -344,27 +498,35 @@ async def oracle_solves(task: Task) -> bool:
     return not traj.is_infra_error and (await grade(task, traj.diff)).passed
 
 
-async def validate_task(task: Task, how: str) -> bool:
-    """True when the task's gold patch, applied ``how``, grades 1.0."""
+async def validate_task(task: Task, how: str, untouched: bool = True) -> bool:
+    """True when its gold patch, applied ``how``, grades 1.0 and (``untouched``) the untouched
+    task grades 0.0, both through the grader in fresh sandboxes. Mutation tasks pass
+    ``untouched=False``: screening already graded the untouched task on the same tests."""
     if how == "none":
         return True
+    if how not in ("patch", "oracle"):
+        raise TaskError(f"unknown validation {how!r}: use oracle, patch or none")
     try:
-        if how == "patch":
-            return (await grade(task, task.gold_patch or "")).passed
-        if how == "oracle":
+        if untouched:
+            with stage("validate_untouched"):
+                if (await grade(task, "")).score != 0.0:
+                    return False
+        with stage(f"validate_{how}"):
+            if how == "patch":
+                return (await grade(task, task.gold_patch or "")).passed
             return await oracle_solves(task)
     except (RewardError, SandboxError, TaskError):
         return False
-    raise TaskError(f"unknown validation {how!r}: use oracle, patch or none")
 
 
 async def validate_all(tasks: list[Task], how: str, workers: int = 2,
-                       progress: Progress | None = None) -> list[Task]:
+                       progress: Progress | None = None, untouched: bool = True) -> list[Task]:
+    """The tasks that pass ``validate_task``, ``workers`` at a time."""
     sem = asyncio.Semaphore(workers)
 
     async def one(t: Task) -> bool:
         async with sem:
-            ok = await validate_task(t, how)
+            ok = await validate_task(t, how, untouched)
         if progress:
             progress("validated", 1)
         return ok
@@ -375,16 +537,21 @@ async def validate_all(tasks: list[Task], how: str, workers: int = 2,
 
 async def abuild_package_tasks(snap: PackageSnapshot, cfg: BuildConfig,
                                progress: Progress | None = None) -> list[Task]:
-    root = paths.sub("tasks") / f"{normalize(snap.name)}-{snap.version}-{snap.sdist_sha256[:12]}"
+    root = package_root(snap)
     cache = root / f"tasks-{cfg.key()}.jsonl"
     if cache.is_file():
         return [Task.from_json(line) for line in cache.read_text().splitlines() if line.strip()]
     screened = await screen_package(snap, cfg, progress)
     originals = {p: (Path(snap.repo) / p).read_text(encoding="utf-8") for p in snap.source_files}
-    tasks = [make_task(snap, s, root, originals) for s in screened]
-    tasks = await validate_all(tasks, cfg.validate, cfg.workers, progress)
+    with stage("write_tasks"):
+        made = [make_task(snap, s, root, originals) for s in screened]
+    tasks = await validate_all(made, cfg.validate, cfg.workers, progress, untouched=False)
+    for t in set(t.id for t in made) - set(t.id for t in tasks):
+        shutil.rmtree(root / t, ignore_errors=True)  # not solvable as recorded: not a task
     for t in tasks:
         t.metadata["validated"] = cfg.validate
+        if cfg.validate != "none":
+            t.metadata["untouched_score"] = 0.0
     if tasks:  # an empty result (e.g. the budget ran out) is not worth remembering
         root.mkdir(parents=True, exist_ok=True)
         cache.write_text("".join(t.to_json() + "\n" for t in tasks))

@@ -33,6 +33,7 @@ from looprl.tasks.sources import (
     sha256,
     unpack,
 )
+from looprl.tasks.timing import stage
 from looprl.types import Grader, Task
 
 MAX_GOLD_LINES = 400
@@ -132,19 +133,24 @@ async def release_tasks_from_repos(snap: PackageSnapshot, old_repo: Path, old_ve
 
 async def abuild_release_tasks(snap: PackageSnapshot, n_pairs: int, cfg: BuildConfig,
                                progress: Progress | None = None) -> list[Task]:
-    versions = await asyncio.to_thread(list_versions, snap.name)
-    if snap.version not in versions:
-        return []
-    older = versions[versions.index(snap.version) + 1:][:n_pairs]
-    tasks: list[Task] = []
-    for v in older:
-        try:
-            tasks += await _pair_tasks(snap, v, cfg)
-        except (TaskError, RewardError):
-            continue  # no sdist of that release, or its tests cannot take the new ones: skip
+    with stage("release"):
+        versions = await asyncio.to_thread(list_versions, snap.name)
+        if snap.version not in versions:
+            return []
+        older = versions[versions.index(snap.version) + 1:][:n_pairs]
+
+        async def pair(v: str) -> list[Task]:
+            try:
+                return await _pair_tasks(snap, v, cfg)
+            except (TaskError, RewardError):
+                return []  # no sdist of that release, or its tests cannot take the new ones
+
+        tasks = [t for ts in await asyncio.gather(*(pair(v) for v in older)) for t in ts]
     tasks = await validate_all(tasks, cfg.validate, cfg.workers, progress)
     for t in tasks:
         t.metadata["validated"] = cfg.validate
+        if cfg.validate != "none":
+            t.metadata["untouched_score"] = 0.0
     return tasks
 
 

@@ -9,7 +9,9 @@ Layout of the cache (``looprl.paths.sub("packages")``)::
     sdists/NAME-VERSION.tar.gz                     pip download --no-deps --no-binary :all:
     NAME-VERSION-SHA12-py3.11/repo/                the unpacked sdist (immutable base snapshot)
     NAME-VERSION-SHA12-py3.11/venv/                pytest + runtime deps + inferred test deps
+                                                   (installed by uv if present, else pip)
     NAME-VERSION-SHA12-py3.11/snapshot.json        the PackageSnapshot (or rejected.json)
+    NAME-VERSION-SHA12-py3.11/callmap.json         which tests call which function (coverage.py)
 
 The venv holds the package's dependencies but not the package: tests import the workspace copy
 through ``PYTHONPATH`` (``src`` for src layouts), so an agent's edit is what gets tested.
@@ -41,6 +43,7 @@ from looprl import paths
 from looprl.errors import TaskError
 from looprl.rewards.hacking import is_test_path
 from looprl.rewards.tests import TestRun, pytest_command, run_tests
+from looprl.tasks.timing import stage
 
 TEST_EXTRAS = ("test", "tests", "testing")
 # Tools a test suite lists but that a plain pytest run does not need (we drop addopts).
@@ -124,7 +127,7 @@ def download_sdist(name: str, version: str | None) -> Path:
     if version and (hit := _find_sdist(folder, name, version)):
         return hit
     req = f"{name}=={version}" if version else name
-    tmp = folder / f".dl-{os.getpid()}-{normalize(name)}"
+    tmp = folder / f".dl-{os.getpid()}-{normalize(name)}-{version or 'latest'}"
     shutil.rmtree(tmp, ignore_errors=True)
     r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
                         ":all:", "-q", "-d", str(tmp), req], capture_output=True, text=True)
@@ -278,18 +281,37 @@ def infer_dependencies(repo: Path, name: str) -> list[str]:
     return list(dict.fromkeys(_requirement_names(lines, TEST_EXTRAS, name)))
 
 
+def uv_binary() -> str | None:
+    """The ``uv`` installer (PyPI package ``uv``; ~6x faster than pip here), if installed."""
+    try:
+        from uv import find_uv_bin  # type: ignore[import-not-found]
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv")
+
+
 def build_venv(venv: Path, deps: list[str]) -> None:
-    """A venv with pytest and ``deps`` (not the package itself). Raises TaskError on failure."""
+    """A venv with pytest and ``deps`` (not the package itself), byte-compiled (the sandbox
+    mounts it read-only). Uses ``uv`` when installed, else pip. Raises TaskError on failure."""
     if (venv / ".looprl-ok").exists():
         return
     shutil.rmtree(venv, ignore_errors=True)
-    r = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
-                       capture_output=True, text=True)
+    uv = uv_binary()
+    if uv:
+        create = [uv, "venv", "-q", "--python", sys.executable, str(venv)]
+        install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python",
+                   str(venv / "bin" / "python"), "pytest", *deps]
+    else:
+        print("note: `uv` is not installed; building test venvs with pip (slower: "
+              "`pip install uv`)", file=sys.stderr)
+        create = [sys.executable, "-m", "venv", "--without-pip", str(venv)]
+        install = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+                   "install", "-q", "--disable-pip-version-check", "pytest", *deps]
+    r = subprocess.run(create, capture_output=True, text=True)
     if r.returncode != 0:
         raise TaskError(f"creating venv {venv} failed: {r.stderr.strip()[-400:]}")
-    cmd = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-           "--disable-pip-version-check", "pytest", *deps]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(install, capture_output=True, text=True)
     if r.returncode != 0:
         raise TaskError(f"installing test deps {deps} failed: {r.stderr.strip()[-800:]}")
     (venv / ".looprl-ok").touch()
@@ -303,13 +325,14 @@ async def record_passing(repo: Path, venv: Path, command: str, targets: tuple[st
     """Run the suite ``runs`` times in fresh sandboxes; the node ids that passed every time."""
     from looprl.sandbox import create_sandbox
 
-    results = []
-    for _ in range(runs):
+    async def one() -> TestRun:
         sb = await create_sandbox(repo, venv=str(venv))
         try:
-            results.append(await run_tests(sb, command, targets, timeout_s=timeout_s))
+            return await run_tests(sb, command, targets, timeout_s=timeout_s)
         finally:
             await sb.close()
+
+    results = list(await asyncio.gather(*(one() for _ in range(runs))))  # independent runs
     stable = set.intersection(*(r.passed() for r in results))
     return results, stable
 
@@ -335,7 +358,8 @@ def fetch_package(spec: str, *, runs: int = 2, timeout_s: float = 300.0) -> Pack
 
 async def afetch_package(spec: str, *, runs: int = 2, timeout_s: float = 300.0) -> PackageSnapshot:
     name, version = parse_spec(spec)
-    sdist = await asyncio.to_thread(download_sdist, name, version)
+    with stage("download"):
+        sdist = await asyncio.to_thread(download_sdist, name, version)
     version = version or _resolved_version(sdist, name)
     digest = await asyncio.to_thread(sha256, sdist)
     cache = _cache_dir(name, version, digest)
@@ -355,15 +379,18 @@ async def afetch_package(spec: str, *, runs: int = 2, timeout_s: float = 300.0) 
 
 async def _build(name: str, version: str, sdist: Path, digest: str, cache: Path, runs: int,
                  timeout_s: float) -> PackageSnapshot:
-    repo = await asyncio.to_thread(unpack, sdist, cache / "repo")
+    with stage("unpack"):
+        repo = await asyncio.to_thread(unpack, sdist, cache / "repo")
     if not find_layout(repo)[1]:
         raise TaskError(f"{name}=={version} ships no tests in its sdist (no test_*.py); pick "
                         "another package")
     venv = cache / "venv"
-    await asyncio.to_thread(build_venv, venv, infer_dependencies(repo, name))
-    # compiled once here, so every fresh sandbox over the repo starts with bytecode
-    await asyncio.to_thread(subprocess.run, [str(venv / "bin" / "python"), "-m", "compileall",
-                                             "-q", str(repo)], capture_output=True)
+    with stage("venv"):
+        await asyncio.to_thread(build_venv, venv, infer_dependencies(repo, name))
+    with stage("compile"):  # once here, so every fresh sandbox over the repo starts with bytecode
+        await asyncio.to_thread(subprocess.run, [str(venv / "bin" / "python"), "-m",
+                                                 "compileall", "-q", str(repo)],
+                                capture_output=True)
     return await record_snapshot(name, version, digest, repo, venv, runs=runs, timeout_s=timeout_s)
 
 
@@ -378,7 +405,8 @@ async def record_snapshot(name: str, version: str, digest: str, repo: Path, venv
     if not sources:
         raise TaskError(f"{key}: no importable source modules found under {repo}")
     command = pytest_command(pythonpath)
-    results, stable = await record_passing(repo, venv, command, targets, runs, timeout_s)
+    with stage("baseline_runs"):
+        results, stable = await record_passing(repo, venv, command, targets, runs, timeout_s)
     first = results[0]
     if first.timed_out:
         raise TaskError(f"{key}: its test suite took over {timeout_s:.0f}s; pick a smaller package")
