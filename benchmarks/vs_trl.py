@@ -2,13 +2,15 @@
 training reward, same model, prompts, reward and algorithm.
 
     .venv/bin/pip install "trl" "accelerate" "torch==2.13.0"   # the pin keeps the CPU torch
-    .venv/bin/python benchmarks/vs_trl.py                      # ~2-3 min on 2 cores
-    .venv/bin/python benchmarks/vs_trl.py --max-new-tokens 128 # longer completions, ~5-8 min
+    .venv/bin/python benchmarks/vs_trl.py                      # ~15 min on 2 cores
+    .venv/bin/python benchmarks/vs_trl.py --size small         # the quickstart's model, ~5x longer
+    .venv/bin/python benchmarks/vs_trl.py --prompt-form bare   # the task prompt alone (short)
 
-Both sides start from the default tiny model (``init_default_model(size="tiny")``, saved HF dir).
-The task form both can run: single-turn prompts derived from the real inflection tasks (the
-task's terse prompt through the chat template, no tools), ``G`` completions per prompt, and a pure
-reward on the completion text both compute with the same function (``name_reward``: the share of
+Both sides start from the same default model (``init_default_model(size=...)``, saved HF dir).
+The task form both can run: single-turn prompts from the real inflection tasks, by default in the
+agent's real first-turn form (the harness's tool schemas rendered by the chat template, then the
+task's terse prompt: ~1,800 tokens, the context every rollout starts from), ``G`` completions per
+prompt, and a pure reward on the completion text both compute with the same function (``name_reward``: the share of
 the completion's characters that spell the function under repair — a toy objective a random-init
 model can climb in a few dozen steps; the agent's real reward needs sandboxes TRL cannot drive).
 
@@ -80,27 +82,31 @@ class Curve:
     train_s: float = 0.0
 
 
-def tiny_model_dir():
+def default_model_dir(size: str):
     from looprl.models.tiny import init_default_model
 
-    path = paths.sub("models") / "default-tiny-seed0"
+    path = paths.sub("models") / f"default-{size}-seed0"
     if not (path / "config.json").exists():
-        print(f"initialising the default tiny model at {path} ...", flush=True)
-        init_default_model(path, size="tiny", seed=0)
+        print(f"initialising the default {size} model at {path} ...", flush=True)
+        init_default_model(path, size=size, seed=0)
     return path
 
 
-def prompts_from_tasks(tok, spec: str) -> list[Prompt]:
+def prompts_from_tasks(tok, spec: str, form: str) -> list[Prompt]:
+    """``form="agent"``: the agent's real first turn (the harness's tool schemas rendered by the
+    chat template, then the task's prompt); ``"bare"``: the task's prompt alone."""
+    from looprl.harness.format import ChatFormat
+    from looprl.harness.tools import DEFAULT_TOOLS, make_tools, tool_schemas
     from looprl.tasks.build import BuildConfig, build_package_tasks
     from looprl.tasks.sources import fetch_package
 
     tasks = build_package_tasks(fetch_package(spec), BuildConfig(max_tasks=20))
+    schemas = tool_schemas(make_tools(DEFAULT_TOOLS)) if form == "agent" else None
+    fmt = ChatFormat(tok)
     out = []
     for t in tasks:
         fn = str(t.metadata.get("functions") or t.prompt.split()[-1]).split(",")[0]
-        text = tok.apply_chat_template([{"role": "user", "content": t.prompt}], tokenize=False,
-                                       add_generation_prompt=True)
-        out.append(Prompt(text, fn))
+        out.append(Prompt(fmt.render([{"role": "user", "content": t.prompt}], schemas), fn))
     return out
 
 
@@ -110,7 +116,9 @@ def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Cu
     lm = load_model(model_dir)
     tok = lm.tokenizer
     torch.manual_seed(args.seed)
-    engine = TorchEngine(copy.deepcopy(lm.model), tok, max_len=1024, seed=args.seed)
+    longest = max(len(tok.encode(p.text, add_special_tokens=False)) for p in prompts)
+    engine = TorchEngine(copy.deepcopy(lm.model), tok, max_len=longest + args.max_new_tokens + 8,
+                         seed=args.seed)
     step = GRPOStep(lm.model.train(), GRPOConfig(lr=args.lr, loss="dr_grpo", std_norm="never",
                                                  norm_tokens=args.max_new_tokens),
                     pad_id=tok.pad_token_id)
@@ -242,9 +250,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--prompts-per-step", type=int, default=2)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--size", default="tiny", help="default model size (tiny keeps the run ~15 min; "
+                   "the quickstart trains small: --size small, ~5x longer)")
+    p.add_argument("--prompt-form", choices=["agent", "bare"], default="agent",
+                   help="agent: the harness's first turn with its tool schemas (what the policy "
+                        "sees in training); bare: the task prompt alone")
     p.add_argument("--lr", type=float, default=1e-2,
-                   help="high, as fits a random-init 0.6M model and a toy reward; same on both sides")
+                   help="high, as fits a random-init model and a toy reward; same on both sides")
     p.add_argument("--window", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--package", default="inflection==0.5.1")
@@ -261,9 +274,12 @@ def main() -> int:
         return 2
     args = parse_args()
     torch.set_num_threads(args.threads)
-    model_dir = tiny_model_dir()
-    prompts = prompts_from_tasks(load_model(model_dir).tokenizer, args.package)
-    print(f"{len(prompts)} prompts from {args.package}; {args.steps} steps x {args.prompts_per_step} "
+    model_dir = default_model_dir(args.size)
+    tok = load_model(model_dir).tokenizer
+    prompts = prompts_from_tasks(tok, args.package, args.prompt_form)
+    n_prompt = sorted(len(tok.encode(p.text, add_special_tokens=False)) for p in prompts)
+    print(f"{len(prompts)} prompts from {args.package} ({args.prompt_form} form, median "
+          f"{n_prompt[len(n_prompt) // 2]} tokens); {args.size} model; {args.steps} steps x {args.prompts_per_step} "
           f"prompts x G={args.group_size} x {args.max_new_tokens} tokens; lr {args.lr}", flush=True)
     ours = run_looprl(model_dir, prompts, args)
     theirs = run_trl(model_dir, prompts, args)
