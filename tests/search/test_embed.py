@@ -94,3 +94,12 @@ def test_cut_tokenizing_gives_the_ids_of_whole_texts(tiny_embedder):
         tok.no_truncation()
         want = [tok.encode(normalize_text(t)).ids[:max_len] or [1] for t in texts]
         assert _encode(tok, texts, max_len) == want
+
+
+def test_default_model_dir_is_versioned(tmp_path, monkeypatch):
+    from looprl.search.embed import MODEL_VERSION, default_model_dir
+    monkeypatch.setenv("LOOPRL_HOME", str(tmp_path))
+    (tmp_path / "models" / "code-embed").mkdir(parents=True)  # an older, unversioned model
+    assert default_model_dir().name == f"code-embed-{MODEL_VERSION}"
+    with pytest.raises(ConfigError, match="looprl embed train"):
+        load_embedder()
