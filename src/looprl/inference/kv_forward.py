@@ -16,6 +16,7 @@ swapped into the model are used at once. Supported: Llama, Qwen2, Qwen3, Mistral
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -24,6 +25,18 @@ from looprl.errors import ConfigError
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 PREFILL_CHUNK = 1024  # bounds the attention matrix of a long prefill
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose pages are committed only when written (calloc: fresh mmap pages).
+
+    Zeros, not ``torch.empty``: a decode step attends over positions ``lo..end`` of every row and
+    masks the ones past a row's length; a NaN left there by a freed allocation would survive the
+    mask (NaN * 0 weight = NaN) and turn the whole row's logits into NaN.
+    ``torch.zeros`` would write (commit) the full KV budget up front.
+    """
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -59,9 +72,8 @@ class CachedForward:
         self.num_slots, self.max_len = num_slots, max_len
         dtype = next(model.parameters()).dtype
         shape = (num_slots, self.kv_heads, max_len, self.head_dim)
-        # torch.empty: pages are committed only when written, so unused capacity costs no RAM.
-        self.k_L = [torch.empty(shape, dtype=dtype) for _ in self.layers]
-        self.v_L = [torch.empty(shape, dtype=dtype) for _ in self.layers]
+        self.k_L = [_lazy_zeros(shape, dtype) for _ in self.layers]
+        self.v_L = [_lazy_zeros(shape, dtype) for _ in self.layers]
         self.refresh_weights()
 
     @torch.no_grad()
