@@ -45,7 +45,8 @@ def recheck(tasks: list[Task], n: int, seed: int = 0) -> str:
     sample = random.Random(seed).sample(tasks, min(n, len(tasks)))
 
     async def one(t: Task) -> tuple[bool, bool]:
-        return (await grade(t, "")).score == 0.0, (await grade(t, t.gold_patch or "")).passed
+        return ((await grade(t, "", cache=False)).score == 0.0,
+                (await grade(t, t.gold_patch or "", cache=False)).passed)
 
     async def run() -> list[tuple[bool, bool]]:
         sem = asyncio.Semaphore(2)

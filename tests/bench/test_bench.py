@@ -12,10 +12,10 @@ from looprl.bench.gate import compare, load
 from looprl.bench.report import pass_at_k, summarize, write_report
 from looprl.bench.run import PolicyFactory, Sample, run_bench
 from looprl.errors import ConfigError
-from tests.example_package import write_example_package
 from looprl.tasks.mutate import unified_diff
 from looprl.tasks.taskset import write_tasks
 from looprl.types import Grader, Task
+from tests.example_package import write_example_package
 
 CMD = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python -m "
        "pytest -p no:cacheprovider -q -rA --tb=short --color=no -o addopts=")

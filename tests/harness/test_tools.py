@@ -20,7 +20,7 @@ from looprl.harness.tools.run_terminal import RunTerminal
 from looprl.harness.tools.run_tests import RunTests
 from looprl.harness.tools.write_file import WriteFile
 
-from .conftest import make_sandbox, needs_bwrap, ws_root
+from .conftest import CALC, make_sandbox, needs_bwrap, ws_root
 
 
 def run(tool, ctx, **args):
@@ -216,3 +216,24 @@ def test_run_tests_with_a_task_command_that_is_already_quiet(ctx):
     out = run(RunTests(test_command="PYTHONPATH=. python -m pytest -q -rA -p no:cacheprovider"), ctx,
               tests=["tests/test_calc.py"])
     assert out.startswith("pytest: 1 failed, 1 passed (exit code 1)\nFailing tests:\n  tests/test_calc.py::test_add")
+
+
+@pytest.mark.parametrize("kind", [pytest.param("bwrap", marks=needs_bwrap)])
+def test_run_tests_sees_a_same_size_edit_made_within_the_second(repo, kind):
+    """Python trusts a cached .pyc by source mtime (whole seconds) and size: the task's test
+    command must not leave bytecode behind, or re-running the tests right after a same-size
+    edit (``-`` -> ``+``) would still run the old code."""
+    from looprl.rewards.tests import pytest_command
+
+    sb = make_sandbox(kind, repo)
+    try:
+        c = ToolContext(sandbox=sb)
+        tool = RunTests(test_command=pytest_command())
+        outs = []
+        for body in (CALC, CALC.replace("return a - b", "return a + b", 1), CALC):
+            asyncio.run(sb.write("pkg/calc.py", body.encode()))
+            outs.append(run(tool, c, tests=["tests/test_calc.py"]).splitlines()[0])
+    finally:
+        asyncio.run(sb.close())
+    assert outs == ["pytest: 1 failed, 1 passed (exit code 1)", "pytest: 2 passed (exit code 0)",
+                    "pytest: 1 failed, 1 passed (exit code 1)"]

@@ -14,9 +14,9 @@ from looprl.rewards.tests import (
     parse_pytest_output,
     tests_reward,
 )
-from tests.example_package import write_example_package
 from looprl.tasks.mutate import unified_diff
 from looprl.types import Counters, Grader, StopReason, Task, Trajectory
+from tests.example_package import write_example_package
 
 CLAMP_TESTS = tuple(f"tests/test_core.py::test_clamp_{x}" for x in ("inside", "low", "high"))
 MEAN = ("tests/test_core.py::test_mean", "tests/test_core.py::test_mean_empty")
@@ -128,3 +128,15 @@ def test_tests_reward_reads_the_grade():
     assert tests_reward(t, attach_grade(tr, GradeResult(0.0, {"a::b": "failed"}))) == 0.0
     infra = Trajectory("t", "g", (), (), Counters(), StopReason.INFRA_ERROR)
     assert tests_reward(t, attach_grade(infra, GradeResult(1.0))) is None
+
+
+def test_the_same_diff_is_graded_once_per_task_and_grader(task):
+    import dataclasses
+
+    first = asyncio.run(grade(task, task.gold_patch, cache=False))
+    again = [g(task, task.gold_patch) for _ in range(2)]
+    assert not first.cached and again[1].cached
+    assert again[1].score == first.score == 1.0 and again[1].tests == first.tests
+    other = dataclasses.replace(task, grader=dataclasses.replace(task.grader, timeout_s=59))
+    assert not g(other, task.gold_patch).cached  # another grader is graded afresh
+    assert g(task, "").score == 0.0 and g(task, "").cached

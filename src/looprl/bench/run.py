@@ -14,6 +14,7 @@ one. Infra failures (sandbox, engine, grader) are retried in a fresh sandbox, th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,11 @@ class BenchSettings:
     temperature: float = 1.0
     wall_time_s: float = 600.0
     concurrency: int = 2
-    """Samples in flight (sandboxes + grading share the 2 cores)."""
+    """Samples in flight (sandboxes + grading share the 2 cores). A model policy decodes the
+    samples in flight as one batch: give it more (e.g. 16)."""
+    tools: tuple[str, ...] | None = None
+    """Tool names offered to the policy (None = the harness default); a model must be
+    evaluated with the tools it was trained with (they are in its prompt)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,8 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
     pool = SandboxPool(max_running=st.concurrency)
     cfg = RolloutConfig(group_size=k, min_group_size=1, max_in_flight=st.concurrency,
                         agent=agent_config(factory, st))
+    if st.tools is not None:
+        cfg = dataclasses.replace(cfg, tools=tuple(st.tools))
     by_task: dict[str, list[Sample]] = {}
     try:
         runner = RolloutRunner(factory.engine_for, ChatFormat(factory.tokenizer()), pool,

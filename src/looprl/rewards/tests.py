@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import re
 import shlex
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,12 +52,19 @@ _LINE_RE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (?P<id>[^\s\[]+(?:\[[
 _COUNTS_RE = re.compile(r"(\d+) (passed|failed|error|errors)\b")
 
 
-def pytest_command(pythonpath: str = ".") -> str:
+def pytest_command(pythonpath: str = ".", *, bytecode: bool = False) -> str:
     """The shell command that runs pytest on the workspace copy of a package (not the installed
-    one: ``PYTHONPATH`` puts the workspace's source root first)."""
-    # bytecode on: a reused sandbox keeps compiled (and assertion-rewritten) modules across runs,
-    # ~1.5-2x faster screening; workspace diffs ignore __pycache__.
-    return (f"COLUMNS=240 PYTHONDONTWRITEBYTECODE= PYTHONPATH={shlex.quote(pythonpath)} "
+    one: ``PYTHONPATH`` puts the workspace's source root first).
+
+    ``bytecode=False`` (tasks, graders, the agent's ``run_tests``): no ``.pyc`` is written in
+    the workspace. Python checks a cached module only by source mtime (whole seconds) and size,
+    so an edit of the same size within the second of the last run (``13`` -> ``14``) would
+    otherwise run stale bytecode. Modules unchanged since the task was built still load from
+    the base's bytecode. ``bytecode=True`` (screening, which rewrites files in one reused
+    sandbox through its own byte-compiling) keeps what pytest compiles, ~1.5-2x faster.
+    """
+    flag = "PYTHONDONTWRITEBYTECODE= " if bytecode else ""
+    return (f"COLUMNS=240 {flag}PYTHONPATH={shlex.quote(pythonpath)} "
             f"python -m pytest {PYTEST_FLAGS}")
 
 
@@ -162,6 +171,8 @@ class GradeResult:
     wall_s: float = 0.0
     timed_out: bool = False
     output_tail: str = ""
+    cached: bool = False
+    """Reused from an earlier grading of the same diff on the same task (``grade``)."""
 
     @property
     def passed(self) -> bool:
@@ -172,7 +183,7 @@ class GradeResult:
         return {"tests_score": self.score, "tests_total": len(self.tests),
                 "tests_failed": len(failed), "failed_tests": " ".join(failed[:20]),
                 "edited_tests": self.edited_tests, "grade_wall_s": round(self.wall_s, 3),
-                "grade_timed_out": self.timed_out}
+                "grade_timed_out": self.timed_out, "grade_cached": self.cached}
 
 
 async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
@@ -227,8 +238,34 @@ async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
                        time.monotonic() - t0, run.timed_out, run.output_tail[-2000:])
 
 
-async def grade(task: Task, diff: str) -> GradeResult:
-    """Grade ``diff`` against ``task`` in a fresh sandbox. Raises ``RewardError`` (infra)."""
+GRADE_CACHE_SIZE = 4096
+_grade_cache: OrderedDict[tuple[str, str, str, str], GradeResult] = OrderedDict()
+
+
+def _cache_key(task: Task, diff: str) -> tuple[str, str, str, str]:
+    grader = hashlib.sha256(task.grader.to_json().encode()).hexdigest()
+    return task.id, task.repo, grader, hashlib.sha256(diff.encode()).hexdigest()
+
+
+async def grade(task: Task, diff: str, *, cache: bool = True) -> GradeResult:
+    """Grade ``diff`` against ``task`` in a fresh sandbox. Raises ``RewardError`` (infra).
+
+    The same diff on the same task (repo and grader) is graded once per process: a group's
+    rollouts often end with identical diffs (or none), and the tests were recorded passing
+    twice, so a second run would say the same. A timed-out grading is never reused."""
+    key = _cache_key(task, diff)
+    if cache and key in _grade_cache:
+        _grade_cache.move_to_end(key)
+        return dataclasses.replace(_grade_cache[key], cached=True)
+    g = await _grade_fresh(task, diff)
+    if cache and not g.timed_out:
+        _grade_cache[key] = g
+        while len(_grade_cache) > GRADE_CACHE_SIZE:
+            _grade_cache.popitem(last=False)
+    return g
+
+
+async def _grade_fresh(task: Task, diff: str) -> GradeResult:
     from looprl.sandbox import create_sandbox
 
     try:

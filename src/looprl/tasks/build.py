@@ -80,12 +80,18 @@ class BuildConfig:
     """Tests a task's grader runs: the tests that can notice the mutation, then other tests of
     their modules (evenly spread) as pass_to_pass up to this many. Every grading (screening,
     validation, each rollout) runs them, so a 500-test module costs on every rollout."""
+    kinds: tuple[str, ...] = mutate.SINGLE_KINDS
+    """Mutation kinds of the single-site (and multi-site) tasks; ``mutate.LOCAL_KINDS`` keeps
+    the bugs whose fix can be read off the mutated line."""
     selection: str = "calls"
     """Tests run per mutation: 'calls' (those that called the mutated function in a traced
     baseline run) or 'names' (test modules whose tests mention it)."""
 
     def key(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        d = asdict(self)
+        if tuple(self.kinds) == mutate.SINGLE_KINDS:
+            del d["kinds"]  # keys of task sets built before kinds were chosen stay valid
+        return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)
@@ -203,7 +209,8 @@ class Screener:
         repo = write_task_repo(self.snap, self.root, mut, files)
         # past max_fail failures the verdict is known: pytest stops there
         probe = Task(id=f"screen-{mut.id}", repo=str(repo), prompt="", venv=self.snap.venv,
-                     grader=Grader(f"{self.snap.test_command} --maxfail={self.cfg.max_fail + 1}",
+                     grader=Grader(f"PYTHONDONTWRITEBYTECODE= {self.snap.test_command} "
+                                   f"--maxfail={self.cfg.max_fail + 1}",
                                    tuple(targets), tuple(others), self.snap.test_files,
                                    timeout_s=self.timeout_s))
         with stage("screen"):
@@ -378,7 +385,7 @@ async def screen_package(snap: PackageSnapshot, cfg: BuildConfig,
     async with Screener(snap, cfg) as sc:
         # combos draw from every kept single (the mutation tasks too): few extra are needed
         singles_wanted = plan.get("mutation", 0) + min(4, plan.get("multi_site", 0))
-        singles = await _screen_until(sc, _ordered_candidates(sc, mutate.SINGLE_KINDS, rng),
+        singles = await _screen_until(sc, _ordered_candidates(sc, tuple(cfg.kinds), rng),
                                       singles_wanted, deadline - cfg.budget_s * 0.45, progress)
         out += singles[: plan.get("mutation", 0)]
         if plan.get("feature_deletion"):
@@ -539,8 +546,9 @@ async def abuild_package_tasks(snap: PackageSnapshot, cfg: BuildConfig,
                                progress: Progress | None = None) -> list[Task]:
     root = package_root(snap)
     cache = root / f"tasks-{cfg.key()}.jsonl"
-    if cache.is_file():
-        return [Task.from_json(line) for line in cache.read_text().splitlines() if line.strip()]
+    if cache.is_file():  # a task id once listed twice (one mutation reached twice) counts once
+        cached = [Task.from_json(line) for line in cache.read_text().splitlines() if line.strip()]
+        return list({t.id: t for t in cached}.values())
     screened = await screen_package(snap, cfg, progress)
     originals = {p: (Path(snap.repo) / p).read_text(encoding="utf-8") for p in snap.source_files}
     with stage("write_tasks"):
