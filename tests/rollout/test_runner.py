@@ -12,8 +12,8 @@ from looprl.harness.agent import AgentConfig
 from looprl.harness.format import ChatFormat
 from looprl.harness.policies import OracleAgent, ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rewards.tests import pytest_command
+from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.types import Grader, StopReason, Task

@@ -23,7 +23,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from looprl.errors import ConfigError, ContextFullError, PolicyError, SandboxError, ToolCallError, ToolError
+from looprl.errors import (
+    ConfigError,
+    ContextFullError,
+    PolicyError,
+    SandboxError,
+    ToolCallError,
+    ToolError,
+)
 from looprl.harness.format import ChatFormat, ParsedTurn
 from looprl.harness.tools import ToolContext, tool_schemas, validate_args
 from looprl.protocols import Engine, Sandbox, Tool

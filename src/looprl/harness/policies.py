@@ -10,6 +10,7 @@ trajectory they drive is in the exact harness format a model would produce.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shlex
@@ -154,16 +155,26 @@ def _call(name: str, **arguments: Any) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
-def oracle_turns(task: Task) -> list[str]:
-    """The oracle's script: read the code around each hunk, edit it (unique snippets, else the
-    whole file), run the tests, finish. Reading windows rather than whole files keeps its
-    trajectories (SFT data) short, as a focused engineer's would be."""
+def oracle_turns(task: Task, *, verify: bool = False,
+                 files: Mapping[str, str] | None = None) -> list[str]:
+    """The oracle's script, written the way a focused engineer works from what the prompt and
+    the tool results show: grep for the definition of each function the fix touches, read it
+    from its ``def`` line (following the "continue at offset" hint of ``read_file``), then edit
+    the smallest unique snippet. Only the edit itself uses the gold patch, so the trajectories
+    are learnable SFT data: every path, line number and snippet a call names appeared in an
+    earlier observation. Changes outside any function (new files, module-level code) read a
+    window around the change instead. ``verify`` adds a ``run_tests`` turn on the task's
+    failing tests before ``finish`` (validation does not need it: the grader runs them).
+    ``files`` (path -> text) stands in for files of ``task.repo`` that the workspace holds in
+    another version (a synthetic bug written into a sandbox over a pristine tree)."""
     if not task.gold_patch:
         raise TaskError(f"task {task.id} has no gold_patch; the oracle needs one")
     patches = parse_unified_diff(task.gold_patch)
     if not patches:
         raise TaskError(f"gold_patch of task {task.id} contains no file diffs")
-    reads, edits = [], []
+    greps: list[str] = []
+    reads: list[list[str]] = []  # reads[k]: the k-th read window of every located change
+    edits: list[str] = []
     for fp in patches:
         if fp.old_path is None:
             assert fp.new_path is not None
@@ -172,70 +183,162 @@ def oracle_turns(task: Task) -> list[str]:
             continue
         if fp.new_path is None or fp.new_path != fp.old_path:
             if fp.new_path is not None:
-                edits += _file_edits(task, fp, target=fp.new_path)
+                edits += _file_edits(task, fp, target=fp.new_path, files=files)
             edits.append(_call("run_terminal", command=f"rm -f -- {shlex.quote(fp.old_path)}"))
             continue
-        for offset, limit in _read_windows(fp.hunks):
-            reads.append(_call("read_file", path=fp.old_path, offset=offset, limit=limit))
-        edits += _file_edits(task, fp, target=fp.old_path)
-    turns = []
-    if reads:
-        turns.append("Let me read the code the fix touches.\n" + "".join(reads))
-    turns.append("Now the fix.\n" + "".join(edits))
-    tests = list(task.grader.fail_to_pass)
-    turns.append("Run the tests.\n" + (_call("run_tests", tests=tests) if tests else _call("run_tests")))
-    turns.append(_call("finish", summary=f"Applied the fix for {task.id}."))
+        text = _read_repo_file(task, fp.old_path, files)
+        for k, window in enumerate(_locate(text, fp, greps)):
+            while len(reads) <= k:
+                reads.append([])
+            reads[k].append(window)
+        edits += _file_edits(task, fp, target=fp.old_path, files=files)
+    turns = [_turn(greps)] if greps else []
+    turns += [_turn(r) for r in reads]
+    turns.append(_turn(edits))
+    if verify:
+        tests = list(task.grader.fail_to_pass)
+        turns.append(_call("run_tests", tests=tests) if tests else _call("run_tests"))
+    turns.append(_call("finish", summary="Fixed it."))
     return turns
 
 
-READ_CONTEXT = 30
-"""Lines of context the oracle reads above and below each hunk."""
+def _turn(calls: list[str]) -> str:
+    return "".join(dict.fromkeys(calls))  # the same call twice in a turn would be noise
 
 
-def _read_windows(hunks: list[Hunk]) -> list[tuple[int, int]]:
-    """(offset, limit) line windows around the hunks, merged where they overlap."""
-    windows: list[list[int]] = []
-    for h in sorted(hunks, key=lambda h: h.old_start):
-        lo = max(1, h.old_start - READ_CONTEXT)
-        hi = h.old_start + len(h.old_lines) + READ_CONTEXT
-        if windows and lo <= windows[-1][1] + 1:
-            windows[-1][1] = max(windows[-1][1], hi)
-        else:
-            windows.append([lo, hi])
-    return [(lo, hi - lo + 1) for lo, hi in windows]
+READ_LIMIT = 30
+"""Lines per ``read_file`` window of the oracle (a function is read window by window)."""
+READ_CONTEXT = 20
+"""Lines above and below a change outside any function that the oracle reads."""
 
 
-def _file_edits(task: Task, fp: FilePatch, target: str) -> list[str]:
-    """edit_file calls for each hunk whose old text is unique in the file as it is at that point;
-    one write_file of the whole new content if any hunk is not (or the file moves)."""
-    assert fp.old_path is not None
-    src = Path(task.repo) / fp.old_path
+def _read_repo_file(task: Task, path: str, files: Mapping[str, str] | None = None) -> str:
+    if files and path in files:
+        return files[path]
     try:
-        text = src.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TaskError(f"cannot read {fp.old_path} from task repo {task.repo}: {e}") from None
+        return (Path(task.repo) / path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"cannot read {path} from task repo {task.repo}: {e}") from None
+
+
+def _changed_span(h: Hunk) -> tuple[int, int]:
+    """First and last line (1-based, in the file before the fix) a hunk really changes: its
+    leading and trailing context trimmed. A pure insertion spans the line before it."""
+    old, new = h.old_lines, h.new_lines
+    p = 0
+    while p < min(len(old), len(new)) and old[p] == new[p]:
+        p += 1
+    s = 0
+    while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
+        s += 1
+    first = h.old_start + p if old else h.old_start
+    last = max(first, h.old_start + len(old) - s - 1) if old else first
+    return max(1, first if len(old) - p - s > 0 else first - 1), max(1, last)
+
+
+def _enclosing_def(tree: ast.Module | None, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The innermost function whose body holds ``line``."""
+    best = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno):
+            if best is None or node.lineno >= best.lineno:
+                best = node
+    return best
+
+
+def _locate(text: str, fp: FilePatch, greps: list[str]) -> list[str]:
+    """The read windows (as calls, in order) that show each change of ``fp``; the grep that
+    finds each enclosing function is appended to ``greps``."""
+    assert fp.old_path is not None
+    try:
+        tree: ast.Module | None = ast.parse(text)
+    except SyntaxError:
+        tree = None
+    n_lines = len(text.splitlines())
+    windows: list[tuple[int, int]] = []
+    for h in sorted(fp.hunks, key=lambda h: h.old_start):
+        first, last = _changed_span(h)
+        fn = _enclosing_def(tree, first)
+        if fn is None:
+            lo = max(1, first - READ_CONTEXT)
+            windows.append((lo, last + READ_CONTEXT - lo + 1))
+            continue
+        greps.append(_call("grep", pattern=rf"def {fn.name}\b"))
+        offset = fn.lineno
+        while True:  # window by window from the def line, as read_file's hint says
+            windows.append((offset, READ_LIMIT))
+            if offset + READ_LIMIT > last or offset + READ_LIMIT > n_lines:
+                break
+            offset += READ_LIMIT
+    out: list[str] = []
+    for offset, limit in windows:
+        call = _call("read_file", path=fp.old_path, offset=offset, limit=limit)
+        if call not in out:
+            out.append(call)
+    return out
+
+
+def _file_edits(task: Task, fp: FilePatch, target: str,
+                files: Mapping[str, str] | None = None) -> list[str]:
+    """The smallest ``edit_file`` calls that apply ``fp``'s hunks: each hunk's changed lines
+    (common indentation and the final newline dropped), widened line by line upwards until
+    unique in the file as it is at that point; one ``write_file`` of the whole new content if
+    that fails (or the file moves)."""
+    assert fp.old_path is not None
+    text = _read_repo_file(task, fp.old_path, files)
     new_text = apply_hunks(text, fp.hunks, fp.old_path)
     if target == fp.old_path:
         calls, cur = [], text
         for h in fp.hunks:
-            old, new = "".join(h.old_lines), "".join(h.new_lines)
-            if not old or len(find_all(cur, old)) != 1:
+            snippet = _edit_snippet(h, cur)
+            if snippet is None:
                 break
+            old, new = snippet
             calls.append(_call("edit_file", path=target, old_string=old, new_string=new))
-            cur = cur.replace(old, new)
+            cur = cur.replace(old, new, 1)
         else:
             if cur == new_text:
                 return calls
     return [_call("write_file", path=target, content=new_text)]
 
 
+def _edit_snippet(h: Hunk, cur: str, max_widen: int = 6) -> tuple[str, str] | None:
+    """(old, new) for one hunk, unique in ``cur``; None when no small unique snippet exists."""
+    old, new = h.old_lines, h.new_lines
+    p = 0
+    while p < min(len(old), len(new)) and old[p] == new[p]:
+        p += 1
+    s = 0
+    while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
+        s += 1
+    core_old, core_new = old[p: len(old) - s], new[p: len(new) - s]
+    above = old[:p]  # context lines of the hunk above the change, nearest last
+    for widen in range(max_widen + 1):
+        if widen > len(above):
+            return None
+        ctx = above[len(above) - widen:] if widen else []
+        if not core_old and not ctx:
+            continue  # a pure insertion needs an anchor line
+        o, n = "".join(ctx + core_old), "".join(ctx + core_new)
+        if o.endswith("\n") and n.endswith("\n"):
+            o, n = o[:-1], n[:-1]
+        lead = len(o) - len(o.lstrip(" \t"))
+        if lead and n[:lead] == o[:lead]:
+            o, n = o[lead:], n[lead:]
+        if o and len(find_all(cur, o)) == 1:
+            return o, n
+    return None
+
+
 class OracleAgent:
     """An ``Engine`` that solves ``task`` from its gold patch through the harness tools: it plays
     the script of ``oracle_turns`` (the calls do not depend on the tool results)."""
 
-    def __init__(self, task: Task, tokenizer: Any, end_of_turn: str = "<|im_end|>") -> None:
+    def __init__(self, task: Task, tokenizer: Any, end_of_turn: str = "<|im_end|>", *,
+                 verify: bool = False, files: Mapping[str, str] | None = None) -> None:
         self.task = task
-        self.turns = oracle_turns(task)
+        self.turns = oracle_turns(task, verify=verify, files=files)
         self._script = ScriptedPolicy(tokenizer, self.turns, end_of_turn)
 
     @property
