@@ -5,8 +5,17 @@ import json
 import pytest
 
 from looprl.types import (
-    Counters, Generation, Grader, Group, RewardBreakdown, Segment, StopReason, Task, ToolCall,
-    ToolResult, Trajectory,
+    Counters,
+    Generation,
+    Grader,
+    Group,
+    RewardBreakdown,
+    Segment,
+    StopReason,
+    Task,
+    ToolCall,
+    ToolResult,
+    Trajectory,
 )
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
+
+import tomllib
 
 from looprl.errors import ConfigError
 

@@ -31,11 +31,12 @@ from looprl.config import save_config
 from looprl.errors import TaskError
 from looprl.harness.agent import AgentConfig
 from looprl.harness.format import ChatFormat
-from looprl.harness.policies import OracleAgent
 from looprl.rewards.composite import RewardConfig
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
+from looprl.tasks.build import BuildConfig
+from looprl.tasks.mutate import LOCAL_KINDS, SINGLE_KINDS
 from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
 from looprl.trainer.sft import SFTConfig, sft
 from looprl.trainer.step import GRPOConfig, GRPOStep
@@ -60,6 +61,24 @@ class TasksSection:
     """Evaluation tasks (held-out) at most."""
     budget_s: float = 90.0
     """Screening budget per package (seconds)."""
+    kinds: list[str] = field(default_factory=lambda: list(SINGLE_KINDS))
+    """Mutation kinds (``looprl.tasks.mutate``); ``LOCAL_KINDS`` are the bugs whose fix can be
+    read off the mutated line, the ones a small model can learn."""
+    mix: dict[str, float] = field(default_factory=lambda: dict(BuildConfig().mix))
+    """Share of each source kind: mutation, multi_site, feature_deletion."""
+
+
+@dataclass
+class DemosSection:
+    """SFT data: the oracle's checked trajectories on the train tasks, plus synthetic ones."""
+
+    synthetic: int = 0
+    """Synthetic bug-fix demos from packages installed in this venv (``looprl.tasks.synthetic``;
+    the task packages are excluded); 0 = only the train tasks' own."""
+    kinds: list[str] = field(default_factory=lambda: list(LOCAL_KINDS))
+    """Mutation kinds of the synthetic demos."""
+    workers: int = 4
+    """Sandboxes making demos at once."""
 
 
 @dataclass
@@ -84,6 +103,7 @@ class QuickstartConfig:
     seed: int = 0
     tasks: TasksSection = field(default_factory=TasksSection)
     model: ModelSection = field(default_factory=ModelSection)
+    demos: DemosSection = field(default_factory=DemosSection)
     sft: SFTConfig = field(default_factory=SFTConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
@@ -93,17 +113,21 @@ class QuickstartConfig:
         max_turns=8, max_new_tokens=256, max_total_new_tokens=2048, context_window=8192,
         temperature=1.0))
     """Budgets of evaluation samples (pass@1 at temperature 1, as trained)."""
+    eval_k: int = 1
+    """Samples per held-out task; pass@1 is their mean (more samples, a tighter interval)."""
+    eval_concurrency: int = 16
+    """Evaluation samples in flight (decoded as one batch)."""
 
 
 # ----------------------------------------------------------------------------- stages
 
 def build_tasks(cfg: QuickstartConfig) -> tuple[list[Task], list[Task]]:
     """Real tasks from the registry: (train, held-out)."""
-    from looprl.tasks.build import BuildConfig, build_package_tasks
+    from looprl.tasks.build import build_package_tasks
     from looprl.tasks.sources import fetch_package
 
     bcfg = BuildConfig(max_tasks=cfg.tasks.max_tasks_per_package, budget_s=cfg.tasks.budget_s,
-                       seed=cfg.seed)
+                       seed=cfg.seed, kinds=tuple(cfg.tasks.kinds), mix=dict(cfg.tasks.mix))
     by_package: dict[str, list[Task]] = {}
     specs = list(cfg.tasks.train_packages) + list(cfg.tasks.heldout_packages)
     with _progress() as bar:
@@ -151,24 +175,28 @@ def init_model(cfg: QuickstartConfig, run_dir: Path) -> Path:
     return dest
 
 
-async def oracle_trajectories(tasks: list[Task], tok, cfg: QuickstartConfig) -> list[Trajectory]:
-    """Solve each train task through the harness with its gold patch: SFT data in exact format."""
-    pool = SandboxPool(max_running=4)
-    runner = RolloutRunner(lambda t: OracleAgent(t, tok), ChatFormat(tok), pool, make_scorer(cfg.reward),
-                           RolloutConfig(group_size=1, min_group_size=1, max_in_flight=4,
-                                         agent=AgentConfig(max_turns=30, context_window=65536)))
-    out: list[Trajectory] = []
-    try:
-        with _progress() as bar:
-            job = bar.add_task("oracle trajectories (SFT data)", total=len(tasks))
-            async for r in runner.run(tasks):
-                if r.group:
-                    out += [t for t in r.group.trajectories
-                            if t.reward and t.reward.components.get("tests", 0) >= 1.0]
-                bar.advance(job)
-    finally:
-        await pool.close()
-    return out
+def sft_demos(train: list[Task], tok, cfg: QuickstartConfig) -> list[Trajectory]:
+    """The oracle's checked trajectories on the train tasks, then ``demos.synthetic`` more from
+    installed packages, all with the tools RL and evaluation offer (they are in the prompt)."""
+    from looprl.tasks.demos import oracle_demos
+    from looprl.tasks.synthetic import synthetic_repos, synthetic_tasks
+
+    sources = [(t, None) for t in train]
+    if cfg.demos.synthetic:
+        task_pkgs = [s.split("==")[0] for s in cfg.tasks.train_packages + cfg.tasks.heldout_packages]
+        task_pkgs += sorted({str(t.metadata.get("package", "")) for t in train})
+        items = synthetic_tasks(synthetic_repos(exclude=task_pkgs), cfg.demos.synthetic,
+                                seed=cfg.seed, kinds=tuple(cfg.demos.kinds))
+        sources += [(i.task, i.files) for i in items]
+    with _progress() as bar:
+        job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
+        demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
+                                         workers=cfg.demos.workers,
+                                         progress=lambda n: bar.advance(job, n)))
+    n_real = sum(1 for d in demos if not d.task_id.startswith("synthetic-"))
+    console.print(f"SFT demos: {n_real}/{len(train)} train tasks, "
+                  f"{len(demos) - n_real}/{len(sources) - len(train)} synthetic")
+    return demos
 
 
 def _progress() -> Progress:
@@ -183,12 +211,14 @@ def evaluate(model_dir: Path, tasks: list[Task], cfg: QuickstartConfig, label: s
     a = cfg.eval_agent
     settings = BenchSettings(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
                              max_total_new_tokens=a.max_total_new_tokens,
-                             context_window=a.context_window, temperature=a.temperature)
+                             context_window=a.context_window, temperature=a.temperature,
+                             concurrency=cfg.eval_concurrency, tools=tuple(cfg.rollout.tools))
+    k = cfg.eval_k
     with _progress() as bar:
-        job = bar.add_task(f"held-out eval: {label}", total=len(tasks))
-        samples = run_bench(tasks, f"model:{model_dir}", k=1, settings=settings,
+        job = bar.add_task(f"held-out eval: {label}", total=len(tasks) * k)
+        samples = run_bench(tasks, f"model:{model_dir}", k=k, settings=settings,
                             progress=lambda n: bar.advance(job, n))
-    return summarize(samples, 1, policy=label)
+    return summarize(samples, k, policy=label)
 
 
 def bootstrap_delta(a: list[float], b: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -207,7 +237,6 @@ def bootstrap_delta(a: list[float], b: list[float], n: int = 2000, seed: int = 0
 
 def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
     """Run the whole main job; returns the report path."""
-    from looprl.inference import TorchEngine
     from looprl.models.loading import load_model
 
     torch.manual_seed(cfg.seed)
@@ -223,7 +252,7 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
     loaded = load_model(model_dir)
     model, tok = loaded.model, loaded.tokenizer
 
-    demos = asyncio.run(oracle_trajectories(train, tok, cfg))
+    demos = sft_demos(train, tok, cfg)
     console.print(f"[bold]SFT[/] on {len(demos)} oracle trajectories")
     sft_res = sft(model, demos, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
     if sft_res.losses:
@@ -235,15 +264,37 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
 
     before = evaluate(sft_dir, held, cfg, "sft")
 
+    stats, rl_minutes = train_rl(cfg, model, tok, sft_dir, train, run_dir)
     rl_model = model
+    rl_dir = run_dir / "model_rl"
+    rl_model.save_pretrained(rl_dir, safe_serialization=True)
+    tok.save_pretrained(rl_dir)
+    after = evaluate(rl_dir, held, cfg, "rl")
+
+    report = write_report(run_dir, cfg, train, held, demos, sft_res, before, after, stats, rl_minutes,
+                          (time.monotonic() - t_start) / 60)
+    from looprl.dashboard import DashboardConfig, export_html
+
+    page = export_html(DashboardConfig(runs=(run_dir,)), run_dir / "dashboard.html")
+    console.print(f"[bold green]report:[/] {report}  (charts: {page}; live: looprl dashboard --run {run_dir})")
+    console.print(report.read_text().splitlines()[-1])
+    return report
+
+
+def train_rl(cfg: QuickstartConfig, model, tok, sft_dir: Path, train: list[Task], run_dir: Path
+             ) -> tuple[object, float]:
+    """Async GRPO from ``model`` (trained in place) on ``train`` for ``loop.max_minutes``;
+    returns the loop's stats and the minutes it took."""
+    from looprl.inference import TorchEngine
+
     if cfg.model.engine == "torch":
-        engine = TorchEngine(copy.deepcopy(rl_model).eval(), tok, num_threads=cfg.model.threads)
+        engine = TorchEngine(copy.deepcopy(model).eval(), tok, num_threads=cfg.model.threads)
     else:  # the engine loads the SFT checkpoint itself (e.g. vLLM on a GPU)
         from looprl.inference import make_engine
 
         engine = make_engine(cfg.model.engine, model_path=str(sft_dir))
     store = LocalWeightStore(str(run_dir / "weights"))
-    step = GRPOStep(rl_model.train(), cfg.grpo, pad_id=tok.pad_token_id)
+    step = GRPOStep(model.train(), cfg.grpo, pad_id=tok.pad_token_id)
     t_rl = time.monotonic()
 
     async def rl() -> object:
@@ -265,22 +316,12 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
             return stats
         finally:
             await pool.close()
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
 
     stats = asyncio.run(rl())
-    rl_minutes = (time.monotonic() - t_rl) / 60
-    rl_dir = run_dir / "model_rl"
-    rl_model.save_pretrained(rl_dir, safe_serialization=True)
-    tok.save_pretrained(rl_dir)
-    after = evaluate(rl_dir, held, cfg, "rl")
-
-    report = write_report(run_dir, cfg, train, held, demos, sft_res, before, after, stats, rl_minutes,
-                          (time.monotonic() - t_start) / 60)
-    from looprl.dashboard import DashboardConfig, export_html
-
-    page = export_html(DashboardConfig(runs=(run_dir,)), run_dir / "dashboard.html")
-    console.print(f"[bold green]report:[/] {report}  (charts: {page}; live: looprl dashboard --run {run_dir})")
-    console.print(report.read_text().splitlines()[-1])
-    return report
+    return stats, (time.monotonic() - t_rl) / 60
 
 
 def _per_task_pass(rep: dict, tasks: list[Task]) -> list[float]:

@@ -128,3 +128,30 @@ def test_empty_batch_and_non_finite_gradient_skip_the_update():
     m = step.on_groups(nan)
     assert m.skipped_updates == 1 and m.updates == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prefix_gives_the_full_forward_values_and_gradients(temperature):
+    """Rows that share a long prompt run it once; logprobs and gradients are those of the full
+    forward, including a right-padded row."""
+    from looprl.trainer.step import MIN_SHARED_PREFIX, shared_prefix_len
+
+    model = tiny_llama(vocab=300)
+    model.config.max_position_embeddings = 512
+    torch.manual_seed(1)
+    prefix = torch.randint(1, 64, (1, MIN_SHARED_PREFIX + 6)).expand(3, -1)
+    tokens = torch.cat([prefix, torch.randint(1, 64, (3, 20))], 1)
+    mask = torch.ones_like(tokens)
+    tokens[1, -7:], mask[1, -7:] = 0, 0
+    tokens[2, MIN_SHARED_PREFIX + 6] = tokens[0, MIN_SHARED_PREFIX + 6] + 1  # rows part here
+    assert shared_prefix_len(tokens, mask) == MIN_SHARED_PREFIX + 6
+    out = []
+    for share in (False, True):
+        model.zero_grad()
+        lp = token_logprobs(model, tokens, mask, temperature=temperature, share_prefix=share)
+        (lp * mask).sum().backward()
+        out.append((lp * mask, [p.grad.clone() for p in model.parameters()]))
+    (lp_full, g_full), (lp_shared, g_shared) = out
+    assert torch.allclose(lp_full, lp_shared, atol=1e-5)
+    for a, b in zip(g_full, g_shared, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,12 +44,18 @@ class PretrainResult:
         return sum(tail) / len(tail)
 
 
-def corpus_tokens(tokenizer, max_chars: int, seed: int) -> torch.Tensor:
-    """One long 1-D tensor of token ids: source files and chat examples separated by EOS."""
+def corpus_tokens(tokenizer, max_chars: int, seed: int,
+                  transcripts: Sequence[Sequence[int]] = ()) -> torch.Tensor:
+    """One long 1-D tensor of token ids: source files, chat examples and ``transcripts`` (token
+    ids as they are, e.g. harness trajectories) separated by EOS, the documents shuffled."""
     sep = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    docs = [tokenizer.encode(text) for text in [*python_sources(max_chars=max_chars, seed=seed),
+                                                *chat_examples(seed=seed + 1)]]
+    docs += [list(t) for t in transcripts]
+    random.Random(seed).shuffle(docs)
     ids: list[int] = []
-    for text in [*python_sources(max_chars=max_chars, seed=seed), *chat_examples(seed=seed + 1)]:
-        ids += tokenizer.encode(text) + [sep]
+    for d in docs:
+        ids += d + [sep]
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -80,30 +88,35 @@ def save_loss_png(losses: list[float], path: Path) -> Path:
 def pretrain(model_dir: str | Path, *, steps: int = 300, batch: int = 8, seq_len: int = 512,
              lr: float = 3e-3, corpus_chars: int = 4_000_000, bf16: bool = False, seed: int = 0,
              out_dir: str | Path | None = None, show_progress: bool = True,
-             num_threads: int | None = None) -> PretrainResult:
+             num_threads: int | None = None,
+             transcripts: Sequence[Sequence[int]] = ()) -> PretrainResult:
     """Train ``steps`` AdamW steps of next-token prediction; save to ``out_dir`` (default: in place).
 
     ``num_threads`` sets torch's intra-op threads for the run (restored after): on a shared 2-core
-    machine, 1 thread is often faster than 2 for small models.
+    machine, 1 thread is often faster than 2 for small models. ``transcripts`` (token ids of
+    harness trajectories, tool output included) join the corpus: next-token prediction over
+    whole agent transcripts teaches the copying the agent needs (a name from the prompt into a
+    grep, a path and line from grep into a read, a line from a read into an edit) with a loss on
+    every token, not only the ~10% the model samples.
     """
     previous = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
         return _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, out_dir,
-                         show_progress)
+                         show_progress, transcripts)
     finally:
         torch.set_num_threads(previous)
 
 
 def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, out_dir,
-              show_progress) -> PretrainResult:
+              show_progress, transcripts) -> PretrainResult:
     if steps < 1 or batch < 1 or seq_len < 8:
         raise ConfigError("pretrain needs steps >= 1, batch >= 1 and seq_len >= 8")
     lm = load_model(model_dir, dtype="float32")
     model, tok = lm.model, lm.tokenizer
     out = Path(out_dir).expanduser() if out_dir else lm.path
-    data = corpus_tokens(tok, corpus_chars, seed)
+    data = corpus_tokens(tok, corpus_chars, seed, transcripts)
     n_val = max(seq_len * 4, len(data) // 20)
     if len(data) - n_val < seq_len * 2:
         raise ConfigError(f"corpus too small ({len(data)} tokens) for seq_len {seq_len}; raise corpus_chars")

@@ -346,6 +346,10 @@ MUTATORS: dict[str, Callable[[Source, FuncNode], Iterator[Found]]] = {
     "feature_deletion": m_feature_deletion,
 }
 SINGLE_KINDS = tuple(k for k in MUTATORS if k != "feature_deletion")
+LOCAL_KINDS = ("compare_flip", "arith_flip", "bool_flip", "off_by_one", "negate_condition",
+               "swap_args", "change_default")
+"""Kinds whose fix can be read off the mutated line itself (an operator, a constant, an order):
+nothing the fix needs was deleted. The small default model is taught and trained on these."""
 
 
 def candidates(text: str, path: str, kinds: tuple[str, ...] = tuple(MUTATORS), *,
@@ -359,6 +363,7 @@ def candidates(text: str, path: str, kinds: tuple[str, ...] = tuple(MUTATORS), *
         return []
     src = Source(text, path)
     out: list[Mutation] = []
+    seen: set[str] = set()  # one edit reached from two places (e.g. a nested function) is one mutation
     for qual, fn in functions(tree):
         if fn.name.startswith("__") and fn.name not in ("__init__", "__call__", "__eq__",
                                                         "__lt__", "__contains__", "__getitem__"):
@@ -368,7 +373,10 @@ def candidates(text: str, path: str, kinds: tuple[str, ...] = tuple(MUTATORS), *
                 if check_syntax and not parses(apply_edits(text, edits)):
                     continue
                 site = Site(path, qual, getattr(node, "lineno", fn.lineno), edits)
-                out.append(Mutation(kind, (site,), f"{desc} in {qual}"))
+                m = Mutation(kind, (site,), f"{desc} in {qual}")
+                if m.id not in seen:
+                    seen.add(m.id)
+                    out.append(m)
     return out
 
 

@@ -46,6 +46,8 @@ class SFTConfig:
     progress: bool = True
     """Show a rich progress bar."""
     pad_id: int = 0
+    autocast_bf16: bool = False
+    """Forward under bf16 autocast (fp32 master weights): ~1.8x faster on CPUs with AMX."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ def sft_step(model: nn.Module, optimizer: torch.optim.Optimizer, segments: Seque
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for mb in mbs:
-        lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T)
+        lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
+                            autocast_bf16=cfg.autocast_bf16)
         loss = -(lp * mb.loss_mask_B_T).sum() / max(n_tok, 1.0)
         loss.backward()
         total += float(loss.detach())

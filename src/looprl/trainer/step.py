@@ -119,16 +119,52 @@ def gather_logprobs(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor) -> to
     return torch.stack(rows)
 
 
+MIN_SHARED_PREFIX = 64
+"""Rows sharing at least this many leading tokens run the prefix once (``token_logprobs``)."""
+
+
+def shared_prefix_len(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor) -> int:
+    """Leading positions where every row has the same real token (0 for a single row)."""
+    if tokens_B_T.shape[0] < 2:
+        return 0
+    same_T = (tokens_B_T == tokens_B_T[:1]).all(0) & (attention_mask_B_T == 1).all(0)
+    return int(same_T.long().cumprod(0).sum())
+
+
 def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
-                   *, temperature: float = 1.0, autocast_bf16: bool = False) -> torch.Tensor:
-    """Logprob of each token given the ones before it; position 0 (no context) is 0."""
+                   *, temperature: float = 1.0, autocast_bf16: bool = False,
+                   share_prefix: bool = True) -> torch.Tensor:
+    """Logprob of each token given the ones before it; position 0 (no context) is 0.
+
+    With ``share_prefix``, rows that start with the same tokens (the system prompt and tool
+    schemas of every trajectory, a group's whole prompt) run that prefix once, batch 1, and
+    the rest of each row attends to its KV: the same values and gradients as the full
+    forward (gradients flow back through the shared KV), for a fraction of the compute."""
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else contextlib.nullcontext()
+    T = tokens_B_T.shape[1]
+    P = shared_prefix_len(tokens_B_T, attention_mask_B_T) if share_prefix else 0
+    if P < MIN_SHARED_PREFIX or P >= T - 1 or isinstance(model, nn.parallel.DistributedDataParallel):
+        with ctx:  # DDP expects one forward per backward: no split there
+            logits = model(input_ids=tokens_B_T, attention_mask=attention_mask_B_T,
+                           use_cache=False).logits
+        return F.pad(gather_logprobs(_tempered(logits[:, :-1], temperature), tokens_B_T[:, 1:]),
+                     (1, 0))
+    B = tokens_B_T.shape[0]
     with ctx:
-        logits = model(input_ids=tokens_B_T, attention_mask=attention_mask_B_T, use_cache=False).logits
-    logits = logits[:, :-1]
-    if temperature != 1.0:
-        logits = logits.float() / temperature
-    return F.pad(gather_logprobs(logits, tokens_B_T[:, 1:]), (1, 0))
+        pre = model(input_ids=tokens_B_T[:1, :P], use_cache=True)
+        cache = pre.past_key_values
+        cache.batch_repeat_interleave(B)
+        rest = model(input_ids=tokens_B_T[:, P:], attention_mask=attention_mask_B_T,
+                     past_key_values=cache, use_cache=True).logits
+    pre_logits = _tempered(pre.logits, temperature)
+    lp_prefix = gather_logprobs(pre_logits[:, :-1], tokens_B_T[:1, 1:P]).expand(B, -1)
+    lp_first = gather_logprobs(pre_logits[:, -1:].expand(B, -1, -1), tokens_B_T[:, P:P + 1])
+    lp_rest = gather_logprobs(_tempered(rest[:, :-1], temperature), tokens_B_T[:, P + 1:])
+    return F.pad(torch.cat([lp_prefix, lp_first, lp_rest], dim=1), (1, 0))
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits if temperature == 1.0 else logits.float() / temperature
 
 
 def _split(mbs: Sequence[MicroBatch], n: int) -> list[list[MicroBatch]]:

@@ -1,0 +1,114 @@
+"""SFT demonstrations: the oracle's trajectories through the harness, each checked against the
+state its gold patch leads to.
+
+    demos = asyncio.run(oracle_demos([(task, None) for task in train_tasks], tok,
+                                     tools=("grep", "read_file", "edit_file", "finish")))
+
+A demo is kept only if the oracle finished with no broken call and every file its gold patch
+touches ends exactly as the gold patch makes it (deleted files gone). That is the state the task
+build validated with the hidden tests (``tasks.build.validate_task``), so the tests need not run
+again; a task that was never validated is never a demo source here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from looprl.errors import LooprlError, TaskError, ToolError
+from looprl.harness.agent import AgentConfig, run_agent
+from looprl.harness.format import ChatFormat
+from looprl.harness.policies import OracleAgent, apply_hunks, parse_unified_diff
+from looprl.harness.tools import make_tools
+from looprl.protocols import Sandbox
+from looprl.types import StopReason, Task, Trajectory
+
+DemoSource = tuple[Task, Mapping[str, str] | None]
+"""A task and the files (path -> text) written into its workspace before the oracle starts
+(a synthetic bug over a pristine tree), or None for a task repo used as it is."""
+
+
+def expected_files(task: Task, files: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """path -> text after the gold patch (None: the file is deleted)."""
+    if not task.gold_patch:
+        raise TaskError(f"task {task.id} has no gold_patch")
+    out: dict[str, str | None] = {}
+    for fp in parse_unified_diff(task.gold_patch):
+        if fp.old_path is None:
+            assert fp.new_path is not None
+            out[fp.new_path] = "".join(ln for h in fp.hunks for ln in h.new_lines)
+            continue
+        if files and fp.old_path in files:
+            before = files[fp.old_path]
+        else:
+            try:
+                before = (Path(task.repo) / fp.old_path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise TaskError(f"cannot read {fp.old_path} of task {task.id}: {e}") from None
+        after = apply_hunks(before, fp.hunks, fp.old_path)
+        if fp.new_path != fp.old_path:
+            out[fp.old_path] = None
+        if fp.new_path is not None:
+            out[fp.new_path] = after
+    return out
+
+
+async def matches(sb: Sandbox, expected: Mapping[str, str | None]) -> bool:
+    """Every file in ``sb`` is as ``expected`` says."""
+    for path, text in expected.items():
+        try:
+            data = await sb.read(path)
+        except ToolError:
+            if text is None:
+                continue
+            return False
+        if text is None or data.decode("utf-8", "replace") != text:
+            return False
+    return True
+
+
+async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt: ChatFormat,
+                      tools: list, cfg: AgentConfig) -> Trajectory | None:
+    """The oracle's trajectory on one task in a fresh sandbox, or None when it does not check
+    out (see the module docstring)."""
+    from looprl.sandbox import create_sandbox
+
+    expected = expected_files(task, files)
+    sb = await create_sandbox(task.repo, venv=task.venv)
+    try:
+        for path, text in (files or {}).items():
+            await sb.write(path, text.encode())
+        traj = await run_agent(task, sb, OracleAgent(task, tok, files=files), fmt, tools, cfg,
+                               group_id=task.id, trajectory_id=f"{task.id}/oracle")
+        if traj.stop_reason != StopReason.FINISHED or traj.counters.broken_tool_calls:
+            return None
+        return traj if await matches(sb, expected) else None
+    finally:
+        await sb.close()
+
+
+async def oracle_demos(sources: list[DemoSource], tok: Any, *, tools: Iterable[str] | None = None,
+                       cfg: AgentConfig | None = None, workers: int = 4,
+                       progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+    """Checked oracle trajectories for ``sources`` (in order, failures left out), ``workers``
+    sandboxes at once. A failure (sandbox, bad gold patch) loses that demo only."""
+    fmt = ChatFormat(tok)
+    tool_objs = make_tools(list(tools)) if tools is not None else make_tools()
+    cfg = cfg or AgentConfig(max_turns=16, context_window=1 << 20, max_new_tokens=1 << 16,
+                             max_total_new_tokens=1 << 20)
+    sem = asyncio.Semaphore(workers)
+
+    async def one(task: Task, files: Mapping[str, str] | None) -> Trajectory | None:
+        async with sem:
+            try:
+                return await oracle_demo(task, files, tok, fmt, tool_objs, cfg)
+            except (LooprlError, OSError):
+                return None
+            finally:
+                if progress:
+                    progress(1)
+
+    got = await asyncio.gather(*(one(t, f) for t, f in sources))
+    return [t for t in got if t is not None]

@@ -1,0 +1,101 @@
+"""Synthetic SFT demos: mutations of installed packages' functions, solved by the oracle through
+the harness in real sandboxes, each checked to restore the pristine file."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from looprl.harness.format import ChatFormat
+from looprl.models.tokenizer import build_tokenizer
+from looprl.tasks import mutate
+from looprl.tasks.demos import expected_files, matches, oracle_demos
+from looprl.tasks.synthetic import synthetic_repos, synthetic_tasks
+from tests.bwrap_support import needs_bwrap
+from tests.example_package import CORE
+
+TOOLS = ("grep", "read_file", "edit_file", "finish")
+
+
+@pytest.fixture
+def purelib(tmp_path):
+    """A site-packages with two packages: minicalc (the task package) and helpers."""
+    root = tmp_path / "site-packages"
+    for name in ("minicalc", "helpers"):
+        pkg = root / name
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "core.py").write_text(CORE)
+        (pkg / "more.py").write_text(CORE.replace("def ", "def more_"))
+    (root / "tiny").mkdir()
+    (root / "tiny" / "__init__.py").write_text("")  # too few files: skipped
+    return root
+
+
+def test_repos_exclude_task_packages_and_tiny_ones(purelib, looprl_home):
+    repos = synthetic_repos(exclude=["minicalc==0.1"], purelib=purelib)
+    assert [r.name for r in repos] == ["helpers"]
+    assert (repos[0] / "helpers" / "core.py").read_text() == CORE  # paths keep the package dir
+
+
+def test_items_are_public_single_site_and_balanced(purelib, looprl_home):
+    repos = synthetic_repos(purelib=purelib)
+    items = synthetic_tasks(repos, 12, seed=1)
+    assert len(items) == 8 and len({i.task.id for i in items}) == 8  # 2 a file, 4 files
+    for i in items:
+        (fn,) = i.task.metadata["functions"].split(",")
+        assert not fn.startswith("_") and i.task.metadata["mutation_kind"] in mutate.LOCAL_KINDS
+        assert fn.split(".")[-1] in i.task.prompt  # the prompt names the function
+        (path,) = i.files
+        pristine = (Path(i.task.repo) / path).read_text()
+        assert mutate.parses(i.files[path]) and i.files[path] != pristine
+        assert expected_files(i.task, i.files) == {path: pristine}  # the gold patch undoes it
+    kinds = Counter(i.task.metadata["mutation_kind"] for i in items)
+    assert max(kinds.values()) - min(kinds.values()) <= 2, kinds
+
+
+@pytest.mark.parametrize("kind", [pytest.param("bwrap", marks=needs_bwrap)])
+def test_oracle_demos_undo_the_bug_through_the_harness(purelib, looprl_home, kind):
+    repos = synthetic_repos(purelib=purelib)
+    items = synthetic_tasks(repos, 6, seed=2)
+    tok = build_tokenizer(None)
+    demos = asyncio.run(oracle_demos([(i.task, i.files) for i in items], tok, tools=TOOLS))
+    assert len(demos) == 6
+    for d in demos:
+        names = [m["name"] for m in d.messages if m["role"] == "tool"]
+        assert names[0] == "grep" and names[-2:] == ["edit_file", "finish"], names
+        assert d.segments[0].num_model_tokens > 0
+        prompt = ChatFormat(tok).decode(list(d.segments[0].token_ids_T))
+        assert '"name": "grep"' in prompt and '"name": "run_terminal"' not in prompt
+
+
+@pytest.mark.parametrize("kind", [pytest.param("bwrap", marks=needs_bwrap)])
+def test_a_demo_that_does_not_reach_the_gold_state_is_dropped(purelib, looprl_home, kind):
+    import dataclasses
+
+    repos = synthetic_repos(purelib=purelib)
+    (item,) = synthetic_tasks(repos, 1, seed=3)
+    (path,) = item.files
+    pristine = (Path(item.task.repo) / path).read_text()
+    tok = build_tokenizer(None)
+    assert asyncio.run(oracle_demos([(item.task, item.files)], tok, tools=TOOLS))
+    # a gold patch that does not undo the bug: the oracle's edit leaves the wrong state
+    half = dataclasses.replace(item.task, gold_patch=mutate.gold_patch(
+        {path: item.files[path]}, {path: item.files[path].replace("\n", "\n\n", 1)}))
+    assert not asyncio.run(oracle_demos([(half, item.files)], tok, tools=TOOLS)) or \
+        expected_files(half, item.files)[path] != pristine
+    from looprl.sandbox import create_sandbox
+
+    async def check() -> tuple[bool, bool]:
+        sb = await create_sandbox(item.task.repo)
+        try:
+            same = await matches(sb, {path: pristine})
+            await sb.write(path, item.files[path].encode())
+            return same, await matches(sb, {path: pristine})
+        finally:
+            await sb.close()
+
+    assert asyncio.run(check()) == (True, False)
