@@ -58,9 +58,12 @@ def recheck(tasks: list[Task], n: int, seed: int = 0) -> str:
         return list(await asyncio.gather(*(limited(t) for t in sample)))
 
     res = asyncio.run(run())
+    bad = [f"{t.id} ({'untouched passes' if not u else ''}{', ' if not (u or g) else ''}"
+           f"{'gold fails' if not g else ''})" for t, (u, g) in zip(sample, res, strict=True)
+           if not (u and g)]
     return (f"recheck of {len(sample)} random tasks in fresh sandboxes: untouched 0.0 on "
             f"{sum(u for u, _ in res)}/{len(res)}, gold patch 1.0 on {sum(g for _, g in res)}/"
-            f"{len(res)}")
+            f"{len(res)}" + (f"; failed: {', '.join(bad)}" if bad else ""))
 
 
 def main() -> None:

@@ -87,3 +87,38 @@ def test_screening_rejects_mutations_no_test_notices(example_snapshot):
                      {"src/minicalc/core.py": src})
     assert task.metadata["mutation_kind"] == "compare_flip"
 
+
+
+def test_validation_grades_the_untouched_task_with_its_real_grader(example_snapshot, monkeypatch):
+    """Screening's run differs from the grader's (test order, --maxfail); an order-dependent
+    suite can make a mutation look caught in screening and pass in grading. Such a task is
+    dropped: here a screened mutation whose fail_to_pass is a test that passes untouched."""
+    from looprl.tasks import build
+
+    src = Path(example_snapshot.repo, "src/minicalc/core.py").read_text()
+    flip = next(m for m in mutate.candidates(src, "src/minicalc/core.py", ("compare_flip",))
+                if m.functions == ("clamp",))
+
+    async def screened():
+        async with Screener(example_snapshot, BuildConfig(workers=1)) as sc:
+            return await sc.screen(flip)
+
+    good = asyncio.run(screened())
+    assert isinstance(good, Screened)
+    # the same mutation claimed to break a test it does not break (order-dependence, simulated)
+    bad = Screened(flip, good.pass_to_pass[:1], good.pass_to_pass[1:], {})
+
+    async def fake_screen(snap, cfg, progress=None):
+        return [bad]
+
+    monkeypatch.setattr(build, "screen_package", fake_screen)
+    cfg = BuildConfig(max_tasks=1, validate="patch", seed=99)
+    assert asyncio.run(abuild_package_tasks(example_snapshot, cfg, None)) == []
+    monkeypatch.setattr(build, "screen_package", lambda *a, **k: _const([good]))
+    kept = asyncio.run(abuild_package_tasks(example_snapshot, BuildConfig(max_tasks=1, validate="patch",
+                                                                          seed=98), None))
+    assert [t.metadata["untouched_score"] for t in kept] == [0.0]
+
+
+async def _const(x):
+    return x
