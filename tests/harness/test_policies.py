@@ -105,6 +105,24 @@ def test_oracle_only_names_what_it_has_seen(task, repo, tmp_path, fmt, tok):
     assert edit["content"].startswith("Edited pkg/long.py")
 
 
+def test_oracle_greps_the_function_the_prompt_names_not_a_nested_helper(task, repo, tmp_path):
+    """A bug inside a nested helper is found the way a user's words lead: grep the function the
+    prompt names, read down from it; with no name in the prompt, the outermost function."""
+    (repo / "pkg" / "nest.py").write_text(
+        "def outer(xs):\n    def helper(x):\n        return x - 1\n    return [helper(x) for x in xs]\n")
+
+    def change(root):
+        p = root / "pkg" / "nest.py"
+        p.write_text(p.read_text().replace("return x - 1", "return x + 1"))
+
+    patch = gold_patch(repo, tmp_path, change)
+    for prompt, name in [("fix outer", "outer"), ("helper in outer is off by two", "helper"),
+                         ("something is wrong", "outer")]:
+        turns = oracle_turns(dataclasses.replace(task, gold_patch=patch, prompt=prompt))
+        assert json.loads(turns[0].removeprefix("<tool_call>").removesuffix("</tool_call>")) == \
+            {"name": "grep", "arguments": {"pattern": rf"def {name}\b"}}, prompt
+
+
 def test_oracle_falls_back_to_write_file_when_a_hunk_is_not_unique(task, repo, tmp_path, fmt, tok):
     block = "".join(f"{c} = 1\n" for c in "abcdefg")
     (repo / "pkg" / "rep.py").write_text(block * 3)

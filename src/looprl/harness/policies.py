@@ -187,7 +187,7 @@ def oracle_turns(task: Task, *, verify: bool = False,
             edits.append(_call("run_terminal", command=f"rm -f -- {shlex.quote(fp.old_path)}"))
             continue
         text = _read_repo_file(task, fp.old_path, files)
-        for k, window in enumerate(_locate(text, fp, greps)):
+        for k, window in enumerate(_locate(text, fp, greps, task.prompt)):
             while len(reads) <= k:
                 reads.append([])
             reads[k].append(window)
@@ -236,20 +236,21 @@ def _changed_span(h: Hunk) -> tuple[int, int]:
     return max(1, first if len(old) - p - s > 0 else first - 1), max(1, last)
 
 
-def _enclosing_def(tree: ast.Module | None, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The innermost function whose body holds ``line``."""
-    best = None
-    for node in ast.walk(tree) if tree is not None else ():
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
-                node.lineno <= line <= (node.end_lineno or node.lineno):
-            if best is None or node.lineno >= best.lineno:
-                best = node
-    return best
+def _enclosing_def(tree: ast.Module | None, line: int, prompt: str = ""
+                   ) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The function to look for: of the functions whose body holds ``line``, the innermost one
+    the prompt names, else the outermost (a nested helper is found by reading its parent)."""
+    defs = sorted((node for node in (ast.walk(tree) if tree is not None else ())
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and node.lineno <= line <= (node.end_lineno or node.lineno)),
+                  key=lambda n: n.lineno)
+    named = [d for d in defs if re.search(rf"\b{re.escape(d.name)}\b", prompt)]
+    return named[-1] if named else (defs[0] if defs else None)
 
 
-def _locate(text: str, fp: FilePatch, greps: list[str]) -> list[str]:
+def _locate(text: str, fp: FilePatch, greps: list[str], prompt: str = "") -> list[str]:
     """The read windows (as calls, in order) that show each change of ``fp``; the grep that
-    finds each enclosing function is appended to ``greps``."""
+    finds each enclosing function (see ``_enclosing_def``) is appended to ``greps``."""
     assert fp.old_path is not None
     try:
         tree: ast.Module | None = ast.parse(text)
@@ -259,7 +260,7 @@ def _locate(text: str, fp: FilePatch, greps: list[str]) -> list[str]:
     windows: list[tuple[int, int]] = []
     for h in sorted(fp.hunks, key=lambda h: h.old_start):
         first, last = _changed_span(h)
-        fn = _enclosing_def(tree, first)
+        fn = _enclosing_def(tree, first, prompt)
         if fn is None:
             lo = max(1, first - READ_CONTEXT)
             windows.append((lo, last + READ_CONTEXT - lo + 1))
