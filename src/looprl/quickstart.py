@@ -37,6 +37,7 @@ from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.tasks.build import BuildConfig
 from looprl.tasks.mutate import LOCAL_KINDS, SINGLE_KINDS
+from looprl.trainer.diagnostics import TurnAccuracy, turn_accuracy
 from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
 from looprl.trainer.sft import SFTConfig, sft
 from looprl.trainer.step import GRPOConfig, GRPOStep
@@ -79,6 +80,9 @@ class DemosSection:
     """Mutation kinds of the synthetic demos."""
     workers: int = 4
     """Sandboxes making demos at once."""
+    validation: int = 32
+    """Demos kept out of SFT to measure teacher-forced per-tool turn accuracy before SFT, after
+    SFT and after RL (``looprl.trainer.diagnostics``): which turns the model can reproduce."""
 
 
 @dataclass
@@ -199,6 +203,17 @@ def sft_demos(train: list[Task], tok, cfg: QuickstartConfig) -> list[Trajectory]
     return demos
 
 
+def split_validation(demos: list[Trajectory], n: int, seed: int
+                     ) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(train, validation): ``n`` demos drawn at random, never more than a fifth of them."""
+    n = min(n, len(demos) // 5)
+    order = list(range(len(demos)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:n])
+    return ([d for i, d in enumerate(demos) if i not in held],
+            [d for i, d in enumerate(demos) if i in held])
+
+
 def _progress() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console)
@@ -252,9 +267,14 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
     loaded = load_model(model_dir)
     model, tok = loaded.model, loaded.tokenizer
 
-    demos = sft_demos(train, tok, cfg)
-    console.print(f"[bold]SFT[/] on {len(demos)} oracle trajectories")
+    demos, val = split_validation(sft_demos(train, tok, cfg), cfg.demos.validation, cfg.seed)
+    turns = {"init": turn_accuracy(model, tok, val)} if val else {}
+    console.print(f"[bold]SFT[/] on {len(demos)} oracle trajectories ({len(val)} kept for validation)")
     sft_res = sft(model, demos, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
+    if val:
+        turns["sft"] = turn_accuracy(model, tok, val)
+        console.print("turn accuracy after SFT (exact greedy turns): " + ", ".join(
+            f"{k} {s.exact_rate:.2f}" for k, s in sorted(turns["sft"].by_tool.items())))
     if sft_res.losses:
         console.print(f"SFT: {sft_res.steps} steps, {sft_res.tokens:,} model tokens, loss "
                       f"{sft_res.losses[0]:.3f} -> {sft_res.losses[-1]:.3f} in {sft_res.wall_s:.0f} s")
@@ -270,9 +290,11 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
     rl_model.save_pretrained(rl_dir, safe_serialization=True)
     tok.save_pretrained(rl_dir)
     after = evaluate(rl_dir, held, cfg, "rl")
+    if val:
+        turns["rl"] = turn_accuracy(model, tok, val)
 
     report = write_report(run_dir, cfg, train, held, demos, sft_res, before, after, stats, rl_minutes,
-                          (time.monotonic() - t_start) / 60)
+                          (time.monotonic() - t_start) / 60, turns)
     from looprl.dashboard import DashboardConfig, export_html
 
     page = export_html(DashboardConfig(runs=(run_dir,)), run_dir / "dashboard.html")
@@ -324,13 +346,33 @@ def train_rl(cfg: QuickstartConfig, model, tok, sft_dir: Path, train: list[Task]
     return stats, (time.monotonic() - t_rl) / 60
 
 
+def _turns_md(turns: dict[str, TurnAccuracy]) -> list[str]:
+    """Per-tool exact-turn rates on the validation demos, one column per checkpoint."""
+    if not turns:
+        return []
+    labels = list(turns)
+    tools = sorted({k for acc in turns.values() for k in acc.by_tool})
+    n = {k: max(acc.by_tool[k].turns for acc in turns.values() if k in acc.by_tool) for k in tools}
+    lines = ["## Turn accuracy on validation demos", "",
+             "Share of the demos' assistant turns that greedy decoding reproduces exactly, given "
+             "the demo's own context (teacher-forced; `looprl.trainer.diagnostics`).", "",
+             "| turn | n | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    for k in tools:
+        lines.append(f"| {k} | {n[k]} | " + " | ".join(
+            f"{turns[lab].exact_rate(k):.3f}" for lab in labels) + " |")
+    lines.append("| all | " + str(turns[labels[0]].total.turns) + " | " + " | ".join(
+        f"{turns[lab].total.exact_rate:.3f}" for lab in labels) + " |")
+    return [*lines, ""]
+
+
 def _per_task_pass(rep: dict, tasks: list[Task]) -> list[float]:
     per = rep.get("per_task", {})
     return [float(per.get(t.id, {}).get("pass@1", 0.0)) for t in tasks]
 
 
 def write_report(run_dir: Path, cfg: QuickstartConfig, train, held, demos, sft_res, before, after,
-                 stats, rl_minutes: float, total_minutes: float) -> Path:
+                 stats, rl_minutes: float, total_minutes: float,
+                 turns: dict[str, TurnAccuracy] | None = None) -> Path:
     a, b = _per_task_pass(before, held), _per_task_pass(after, held)
     lo, hi = bootstrap_delta(a, b) if held else (0.0, 0.0)
     p_sft, p_rl = sum(a) / max(len(a), 1), sum(b) / max(len(b), 1)
@@ -355,6 +397,7 @@ def write_report(run_dir: Path, cfg: QuickstartConfig, train, held, demos, sft_r
         f"SFT: {len(demos)} oracle trajectories, final loss "
         f"{(sft_res.losses[-1] if sft_res.losses else float('nan')):.3f}.", "",
         "## Held-out evaluation", "", *md, "",
+        *_turns_md(turns or {}),
         "## Training", "", "![reward curve](reward_curve.png)", "",
         f"First step reward {hist[0].get('reward/total_mean', 0):+.3f} → last "
         f"{hist[-1].get('reward/total_mean', 0):+.3f}." if hist else "No RL step ran.", "",
@@ -365,4 +408,7 @@ def write_report(run_dir: Path, cfg: QuickstartConfig, train, held, demos, sft_r
     path.write_text("\n".join(lines) + "\n")
     (run_dir / "eval_sft.json").write_text(json.dumps(before, indent=1, default=str))
     (run_dir / "eval_rl.json").write_text(json.dumps(after, indent=1, default=str))
+    if turns:
+        (run_dir / "turn_accuracy.json").write_text(json.dumps(
+            {lab: acc.to_json() for lab, acc in turns.items()}, indent=1))
     return path
