@@ -221,16 +221,22 @@ def _read_repo_file(task: Task, path: str, files: Mapping[str, str] | None = Non
         raise TaskError(f"cannot read {path} from task repo {task.repo}: {e}") from None
 
 
-def _changed_span(h: Hunk) -> tuple[int, int]:
-    """First and last line (1-based, in the file before the fix) a hunk really changes: its
-    leading and trailing context trimmed. A pure insertion spans the line before it."""
-    old, new = h.old_lines, h.new_lines
+def _common_ends(old: list[str], new: list[str]) -> tuple[int, int]:
+    """Lines the two sides share at the start and (not overlapping those) at the end."""
     p = 0
     while p < min(len(old), len(new)) and old[p] == new[p]:
         p += 1
     s = 0
     while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
         s += 1
+    return p, s
+
+
+def _changed_span(h: Hunk) -> tuple[int, int]:
+    """First and last line (1-based, in the file before the fix) a hunk really changes: its
+    leading and trailing context trimmed. A pure insertion spans the line before it."""
+    old, new = h.old_lines, h.new_lines
+    p, s = _common_ends(old, new)
     first = h.old_start + p if old else h.old_start
     last = max(first, h.old_start + len(old) - s - 1) if old else first
     return max(1, first if len(old) - p - s > 0 else first - 1), max(1, last)
@@ -307,12 +313,7 @@ def _file_edits(task: Task, fp: FilePatch, target: str,
 def _edit_snippet(h: Hunk, cur: str, max_widen: int = 6) -> tuple[str, str] | None:
     """(old, new) for one hunk, unique in ``cur``; None when no small unique snippet exists."""
     old, new = h.old_lines, h.new_lines
-    p = 0
-    while p < min(len(old), len(new)) and old[p] == new[p]:
-        p += 1
-    s = 0
-    while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
-        s += 1
+    p, s = _common_ends(old, new)
     core_old, core_new = old[p: len(old) - s], new[p: len(new) - s]
     above = old[:p]  # context lines of the hunk above the change, nearest last
     for widen in range(max_widen + 1):
