@@ -94,7 +94,7 @@ class BuildConfig:
         d = asdict(self)
         d["build"] = BUILD_VERSION
         if tuple(self.kinds) == mutate.SINGLE_KINDS:
-            del d["kinds"]  # keys of task sets built before kinds were chosen stay valid
+            del d["kinds"]  # the default kinds are implied by BUILD_VERSION
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
 
 
