@@ -183,15 +183,15 @@ def oracle_turns(task: Task, *, verify: bool = False,
             continue
         if fp.new_path is None or fp.new_path != fp.old_path:
             if fp.new_path is not None:
-                edits += _file_edits(task, fp, target=fp.new_path, files=files)
+                edits += _file_edits(fp, fp.new_path, repo_file_text(task, fp.old_path, files))
             edits.append(_call("run_terminal", command=f"rm -f -- {shlex.quote(fp.old_path)}"))
             continue
-        text = _read_repo_file(task, fp.old_path, files)
+        text = repo_file_text(task, fp.old_path, files)
         for k, window in enumerate(_locate(text, fp, greps, task.prompt)):
             while len(reads) <= k:
                 reads.append([])
             reads[k].append(window)
-        edits += _file_edits(task, fp, target=fp.old_path, files=files)
+        edits += _file_edits(fp, fp.old_path, text)
     turns = [_turn(greps)] if greps else []
     turns += [_turn(r) for r in reads]
     turns.append(_turn(edits))
@@ -212,7 +212,9 @@ READ_CONTEXT = 20
 """Lines above and below a change outside any function that the oracle reads."""
 
 
-def _read_repo_file(task: Task, path: str, files: Mapping[str, str] | None = None) -> str:
+def repo_file_text(task: Task, path: str, files: Mapping[str, str] | None = None) -> str:
+    """``path`` as the task's workspace starts: from ``files`` (text written over the repo, e.g.
+    a synthetic bug) if there, else from ``task.repo``."""
     if files and path in files:
         return files[path]
     try:
@@ -286,14 +288,12 @@ def _locate(text: str, fp: FilePatch, greps: list[str], prompt: str = "") -> lis
     return out
 
 
-def _file_edits(task: Task, fp: FilePatch, target: str,
-                files: Mapping[str, str] | None = None) -> list[str]:
-    """The smallest ``edit_file`` calls that apply ``fp``'s hunks: each hunk's changed lines
-    (common indentation and the final newline dropped), widened line by line upwards until
-    unique in the file as it is at that point; one ``write_file`` of the whole new content if
-    that fails (or the file moves)."""
+def _file_edits(fp: FilePatch, target: str, text: str) -> list[str]:
+    """The smallest ``edit_file`` calls that apply ``fp``'s hunks to ``text`` (the file before
+    the fix): each hunk's changed lines (common indentation and the final newline dropped),
+    widened line by line upwards until unique in the file as it is at that point; one
+    ``write_file`` of the whole new content if that fails (or the file moves)."""
     assert fp.old_path is not None
-    text = _read_repo_file(task, fp.old_path, files)
     new_text = apply_hunks(text, fp.hunks, fp.old_path)
     if target == fp.old_path:
         calls, cur = [], text

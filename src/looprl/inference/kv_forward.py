@@ -35,7 +35,7 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     mask (NaN * 0 weight = NaN) and turn the whole row's logits into NaN.
     ``torch.zeros`` would write (commit) the full KV budget up front.
     """
-    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    nbytes = int(np.prod(shape)) * dtype.itemsize
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 

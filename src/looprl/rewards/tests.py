@@ -52,19 +52,18 @@ _LINE_RE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (?P<id>[^\s\[]+(?:\[[
 _COUNTS_RE = re.compile(r"(\d+) (passed|failed|error|errors)\b")
 
 
-def pytest_command(pythonpath: str = ".", *, bytecode: bool = False) -> str:
+def pytest_command(pythonpath: str = ".") -> str:
     """The shell command that runs pytest on the workspace copy of a package (not the installed
     one: ``PYTHONPATH`` puts the workspace's source root first).
 
-    ``bytecode=False`` (tasks, graders, the agent's ``run_tests``): no ``.pyc`` is written in
-    the workspace. Python checks a cached module only by source mtime (whole seconds) and size,
-    so an edit of the same size within the second of the last run (``13`` -> ``14``) would
-    otherwise run stale bytecode. Modules unchanged since the task was built still load from
-    the base's bytecode. ``bytecode=True`` (screening, which rewrites files in one reused
-    sandbox through its own byte-compiling) keeps what pytest compiles, ~1.5-2x faster.
+    It writes no ``.pyc`` into the workspace (the sandbox sets ``PYTHONDONTWRITEBYTECODE=1``):
+    Python checks a cached module only by source mtime (whole seconds) and size, so an edit of
+    the same size within the second of the last run (``13`` -> ``14``) would otherwise run stale
+    bytecode. Modules unchanged since the task was built still load from the base's bytecode.
+    Screening (``tasks.build``), which byte-compiles the files it rewrites in one reused
+    sandbox, prefixes ``PYTHONDONTWRITEBYTECODE=`` to keep what pytest compiles (~1.5-2x faster).
     """
-    flag = "PYTHONDONTWRITEBYTECODE= " if bytecode else ""
-    return (f"COLUMNS=240 {flag}PYTHONPATH={shlex.quote(pythonpath)} "
+    return (f"COLUMNS=240 PYTHONPATH={shlex.quote(pythonpath)} "
             f"python -m pytest {PYTEST_FLAGS}")
 
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from looprl.errors import LooprlError, TaskError, ToolError
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.format import ChatFormat
-from looprl.harness.policies import OracleAgent, apply_hunks, parse_unified_diff
+from looprl.harness.policies import OracleAgent, apply_hunks, parse_unified_diff, repo_file_text
 from looprl.harness.tools import make_tools
 from looprl.protocols import Sandbox
 from looprl.types import StopReason, Task, Trajectory
@@ -40,14 +39,7 @@ def expected_files(task: Task, files: Mapping[str, str] | None = None) -> dict[s
             assert fp.new_path is not None
             out[fp.new_path] = "".join(ln for h in fp.hunks for ln in h.new_lines)
             continue
-        if files and fp.old_path in files:
-            before = files[fp.old_path]
-        else:
-            try:
-                before = (Path(task.repo) / fp.old_path).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise TaskError(f"cannot read {fp.old_path} of task {task.id}: {e}") from None
-        after = apply_hunks(before, fp.hunks, fp.old_path)
+        after = apply_hunks(repo_file_text(task, fp.old_path, files), fp.hunks, fp.old_path)
         if fp.new_path != fp.old_path:
             out[fp.old_path] = None
         if fp.new_path is not None:

@@ -3,7 +3,8 @@ teaches a small model to find and fix a bug through the harness tools before RL.
 
     repos = synthetic_repos(exclude={"toolz", "inflection"})       # never a task package
     items = synthetic_tasks(repos, n=3000, seed=0)
-    demos = asyncio.run(synthetic_demos(items, tok, tools=("grep", "read_file", "edit_file", "finish")))
+    demos = asyncio.run(oracle_demos([(i.task, i.files) for i in items], tok,  # tasks.demos
+                                     tools=("grep", "read_file", "edit_file", "finish")))
 
 An item is one single-site mutation (``mutate.LOCAL_KINDS`` by default: the fix can be read off
 the mutated line) of a public function of an installed package. Its workspace is a real sandbox
@@ -25,19 +26,16 @@ import shutil
 import subprocess
 import sysconfig
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from looprl import paths
 from looprl.errors import TaskError
-from looprl.harness.agent import AgentConfig
 from looprl.tasks import mutate
-from looprl.tasks.demos import oracle_demos
 from looprl.tasks.prompts import Evidence, make_prompt
 from looprl.tasks.sources import normalize
-from looprl.types import Grader, Task, Trajectory
+from looprl.types import Grader, Task
 
 MAX_REPO_FILES = 300
 """Packages with more .py files than this are skipped (grep over them floods the context)."""
@@ -161,11 +159,3 @@ def synthetic_tasks(repos: list[Path], n: int, *, seed: int = 0,
     rng.shuffle(out)
     return out
 
-
-async def synthetic_demos(items: list[SyntheticTask], tok: Any, *,
-                          tools: Iterable[str] | None = None, cfg: AgentConfig | None = None,
-                          workers: int = 4, progress: Callable[[int], None] | None = None
-                          ) -> list[Trajectory]:
-    """Oracle trajectories for ``items`` (those that check out), ``workers`` sandboxes at once."""
-    return await oracle_demos([(i.task, i.files) for i in items], tok, tools=tools, cfg=cfg,
-                              workers=workers, progress=progress)

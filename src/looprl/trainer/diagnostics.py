@@ -1,7 +1,7 @@
 """Teacher-forced accuracy per tool: which kind of turn a policy gets right, before it has to act.
 
     acc = turn_accuracy(model, tok, held_out_demos)
-    acc.table()       # {"grep": TurnStats(turns=40, exact=3, tokens=812, correct=655), ...}
+    acc.by_tool       # {"grep": TurnStats(turns=40, exact=3, tokens=812, correct=655), ...}
     acc.exact_rate("edit_file")
 
 Every assistant turn of a demonstration (a maximal run of ``loss_mask_T == 1`` tokens) is scored
