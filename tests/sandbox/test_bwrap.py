@@ -13,6 +13,7 @@ from looprl.errors import SandboxError, SandboxUnavailableError, ToolError
 from looprl.protocols import Sandbox
 from looprl.sandbox import SandboxLimits, create_sandbox
 from looprl.sandbox import bwrap as bwrap_mod
+from looprl.sandbox.root import LAUNCH
 
 from .conftest import needs_bwrap, run
 
@@ -122,8 +123,13 @@ def test_broken_sandbox_machinery_is_infra_not_a_command_failure(base_repo: Path
     async def go():
         sb = await create_sandbox(base_repo)
         try:
-            # the venv bind source vanishes: bubblewrap cannot set up -> SandboxError
-            sb.venv = str(base_repo.parent / "vanished-venv")
+            if sb.root is not None:  # the root's launcher vanishes: bwrap cannot start it
+                (sb.root.dir / LAUNCH.lstrip("/")).unlink()
+                if sb._ready is not None:
+                    sb._ready.discard()
+                    sb._ready = None
+            else:  # the venv bind source vanishes: bubblewrap cannot set up
+                sb.venv = str(base_repo.parent / "vanished-venv")
             with pytest.raises(SandboxError) as e:
                 await sb.exec("true")
             assert e.value.is_infra

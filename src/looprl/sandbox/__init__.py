@@ -1,7 +1,7 @@
 """Sandboxes: isolated copy-on-write workspaces (``workspace.py``), commands under bubblewrap
-(``bwrap.py``; its mounts in ``mounts.py``, the one-exec launcher prepared ahead in ``launch.py``),
-a bounded pool with warm sandboxes and metrics (``pool.py``) and the same API over HTTP
-(``server.py``).
+(``bwrap.py``; its mounts in ``mounts.py``, its root filesystem in ``root.py``, the one-exec
+launcher prepared ahead in ``launch.py``), a bounded pool with blank and warm sandboxes and
+metrics (``pool.py``) and the same API over HTTP (``server.py``).
 
 Contract used by the rest of looprl:
 
@@ -11,7 +11,7 @@ Contract used by the rest of looprl:
     snap = await sandbox.snapshot(); other = await sandbox_from(snap, venv=venv)
     await sandbox.close()
 
-    pool = SandboxPool(max_running=16, warm=2)   # 2 sandboxes per base created ahead
+    pool = SandboxPool(max_running=16, warm=2, blank=2)  # 2 per base + 2 for any base ahead
     async with pool.lease(base_dir, venv=venv) as sandbox: ...
 """
 

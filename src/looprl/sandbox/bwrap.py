@@ -6,8 +6,9 @@ unprivileged uid of the sandbox's own (``idmap.py``, when looprl runs as root): 
 still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets:
 
 - the workspace (an overlay from ``workspace.py``) as the only writable path besides a private,
-  size-capped tmpfs /tmp; it is mounted at the base repository's absolute path (so editable
-  installs and absolute paths of the task resolve to the workspace) and is the working directory;
+  size-capped tmpfs /tmp (the sandbox's own: shared by its commands, emptied by ``reset``); it is
+  mounted at the base repository's absolute path (so editable installs and absolute paths of the
+  task resolve to the workspace) and is the working directory;
 - a read-only system: /usr (+ the /bin, /lib* links), an /etc with a few host files (copied at
   first use), a minimal /proc and /dev;
 - the task's venv bound read-only at its own absolute path (venvs hard-code paths), plus the
@@ -20,8 +21,13 @@ still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets
 - output capped to head + tail with a ``[... N bytes truncated ...]`` marker.
 
 The setup before bwrap (cgroups, rlimits, host uid) is one exec of a small C launcher
-(``launch.py``); each sandbox keeps the next command's launcher prepared ahead, so a command
-pays only for bwrap itself. Where no C compiler exists, a stock-tool chain does the same.
+(``launch.py``). As root, a sandbox's ``/`` is a ``SandboxRoot`` (``root.py``) that bwrap binds,
+and each sandbox keeps its next command's whole bwrap started ahead, waiting inside for the
+command line: a command pays for one exec, and its result is returned as soon as it ends (the
+launcher inside reports its status; the namespaces are torn down in the background). A pool's
+``Blank`` sandboxes go further: started before their base is known, they receive the workspace
+by mount propagation. Otherwise each sandbox keeps the next command's launcher prepared, and
+bwrap starts per command; where no C compiler exists, a stock-tool chain does the same.
 
 What this does NOT protect against: kernel exploits (namespaces share the host kernel, no seccomp
 filter is installed), CPU/memory-bandwidth contention and timing side channels between sandboxes,
@@ -56,18 +62,24 @@ from looprl.sandbox.launch import (
     ERROR_PREFIX,
     Capped,
     Prepared,
+    drain,
+    encode_argv,
+    encode_message,
     launcher_argv,
+    launcher_exec_argv,
     launcher_path,
     pump,
     tool_chain,
 )
 from looprl.sandbox.mounts import bind_args, system_binds, venv_paths  # noqa: F401
+from looprl.sandbox.root import LAUNCH, SandboxRoot, rootable
 from looprl.sandbox.workspace import (
     IGNORED_NAMES,
     Snapshot,
     Workspace,
     create_workspace,
     janitor,
+    overlay_capable,
 )
 from looprl.types import ExecResult, FileEntry
 
@@ -137,28 +149,44 @@ def _drop_to(uid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: str | None,
-               limits: SandboxLimits, env: Mapping[str, str] | None) -> list[str]:
-    """The full bwrap command line for one command (``binds`` from ``bind_args``)."""
-    uid = str(limits.uid)
+def command_env(venv: str | None, env: Mapping[str, str] | None) -> dict[str, str]:
+    """The whole environment of a sandboxed command: ours, then the caller's on top."""
     path = "/usr/local/bin:/usr/bin:/bin"
     base_env = {"PATH": f"{venv}/bin:{path}" if venv else path, "HOME": "/tmp", "USER": "sandbox",
                 "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
                 "PYTHONDONTWRITEBYTECODE": "1", "PIP_NO_INDEX": "1"}
     if venv:
         base_env["VIRTUAL_ENV"] = venv
-    merged = {**base_env, **(env or {})}
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", uid,
-            "--gid", uid, "--hostname", "sandbox", "--die-with-parent", "--new-session",
-            *system_binds(), "--proc", "/proc", "--dev", "/dev",
+    return {**base_env, **(env or {})}
+
+
+def _namespaces(bwrap: str, limits: SandboxLimits) -> list[str]:
+    uid = str(limits.uid)
+    return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", uid,
+            "--gid", uid, "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+
+
+def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: str | None,
+               limits: SandboxLimits, env: Mapping[str, str] | None) -> list[str]:
+    """The full bwrap command line for one command (``binds`` from ``bind_args``), for a
+    sandbox without a ``SandboxRoot``: bwrap builds the whole tree itself."""
+    argv = [*_namespaces(bwrap, limits), *system_binds(), "--proc", "/proc", "--dev", "/dev",
             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
             *binds, "--chdir", workdir,
             "--clearenv"]
-    for k, v in merged.items():
+    for k, v in command_env(venv, env).items():
         if not k or "=" in k or "\0" in k or "\0" in v:
             raise ToolError(f"invalid environment variable {k!r}: names need no '=' or NUL")
         argv += ["--setenv", k, v]
     return [*argv, "--", "/bin/sh", "-c", cmd]
+
+
+def rooted_argv(bwrap: str, root: SandboxRoot, limits: SandboxLimits, wait_fd: int,
+                status_fd: int) -> list[str]:
+    """bwrap over a ``SandboxRoot``, running the launcher that waits for its command (``-x``)
+    and reports its exit status on ``status_fd`` (``-s``)."""
+    return [*_namespaces(bwrap, limits), *root.bwrap_args(), "--clearenv", "--",
+            LAUNCH, "-x", "-w", str(wait_fd), "-s", str(status_fd)]
 
 
 # ---------------------------------------------------------------- running
@@ -206,23 +234,48 @@ async def prepare(limits: SandboxLimits, uid: int | None,
         raise
 
 
+async def prepare_rooted(limits: SandboxLimits, uid: int | None, root: SandboxRoot) -> Prepared:
+    """Start one command's whole sandbox now — launcher setup, then bwrap over ``root`` — with
+    the launcher inside waiting for the command (``encode_message``)."""
+    path = launcher_path()
+    if path is None:
+        raise SandboxError("a prepared sandbox needs the compiled launcher (no C compiler here)")
+    cg = Cgroup(limits.memory_mb, limits.processes, enabled=limits.cgroups)
+    try:
+        pipe, status = os.pipe(), os.pipe()
+        os.set_blocking(status[0], False)
+        bwrap = rooted_argv(check_bwrap(), root, limits, pipe[0], status[1])
+        return Prepared.spawn(launcher_exec_argv(path, cg.procs_files(), rlimits(limits), uid,
+                                                 bwrap), cg, pipe, status)
+    except BaseException:
+        cg.close()
+        raise
+
+
 _LAUNCH_ERRORS = ("bwrap:", "prlimit:", "setpriv:", "sh: 1: cannot create /sys/fs/cgroup",
                   ERROR_PREFIX)
 _KILLED = {128 + signal.SIGKILL: "killed", 128 + signal.SIGXCPU: "CPU time limit",
            128 + signal.SIGXFSZ: "file size limit"}
 
 
-async def run_bwrap(argv: list[str], *, timeout_s: float, limits: SandboxLimits,
-                    uid: int | None = None, prepared: Prepared | None = None) -> ExecResult:
+async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: SandboxLimits,
+                    uid: int | None = None, prepared: Prepared | None = None,
+                    message: bytes | None = None) -> ExecResult:
     """Run a bwrap command line with limits, a wall timeout and capped output, as host ``uid``.
-    ``prepared``: a launcher ``prepare``d ahead for the same limits and uid (taken over)."""
+    ``prepared``: a launcher ``prepare``d ahead for the same limits and uid (taken over); or, with
+    ``message`` instead of ``argv``, a whole sandbox ``prepare_rooted`` ahead. A sandbox that
+    reports its status (``Prepared.status``) is answered as soon as the command ends; the rest
+    of its tree is killed at once and reaped in the background (``_retire``)."""
     t0 = time.perf_counter()
     if prepared is None:
+        assert argv is not None, "a message needs a prepared sandbox"
         prepared = await prepare(limits, uid, argv)
         assert prepared is not None
     proc, cg = prepared.proc, prepared.cg
     out, err = Capped(limits.output_bytes), Capped(limits.output_bytes)
     pumps: asyncio.Future[list[None]] | None = None
+    rc: int | None = None
+    retire = False
     try:
         assert proc.stdout is not None and proc.stderr is not None
         pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
@@ -230,24 +283,41 @@ async def run_bwrap(argv: list[str], *, timeout_s: float, limits: SandboxLimits,
         pumps.add_done_callback(lambda f: f.cancelled() or f.exception())
         timed_out = False
         try:
-            await prepared.go(argv)  # the timeout clock runs from here
-            await asyncio.wait_for(prepared.wait(), timeout_s)
+            data = message if message is not None else encode_argv(argv or [])
+            await prepared.go(data)  # the timeout clock runs from here
+            if prepared.status is not None:
+                rc = await asyncio.wait_for(prepared.status_code(), timeout_s)
+            if rc is None:  # no status to read, or none reported: wait for the process
+                await asyncio.wait_for(prepared.wait(), timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
         finally:  # kill the whole tree, also when we are cancelled
-            if proc.returncode is None:  # not reaped yet, so its pid cannot have been reused
-                _kill_tree(proc.pid)
-            cg.kill_all()
-        try:
-            await asyncio.wait_for(pumps, 2.0)
-        except asyncio.TimeoutError:
+            if rc is not None and not timed_out:
+                prepared.kill_now()  # orphans; the rest is already ending
+            else:
+                if proc.returncode is None:  # not reaped yet: its pid cannot have been reused
+                    _kill_tree(proc.pid)
+                cg.kill_all()
+        if rc is not None and not timed_out:  # the command's output is in the pipes already
             pumps.cancel()
-        rc = proc.returncode if proc.returncode is not None else await prepared.wait()
+            drain(proc.stdout, out)
+            drain(proc.stderr, err)
+            retire = True
+        else:
+            try:
+                await asyncio.wait_for(pumps, 2.0)
+            except asyncio.TimeoutError:
+                pumps.cancel()
+            rc = proc.returncode if proc.returncode is not None else await prepared.wait()
         oom = cg.oom_killed()
     finally:
         if pumps is not None and not pumps.done():
             pumps.cancel()
-        prepared.discard()
+        if retire:
+            assert pumps is not None
+            _retire(prepared, pumps)
+        else:
+            prepared.discard()
     stdout, t1 = out.text()
     stderr, t2 = err.text()
     if rc != 0 and stderr.startswith(_LAUNCH_ERRORS):  # the machinery failed: infrastructure
@@ -263,6 +333,28 @@ async def run_bwrap(argv: list[str], *, timeout_s: float, limits: SandboxLimits,
         code = None
         stderr += f"\n[looprl: {_KILLED[rc]}]\n"
     return ExecResult(code, stdout, stderr, timed_out, t1 or t2, time.perf_counter() - t0)
+
+
+_RETIRING: set[asyncio.Future[None]] = set()
+
+
+def _retire(prepared: Prepared, pumps: asyncio.Future[list[None]]) -> None:
+    """Reap a finished command's sandbox and remove its cgroups in the background (its
+    namespaces take a few ms to go), once its cancelled pumps have let go of its pipes (so a
+    pipe's fd number is never reused under a live reader)."""
+    async def go() -> None:
+        await asyncio.wait([pumps])
+        await asyncio.to_thread(prepared.discard)
+
+    fut = asyncio.ensure_future(go())
+    _RETIRING.add(fut)
+    fut.add_done_callback(_RETIRING.discard)
+
+
+async def settle() -> None:
+    """Wait until every finished command's sandbox is reaped (``_retire``): a few ms."""
+    while _RETIRING:
+        await asyncio.gather(*list(_RETIRING), return_exceptions=True)
 
 
 def _kill_tree(pid: int) -> None:
@@ -305,28 +397,45 @@ class BwrapSandbox:
     """``looprl.protocols.Sandbox`` over a copy-on-write workspace, commands under bubblewrap.
 
     File operations act on the workspace on the host and refuse any path that leaves it
-    (absolute, ``..``, symlinks resolving outside) with ``ToolError``.
+    (absolute, ``..``, symlinks resolving outside) with ``ToolError``. With a ``root``
+    (``root.py``: as root, with the C launcher) each next command's whole bwrap is started ahead;
+    otherwise its launcher is.
     """
 
     def __init__(self, workspace: Workspace, venv: str | None = None,
-                 limits: SandboxLimits | None = None, workdir: str | None = None):
+                 limits: SandboxLimits | None = None, workdir: str | None = None,
+                 root: SandboxRoot | None = None):
         self.workspace = workspace
         self.venv = str(Path(venv).absolute()) if venv else None
         self.limits = limits or SandboxLimits()
         self.workdir = workdir or str(workspace.base)
+        self.root = root
         self._bwrap = check_bwrap()
         self._gate = _Gate()
         self._root = os.path.realpath(workspace.path)
         self._ready: Prepared | None = None
-        """A launcher prepared ahead for the next command (``launch.py``)."""
+        """The next command prepared ahead: its launcher, or with a root its whole bwrap."""
         self._refill: asyncio.Task[None] | None = None
 
+    def _attach(self) -> None:
+        """Attach the workspace (read-write) and the venv (read-only) to the root."""
+        assert self.root is not None
+        self.root.attach(self.workspace.path, self.workdir, readonly=False)
+        for p in venv_paths(self.venv):
+            self.root.attach(p, p, readonly=True)
+
+    async def _prepare(self) -> Prepared | None:
+        if self.root is not None:
+            return await prepare_rooted(self.limits, self.workspace.uid, self.root)
+        return await prepare(self.limits, self.workspace.uid)
+
     async def prime(self) -> None:
-        """Prepare the next command's launcher now (cgroups joined, rlimits set, uid dropped),
-        so that command starts without paying for it. Done after every command by itself."""
+        """Prepare the next command now (cgroups joined, rlimits set, uid dropped; with a root
+        also bwrap's namespaces and mounts), so that command starts without paying for it. Done
+        after every command by itself."""
         if self._ready is not None or self.workspace.closed or launcher_path() is None:
             return
-        ready = await prepare(self.limits, self.workspace.uid)
+        ready = await self._prepare()
         if self._ready is not None or self.workspace.closed:
             if ready is not None:
                 ready.discard()
@@ -341,8 +450,8 @@ class BwrapSandbox:
         return ready
 
     def _schedule_prime(self) -> None:
-        """After a command: prepare the next one's launcher while the caller thinks (not during
-        the command, where spawning would compete with it)."""
+        """After a command: prepare the next one while the caller thinks (not during the
+        command, where spawning would compete with it)."""
         if self._refill is None or self._refill.done():
             self._refill = asyncio.ensure_future(self._prime_quietly())
 
@@ -350,7 +459,7 @@ class BwrapSandbox:
         try:
             await self.prime()
         except SandboxError:
-            pass  # the next command prepares its own launcher and reports the failure
+            pass  # the next command prepares its own and reports the failure
 
     @property
     def cow_backend(self) -> str:
@@ -360,13 +469,23 @@ class BwrapSandbox:
                    env: Mapping[str, str] | None = None) -> ExecResult:
         self._check_open()
         uid = self.workspace.uid
-        binds = bind_args(self.workspace.path, self.workdir, self.venv, staged=uid is not None)
-        argv = build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
-                          limits=self.limits, env=env)
+        argv: list[str] | None = None
+        message: bytes | None = None
+        if self.root is not None:
+            message = encode_message(self.workdir, command_env(self.venv, env),
+                                     ["/bin/sh", "-c", cmd])
+        else:
+            binds = bind_args(self.workspace.path, self.workdir, self.venv,
+                              staged=uid is not None)
+            argv = build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
+                              limits=self.limits, env=env)
         await self._gate.enter(False)
         try:
+            prepared = self._take_ready()
+            if prepared is None and self.root is not None:
+                prepared = await prepare_rooted(self.limits, uid, self.root)
             return await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits, uid=uid,
-                                   prepared=self._take_ready())
+                                   prepared=prepared, message=message)
         finally:
             await self._gate.leave(False)
             if not self.workspace.closed:
@@ -461,20 +580,37 @@ class BwrapSandbox:
             snap.release()
 
     async def reset(self) -> None:
-        """Back to the starting state (base or snapshot)."""
+        """Back to the starting state (base or snapshot); with a root also a fresh /tmp."""
         await self._gate.enter(True)
         try:
-            await asyncio.to_thread(self.workspace.reset)
+            if self.root is not None and self._ready is not None:
+                self._ready.discard()  # prepared before the reset: start the next one after it
+                self._ready = None
+            await asyncio.to_thread(self._reset)
         finally:
             await self._gate.leave(True)
+        if self.root is not None:
+            self._schedule_prime()
+
+    def _reset(self) -> None:
+        if self.root is None:
+            self.workspace.reset()
+            return
+        self.root.detach_all()
+        self.root.reset_tmp()
+        self.workspace.reset()
+        self._attach()
 
     async def close(self) -> None:
+        await settle()  # finished commands reaped, their cgroups gone
         if self._refill is not None and not self._refill.done():
             self._refill.cancel()
         if self._ready is not None:
             self._ready.discard()
             self._ready = None
         if not self.workspace.closed:
+            if self.root is not None:
+                await asyncio.to_thread(self.root.close)
             await asyncio.to_thread(self.workspace.destroy)
             if self.workspace.uid is not None:
                 UID_POOL.give(self.workspace.uid)
@@ -482,6 +618,8 @@ class BwrapSandbox:
     def _check_open(self) -> None:
         if self.workspace.closed:
             raise SandboxError("sandbox is closed (its workspace was destroyed)")
+        if not os.path.isdir(self._root):
+            raise SandboxError(f"the sandbox's workspace {self._root} vanished from the host")
 
 
 @functools.lru_cache(maxsize=1)
@@ -490,13 +628,70 @@ def _janitor_once() -> None:
     cgroup_janitor()
 
 
-async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
-                      limits: SandboxLimits | None = None, snapshot: Snapshot | None = None,
-                      workdir: str | None = None) -> BwrapSandbox:
-    """A new sandbox over ``base_dir`` (or starting at ``snapshot``), with its own host uid."""
+@dataclass(eq=False)
+class Blank:
+    """A sandbox without a workspace yet: its own host uid, its ``SandboxRoot`` and its first
+    command's bwrap already started inside it (``prepare_rooted``). A pool keeps a few ready;
+    ``new_sandbox(..., blank=)`` turns one into a sandbox over any base by creating the
+    workspace and attaching it (it reaches the waiting bwrap by mount propagation)."""
+
+    uid: int
+    root: SandboxRoot
+    ready: Prepared
+    limits: SandboxLimits
+
+    def usable(self) -> bool:
+        return self.ready.usable() and not self.root.closed
+
+    def close(self) -> None:
+        self.ready.discard()
+        self.root.close()
+        UID_POOL.give(self.uid)
+
+
+def can_root(paths: list[str]) -> bool:
+    """Whether sandboxes over these paths get a ``SandboxRoot`` (and prepared bwraps): as root,
+    with the C launcher, every path attachable."""
+    return os.geteuid() == 0 and launcher_path() is not None and rootable(paths)
+
+
+async def make_blank(limits: SandboxLimits | None = None) -> Blank:
+    """A ``Blank``: uid, root, and the first command's bwrap started (it keeps starting in the
+    background after this returns)."""
     check_bwrap()
     _janitor_once()
     limits = limits or SandboxLimits()
+    uid = UID_POOL.take()
+    try:
+        UID_POOL.userns_fd(uid)  # the workspace's idmap needs it: made now, not at the lease
+        root = SandboxRoot(limits.tmp_mb)
+        try:
+            ready = await prepare_rooted(limits, uid, root)
+        except BaseException:
+            root.close()
+            raise
+    except BaseException:
+        UID_POOL.give(uid)
+        raise
+    return Blank(uid, root, ready, limits)
+
+
+async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
+                      limits: SandboxLimits | None = None, snapshot: Snapshot | None = None,
+                      workdir: str | None = None, blank: Blank | None = None) -> BwrapSandbox:
+    """A new sandbox over ``base_dir`` (or starting at ``snapshot``), with its own host uid.
+    ``blank``: a pre-started ``Blank`` to build it from (taken over; closed if it cannot serve)."""
+    check_bwrap()
+    _janitor_once()
+    limits = limits or SandboxLimits()
+    mounts = [workdir or str(Path(base_dir).resolve()), *venv_paths(venv)]
+    if blank is not None and not (blank.limits == limits and blank.usable() and can_root(mounts)):
+        await asyncio.to_thread(blank.close)
+        blank = None
+    if blank is None and can_root(mounts):
+        blank = await make_blank(limits)  # its bwrap starts while the workspace is mounted
+    if blank is not None:
+        return await _from_blank(blank, base_dir, venv, limits, snapshot, workdir)
     uid = UID_POOL.take() if os.geteuid() == 0 else None
     # the first command's launcher is spawned while the workspace is being mounted
     ready = asyncio.ensure_future(prepare(limits, uid))
@@ -513,6 +708,31 @@ async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None,
         sb._ready = await ready
     except SandboxError:
         pass  # the first command prepares its own launcher and reports the failure
+    return sb
+
+
+async def _from_blank(blank: Blank, base_dir: str | os.PathLike[str], venv: str | None,
+                      limits: SandboxLimits, snapshot: Snapshot | None,
+                      workdir: str | None) -> BwrapSandbox:
+    try:
+        if snapshot is not None or overlay_capable(base_dir):
+            # a few mount syscalls (~1 ms): on the loop, a thread hop would cost a third of it
+            ws = create_workspace(base_dir, snapshot=snapshot, disk_mb=limits.disk_mb,
+                                  uid=blank.uid)
+        else:  # a copy: off the loop
+            ws = await asyncio.to_thread(create_workspace, base_dir, disk_mb=limits.disk_mb,
+                                         uid=blank.uid)
+    except BaseException:
+        await asyncio.to_thread(blank.close)
+        raise
+    sb = BwrapSandbox(ws, venv, limits, workdir, root=blank.root)
+    try:
+        sb._attach()
+    except BaseException:
+        blank.ready.discard()
+        await sb.close()
+        raise
+    sb._ready = blank.ready
     return sb
 
 

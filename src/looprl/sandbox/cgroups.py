@@ -73,21 +73,26 @@ class Cgroup:
                 return True
         return False
 
+    def kill_once(self) -> bool:
+        """SIGKILL every process in the cgroups now; False when there was none."""
+        pids = set()
+        for d in self.dirs:
+            try:
+                pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return bool(pids)
+
     def kill_all(self) -> None:
+        """SIGKILL every process in the cgroups until none is left (a few tries)."""
         for _ in range(50):
-            pids = set()
-            for d in self.dirs:
-                try:
-                    pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-                except OSError:
-                    pass
-            if not pids:
+            if not self.kill_once():
                 return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.002)
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 an
 _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 1, 0o2000000
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 _MOUNT_ATTR_IDMAP, _MOVE_MOUNT_F_EMPTY_PATH = 0x100000, 4
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _AT_RECURSIVE = 0x1, 0x2, 0x4, 0x8000
 FIRST_UID = 200_000
 """Sandbox uids are FIRST_UID, FIRST_UID+1, ...: a range no login account uses."""
 
@@ -102,12 +103,25 @@ UID_POOL = UidPool()
 def idmapped_clone(src: str | os.PathLike[str], dst: Path, uid: int) -> None:
     """Bind ``src`` at ``dst`` (created) with host root's files shown as owned by ``uid``."""
     dst.mkdir(exist_ok=True)
+    _clone(src, dst, _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, UID_POOL.userns_fd(uid)), 0,
+           f"idmapping {src}")
+
+
+def bind_clone(src: str | os.PathLike[str], dst: Path, *, readonly: bool) -> None:
+    """Bind ``src`` and every mount below it at the existing directory ``dst``: nosuid, nodev,
+    and read-only throughout when ``readonly`` (one syscall for the whole tree)."""
+    flags = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if readonly else 0)
+    _clone(src, dst, _MountAttr(flags, 0, 0, 0), _AT_RECURSIVE, f"attributes of {src}")
+
+
+def _clone(src: str | os.PathLike[str], dst: Path, attr: _MountAttr, recursive: int,
+           what: str) -> None:
     fd = _check(_libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(src),
-                              _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC), f"open_tree {src}")
+                              _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | recursive),
+                f"open_tree {src}")
     try:
-        attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, UID_POOL.userns_fd(uid))
-        _check(_libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
-                             ctypes.sizeof(attr)), f"idmapping {src}")
+        _check(_libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH | recursive,
+                             ctypes.byref(attr), ctypes.sizeof(attr)), what)
         _check(_libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(dst),
                              _MOVE_MOUNT_F_EMPTY_PATH), f"move_mount to {dst}")
     finally:

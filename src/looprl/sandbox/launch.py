@@ -7,6 +7,14 @@ module builds a small C helper once (cached under ``LOOPRL_HOME/bin``, keyed by 
 does all three in one exec, then reads the command line to run from a pipe and execs it:
 
     looprl-launch [-c CGROUP_PROCS]... [-r RES:SOFT:HARD]... [-u UID] -w FD
+    looprl-launch [-c ...]... [-r ...]... [-u UID] -- PROGRAM ARGS...      (exec it right away)
+    looprl-launch -x -w FD [-s FD]   (the message is CWD, KEY=VALUE..., "", then the command
+                                      line; -s: run it as a child, write its exit status to FD)
+
+The last two together prepare a whole sandboxed command ahead: the launcher sets up and execs
+bwrap at once, and inside the sandbox a copy of it (``-x``) waits for the working directory,
+environment and command line (``encode_message``), so a command pays neither for the setup nor
+for bwrap's namespaces (``root.py`` says how the workspace reaches a bwrap started before it).
 
 Reading the command line *after* the setup is what lets a sandbox keep one launcher *prepared*:
 spawned, already in fresh cgroups with fresh rlimits and the sandbox's uid, blocked on its pipe.
@@ -36,6 +44,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -54,7 +63,10 @@ _SOURCE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void die(const char *what, const char *arg) {
@@ -63,9 +75,15 @@ static void die(const char *what, const char *arg) {
 }
 
 int main(int argc, char **argv) {
-    int wait_fd = -1;
+    int wait_fd = -1, ext = 0, status_fd = -1;
+    char **now = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--")) {            /* exec the rest right away (no -w) */
+            now = argv + i + 1;
+            break;
+        }
+        if (!strcmp(a, "-x")) { ext = 1; continue; }
         if (!v) { errno = EINVAL; die("missing value after", a); }
         if (!strcmp(a, "-c")) {            /* join a cgroup: before anything can fork */
             char pid[32];
@@ -87,15 +105,41 @@ int main(int argc, char **argv) {
             if (setresuid(id, id, id) != 0) die("setresuid", v);
         } else if (!strcmp(a, "-w")) {
             wait_fd = atoi(v);
+        } else if (!strcmp(a, "-s")) {     /* -x: report the exit status here, don't exec */
+            status_fd = atoi(v);
         } else {
             errno = EINVAL; die("unknown option", a);
         }
         i++;
     }
+    if (now) {
+        if (!now[0]) { errno = EINVAL; die("nothing to run after", "--"); }
+        execv(now[0], now);
+        die("exec", now[0]);
+    }
     if (wait_fd < 0) { errno = EINVAL; die("missing", "-w FD"); }
+    if (ext && status_fd >= 0) {
+        /* -s: fork now, before the command comes: the child waits for it and execs it, this
+           process writes its status ("%d\n", 128+signal when killed) as soon as it ends, so
+           the host need not wait for the namespaces to be torn down */
+        prctl(PR_SET_DUMPABLE, 0);         /* the command cannot reach status_fd via /proc */
+        pid_t child = fork();
+        if (child < 0) die("fork", NULL);
+        if (child > 0) {
+            close(wait_fd);
+            int st = 0;
+            while (waitpid(child, &st, 0) < 0) if (errno != EINTR) die("waitpid", NULL);
+            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            char line[16];
+            int n = snprintf(line, sizeof line, "%d\n", code);
+            if (write(status_fd, line, n) != n) die("write", "status");
+            return code;
+        }
+        close(status_fd);                  /* (execve makes the child dumpable again) */
+    }
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
-    for (;;) {                             /* the command line: NUL-terminated args, then EOF */
+    for (;;) {                             /* the message: NUL-terminated strings, then EOF */
         if (len == cap && !(buf = realloc(buf, cap *= 2))) die("out of memory", NULL);
         ssize_t n = read(wait_fd, buf + len, cap - len);
         if (n == 0) break;
@@ -105,12 +149,23 @@ int main(int argc, char **argv) {
     close(wait_fd);
     if (len == 0) return 0;                /* never used: exit quietly */
     if (buf[len - 1] != '\0') { errno = EINVAL; die("truncated", "command line"); }
-    size_t n_args = 0;
-    for (size_t i = 0; i < len; i++) n_args += buf[i] == '\0';
-    char **args = calloc(n_args + 1, sizeof *args);
-    if (!args) die("out of memory", NULL);
-    for (size_t i = 0, k = 0; i < len; k++) { args[k] = buf + i; i += strlen(buf + i) + 1; }
-    execv(args[0], args);
+    size_t n_str = 0;
+    for (size_t i = 0; i < len; i++) n_str += buf[i] == '\0';
+    char **strs = calloc(n_str + 2, sizeof *strs);
+    if (!strs) die("out of memory", NULL);
+    for (size_t i = 0, k = 0; i < len; k++) { strs[k] = buf + i; i += strlen(buf + i) + 1; }
+    if (!ext) {                            /* argv only */
+        execv(strs[0], strs);
+        die("exec", strs[0]);
+    }
+    /* -x: CWD, then KEY=VALUE entries up to an empty string, then argv */
+    char **env = strs + 1, **args = env;
+    while (*args && **args) args++;
+    if (!*args) { errno = EINVAL; die("no end of environment in", "message"); }
+    *args++ = NULL;
+    if (!*args) { errno = EINVAL; die("no command in", "message"); }
+    if (chdir(strs[0]) != 0) die("chdir", strs[0]);
+    execve(args[0], args, env);
     die("exec", args[0]);
 }
 """
@@ -172,46 +227,70 @@ def encode_argv(argv: list[str]) -> bytes:
     return bytes(out)
 
 
+def encode_message(cwd: str, env: Mapping[str, str], argv: list[str]) -> bytes:
+    """What a ``-x`` launcher reads: the working directory, the environment, the command line."""
+    for k, v in env.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise ToolError(f"invalid environment variable {k!r}: names need no '=' or NUL")
+    return encode_argv([cwd, *(f"{k}={v}" for k, v in env.items())]) + b"\0" + encode_argv(argv)
+
+
+def launcher_exec_argv(path: str, procs_files: list[str], rlimits: list[tuple[int, int, int]],
+                       uid: int | None, program: list[str]) -> list[str]:
+    """Argument vector of a launcher that sets up and then execs ``program`` at once."""
+    return [*launcher_argv(path, procs_files, rlimits, uid, 0)[:-2], "--", *program]
+
+
 class Prepared:
     """A spawned launcher for one command: set up, blocked on its pipe until ``go(argv)``.
 
     A plain ``subprocess.Popen`` (waited through a pidfd, its pipes read with ``add_reader``), so
     it is bound to no event loop: a sandbox made under one ``asyncio.run`` works under the next.
     ``cg`` is the command's ``Cgroup`` (owned: ``run_bwrap`` closes it). Dropping the object
-    closes the pipe, so an unused launcher exits on its own.
+    closes the pipe, so an unused launcher exits on its own. ``status``: the read end of the
+    pipe a ``-s`` launcher writes the command's exit status to (None: wait for the process).
     """
 
-    def __init__(self, proc: subprocess.Popen[bytes], cg: Cgroup, ctl: BinaryIO | None):
+    def __init__(self, proc: subprocess.Popen[bytes], cg: Cgroup, ctl: BinaryIO | None,
+                 status: int | None = None):
         self.proc = proc
         self.cg = cg
         self._ctl = ctl
+        self.status = status
 
     @classmethod
-    def spawn(cls, chain: list[str], cg: Cgroup, pipe: tuple[int, int] | None = None) -> Prepared:
+    def spawn(cls, chain: list[str], cg: Cgroup, pipe: tuple[int, int] | None = None,
+              status: tuple[int, int] | None = None) -> Prepared:
         """Start ``chain`` (stdout/stderr piped, in its own session). ``pipe``: the (read, write)
-        ends of its command pipe: the child gets the read end, this side keeps the write end."""
+        ends of its command pipe: the child gets the read end, this side keeps the write end.
+        ``status``: (read, write) ends of its status pipe: the child gets the write end."""
+        keep = [] if pipe is None else [pipe[0]]
+        keep += [] if status is None else [status[1]]
         try:
             proc = subprocess.Popen(chain, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True,
-                                    pass_fds=() if pipe is None else (pipe[0],))
+                                    pass_fds=keep)
         except (OSError, subprocess.SubprocessError) as e:
-            if pipe is not None:
-                os.close(pipe[1])
+            for fd in ([] if pipe is None else [pipe[1]]) + ([] if status is None else
+                                                             [status[0]]):
+                os.close(fd)
             raise SandboxError(f"could not start the sandbox launcher: {e}") from e
         finally:
-            if pipe is not None:
-                os.close(pipe[0])
-        return cls(proc, cg, None if pipe is None else os.fdopen(pipe[1], "wb", buffering=0))
+            for fd in keep:
+                os.close(fd)
+        return cls(proc, cg, None if pipe is None else os.fdopen(pipe[1], "wb", buffering=0),
+                   None if status is None else status[0])
 
     def usable(self) -> bool:
         """Still waiting for its command."""
         return self._ctl is not None and self.proc.poll() is None
 
-    async def go(self, argv: list[str]) -> None:
-        """Hand the launcher its command line; it execs it (no-op for a stock-tool chain)."""
+    async def go(self, data: bytes) -> None:
+        """Hand the launcher its command line (``encode_argv``, or ``encode_message`` for a
+        ``-x`` launcher); it execs it (no-op for a stock-tool chain)."""
         if self._ctl is None:
             return
-        data, ctl, self._ctl = encode_argv(argv), self._ctl, None
+        ctl, self._ctl = self._ctl, None
         try:
             if len(data) > 32_768:  # could fill the pipe while the launcher is still joining
                 await asyncio.to_thread(ctl.write, data)
@@ -237,6 +316,32 @@ class Prepared:
             os.close(fd)
         return self.proc.wait()
 
+    async def status_code(self) -> int | None:
+        """The command's exit status as its ``-s`` launcher reports it, as soon as the command
+        ends; None when the launcher ended without reporting (its setup failed)."""
+        assert self.status is not None
+        loop = asyncio.get_running_loop()
+        buf = b""
+        while True:
+            readable = loop.create_future()
+            loop.add_reader(self.status, lambda: readable.done() or readable.set_result(None))
+            try:
+                await readable
+            finally:
+                loop.remove_reader(self.status)
+            chunk = os.read(self.status, 64)
+            buf += chunk
+            if not chunk or buf.endswith(b"\n"):
+                break
+        text = buf.decode(errors="replace").strip()
+        return int(text) if text.isdigit() else None
+
+    def kill_now(self) -> None:
+        """SIGKILL the process group, without waiting. (Its pid namespace dies with it; what
+        is left in its cgroups is killed by ``discard``.)"""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
     def discard(self) -> None:
         """Done, or never used: close its pipes (unused, it exits 0 unrun), remove its cgroups
         and reap it."""
@@ -253,6 +358,9 @@ class Prepared:
         for f in (self.proc.stdout, self.proc.stderr):
             if f is not None:
                 f.close()
+        if self.status is not None:
+            os.close(self.status)
+            self.status = None
 
 
 _PRLIMIT_NAMES = {resource.RLIMIT_CPU: "cpu", resource.RLIMIT_AS: "as",
@@ -303,6 +411,13 @@ class Capped:
         body = bytes(self.head) + (f"\n[... {dropped} bytes truncated ...]\n".encode()
                                    if dropped > 0 else b"") + tail
         return body.decode("utf-8", errors="replace"), dropped > 0
+
+
+def drain(f: BinaryIO, sink: Capped) -> None:
+    """Read what a (non-blocking) pipe holds now into ``sink``, without waiting for EOF."""
+    with contextlib.suppress(BlockingIOError, OSError, ValueError):
+        while chunk := os.read(f.fileno(), 65536):
+            sink.add(chunk)
 
 
 async def pump(f: BinaryIO, sink: Capped) -> None:

@@ -21,15 +21,29 @@ _ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "lo
 
 
 @functools.lru_cache(maxsize=1)
-def system_binds() -> tuple[str, ...]:
-    """Read-only system paths: /usr, the /bin and /lib* entries (links or dirs), and an /etc."""
-    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+def system_layout() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The host's read-only system: directories to bind (/usr, and /bin, /lib* where they are
+    directories) and (target, link) pairs for the /bin, /lib* entries that are symlinks."""
+    dirs, links = ["/usr"], []
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         p = Path("/") / name
         if p.is_symlink():
-            args += ["--symlink", os.readlink(p), str(p)]
+            links.append((os.readlink(p), str(p)))
         elif p.is_dir():
-            args += ["--ro-bind", str(p), str(p)]
+            dirs.append(str(p))
+    return tuple(dirs), tuple(links)
+
+
+@functools.lru_cache(maxsize=2)
+def system_binds(links: bool = True) -> tuple[str, ...]:
+    """bwrap arguments of the read-only system: /usr, the /bin and /lib* entries, an /etc.
+    ``links=False``: leave the symlinks out (a ``SandboxRoot`` has them already)."""
+    dirs, symlinks = system_layout()
+    args: list[str] = []
+    for d in dirs:
+        args += ["--ro-bind", d, d]
+    for target, link in symlinks if links else ():
+        args += ["--symlink", target, link]
     return (*args, "--ro-bind", str(_staged_etc()), "/etc")
 
 
@@ -64,8 +78,11 @@ def _staged_etc() -> Path:
 
 def venv_paths(venv: str | None) -> list[str]:
     """A venv's root and the interpreter prefix it links to (both mounted read-only)."""
-    if venv is None:
-        return []
+    return [] if venv is None else list(_venv_paths(venv))
+
+
+@functools.lru_cache(maxsize=256)
+def _venv_paths(venv: str) -> tuple[str, ...]:
     v = Path(venv).absolute()
     if not (v / "bin").is_dir():
         raise SandboxError(f"venv {venv} has no bin/ directory; pass the venv's root directory "
@@ -79,7 +96,7 @@ def venv_paths(venv: str | None) -> list[str]:
                 prefix = Path(val.strip()).resolve().parent
                 if prefix.is_dir() and not str(prefix).startswith("/usr"):
                     out.append(str(prefix))
-    return out
+    return tuple(out)
 
 
 def bind_args(host_dir: Path, workdir: str, venv: str | None, staged: bool) -> list[str]:

@@ -6,7 +6,10 @@ Each lease has a timeout after which its sandbox is closed and further use raise
 
 A lease is served, fastest first, by: an ``idle`` sandbox (returned by an earlier lease and reset:
 a fresh overlay upper, no files, processes or /tmp carried over), a ``warm`` one (created ahead,
-never leased, its first command's launcher already prepared), or a new one (cold). Once a
+never leased, its first command's launcher already prepared), a ``blank`` one (``bwrap.Blank``:
+uid, root and first command's bwrap started ahead for no base in particular; the lease creates
+the workspace over its base and attaches it), or a new one (cold). The pool keeps ``blank``
+blanks ready (as root with the C launcher; refilled after a lease's first command). Once a
 (base, venv) pair has been leased (or ``prewarm``ed), a background task keeps ``warm`` sandboxes
 ready for it, one creation at a time, started after a lease's first command or its return (so it
 never competes with the latency-critical first command); only the ``warm_keys`` most recently used pairs are kept
@@ -34,7 +37,15 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from looprl.errors import SandboxError
-from looprl.sandbox.bwrap import BwrapSandbox, SandboxLimits, check_bwrap, new_sandbox, sandbox_from
+from looprl.sandbox.bwrap import (
+    Blank,
+    BwrapSandbox,
+    SandboxLimits,
+    can_root,
+    check_bwrap,
+    make_blank,
+    new_sandbox,
+)
 from looprl.sandbox.workspace import Snapshot
 from looprl.types import ExecResult, FileEntry
 
@@ -61,7 +72,11 @@ class PoolMetrics:
     warm: int = 0
     """Sandboxes created ahead (never leased), ready for the next lease over their base."""
     warm_hits_total: int = 0
-    """Leases served by a warm or idle sandbox (the rest were created on the spot: cold)."""
+    """Leases served by a warm or idle sandbox."""
+    blank: int = 0
+    """Blank sandboxes ready (any base: namespaces started, no workspace yet)."""
+    blank_hits_total: int = 0
+    """Leases whose sandbox was created from a blank (the rest of the new ones were cold)."""
 
     def to_dict(self) -> dict[str, float | int]:
         return dict(self.__dict__)
@@ -147,15 +162,20 @@ class SandboxPool:
 
     def __init__(self, max_running: int = 16, *, limits: SandboxLimits | None = None,
                  lease_timeout_s: float = 3600.0, max_idle: int = 8, warm: int = 2,
-                 warm_keys: int = 4):
-        if max_running < 1 or warm < 0 or warm_keys < 1:
-            raise ValueError("SandboxPool needs max_running >= 1, warm >= 0 and warm_keys >= 1")
+                 warm_keys: int = 4, blank: int = 2):
+        if max_running < 1 or warm < 0 or warm_keys < 1 or blank < 0:
+            raise ValueError("SandboxPool needs max_running >= 1, warm >= 0, warm_keys >= 1 and "
+                             "blank >= 0")
         self.max_running = max_running
         self.limits = limits or SandboxLimits()
         self.lease_timeout_s = lease_timeout_s
         self.max_idle = max_idle
         self.warm = warm
         self.warm_keys = warm_keys
+        self.blank = blank
+        self._blanks: list[Blank] = []
+        self._blank_filler: asyncio.Task[None] | None = None
+        self._blank_hits = 0
         self._warm: dict[tuple[str, str | None], list[BwrapSandbox]] = {}
         """Per (base, venv), most recently used last: sandboxes created ahead."""
         self._fillers: dict[tuple[str, str | None], asyncio.Task[None]] = {}
@@ -204,20 +224,59 @@ class SandboxPool:
                     snapshot: Snapshot | None) -> tuple[BwrapSandbox, tuple[str, str | None]]:
         key = (os.path.realpath(base_dir), venv)
         if snapshot is not None:
-            return await sandbox_from(snapshot, venv=venv, limits=self.limits), ("", None)
+            return await self._new((snapshot.base, venv), snapshot, self._take_blank()), ("", None)
         self._touch(key)
         idle, warm = self._idle.get(key), self._warm.get(key)
         ready = idle.pop() if idle else warm.pop(0) if warm else None
         if ready is not None:
             self._warm_hits += 1
             return ready, key
-        return await self._new(key), key
+        return await self._new(key, None, self._take_blank()), key
 
-    async def _new(self, key: tuple[str, str | None]) -> BwrapSandbox:
+    async def _new(self, key: tuple[str, str | None], snapshot: Snapshot | None = None,
+                   blank: Blank | None = None) -> BwrapSandbox:
         try:
-            return await new_sandbox(key[0], key[1], limits=self.limits)
+            return await new_sandbox(key[0], key[1], limits=self.limits, snapshot=snapshot,
+                                     blank=blank)
         except OSError as e:
             raise SandboxError(f"could not create a workspace over {key[0]}: {e}") from e
+
+    # ------------------------------------------------------------ blank sandboxes
+
+    def _take_blank(self) -> Blank | None:
+        while self._blanks:
+            b = self._blanks.pop(0)
+            if b.usable():
+                self._blank_hits += 1
+                return b
+            b.close()
+        return None
+
+    async def prewarm_blank(self) -> None:
+        """Start the ``blank`` blank sandboxes now and wait until they are started."""
+        if self._closed:
+            raise SandboxError("sandbox pool is closed")
+        check_bwrap()
+        self._refill_blanks()
+        if self._blank_filler is not None:
+            await asyncio.shield(self._blank_filler)
+
+    def _refill_blanks(self) -> None:
+        task = self._blank_filler
+        if (self.blank and not self._closed and len(self._blanks) < self.blank
+                and (task is None or task.done()) and can_root([])):
+            self._blank_filler = asyncio.ensure_future(self._fill_blanks())
+
+    async def _fill_blanks(self) -> None:
+        while not self._closed and len(self._blanks) < self.blank:
+            try:
+                b = await make_blank(self.limits)
+            except (SandboxError, OSError):
+                return  # leases create their sandboxes cold and report the failure
+            if self._closed:
+                b.close()
+                return
+            self._blanks.append(b)
 
     # ------------------------------------------------------------ warm sandboxes
 
@@ -248,6 +307,7 @@ class SandboxPool:
                 closing.add_done_callback(self._closing.discard)
 
     def _refill(self, key: tuple[str, str | None]) -> None:
+        self._refill_blanks()
         task = self._fillers.get(key)
         if key not in self._warm:  # a snapshot lease, or a base no longer kept warm
             return
@@ -323,7 +383,8 @@ class SandboxPool:
             queued=self._queued, max_running=self.max_running, leases_total=self._leases,
             expired_total=self._expired, errors_total=self._errors, execs_total=self._execs,
             exec_p50_ms=1000 * _percentile(lat, 0.5), exec_p95_ms=1000 * _percentile(lat, 0.95),
-            warm=sum(len(v) for v in self._warm.values()), warm_hits_total=self._warm_hits)
+            warm=sum(len(v) for v in self._warm.values()), warm_hits_total=self._warm_hits,
+            blank=len(self._blanks), blank_hits_total=self._blank_hits)
 
     def health(self) -> dict[str, object]:
         """ok + why not: bubblewrap usable and the pool open."""
@@ -335,13 +396,19 @@ class SandboxPool:
         return {"ok": ok, "detail": detail, **self.metrics().to_dict()}
 
     async def close(self) -> None:
-        """Stop the warm refill; close every warm, idle and leased sandbox."""
+        """Stop the refills; close every blank, warm, idle and leased sandbox."""
         self._closed = True
         fillers = list(self._fillers.values())
         for task in fillers:
             task.cancel()
+        if self._blank_filler is not None:
+            self._blank_filler.cancel()
+            fillers.append(self._blank_filler)
         await asyncio.gather(*fillers, return_exceptions=True)
         self._fillers.clear()
+        for b in self._blanks:
+            b.close()
+        self._blanks.clear()
         for leased in list(self._busy.values()):
             await self.release(leased)
         for group in (*self._idle.values(), *self._warm.values()):

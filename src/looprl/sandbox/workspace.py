@@ -58,17 +58,31 @@ _janitor_done = False
 
 
 def sandbox_root() -> Path:
-    """Where workspaces and layers live on the host (``LOOPRL_SANDBOX_DIR``, default under /tmp)."""
-    p = Path(os.environ.get("LOOPRL_SANDBOX_DIR", Path(tempfile.gettempdir()) / "looprl-sandbox"))
+    """Where workspaces, layers and sandbox roots live on the host: ``LOOPRL_SANDBOX_DIR``, by
+    default /dev/shm/looprl-sandbox when running as root (the overlay backend) and /dev/shm is a
+    tmpfs — they are mount points and small layers there, and a directory is made in ~5 us on
+    tmpfs against 0.3-1 ms on this host's disk, several per sandbox — else under /tmp."""
+    env = os.environ.get("LOOPRL_SANDBOX_DIR")
+    p = Path(env) if env else _default_root()
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+@functools.lru_cache(maxsize=1)
+def _default_root() -> Path:
+    if _overlay_ok():
+        with open("/proc/mounts") as f:
+            if any(line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in f):
+                return Path("/dev/shm/looprl-sandbox")
+    return Path(tempfile.gettempdir()) / "looprl-sandbox"
 
 
 # ---------------------------------------------------------------- mounts
 
 
-def _mount(source: str, target: Path, fstype: str, options: str) -> None:
-    rc = _libc.mount(source.encode(), str(target).encode(), fstype.encode(), 0, options.encode())
+def _mount(source: str, target: Path, fstype: str, options: str, flags: int = 0) -> None:
+    rc = _libc.mount(source.encode(), str(target).encode(), fstype.encode(), flags,
+                     options.encode())
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount -t {fstype} {target}: {os.strerror(err)} (options {options})")
@@ -134,7 +148,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _owner_pid(name: str) -> int | None:
     parts = name.split("-")
-    if len(parts) >= 3 and parts[0] in ("ws", "layer", "mnt") and parts[1].isdigit():
+    if len(parts) >= 3 and parts[0] in ("ws", "layer", "mnt", "root") and parts[1].isdigit():
         return int(parts[1])
     return None
 
@@ -390,6 +404,13 @@ def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None 
     if backend == "copy":
         log.info("workspace backend: copy (cp -a of %s)", base_p)
     return Workspace(base_p, snapshot.layers if snapshot else (), disk_mb, "copy", uid)
+
+
+def overlay_capable(base: str | os.PathLike[str]) -> bool:
+    """Whether ``create_workspace(base, uid=...)`` mounts an overlay (fast) rather than copying."""
+    base_p = Path(base).resolve()
+    return (_overlay_ok() and base_p.is_dir()
+            and _foreign_owned(str(base_p), base_p.stat().st_mtime_ns) is None)
 
 
 @functools.lru_cache(maxsize=1024)
