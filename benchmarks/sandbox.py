@@ -110,13 +110,18 @@ async def bench_create(base: Path, venv: str, reps: int) -> tuple[list[float], s
     return out, backend
 
 
-async def bench_blank(base: Path, venv: str, reps: int) -> tuple[list[float], int]:
-    """Lease + first command of a base the pool has nothing for, from a blank sandbox."""
-    pool = SandboxPool(max_running=4, warm=0, max_idle=0, blank=2)
+async def bench_pool_lease(base: Path, venv: str, reps: int,
+                           ahead: str) -> tuple[list[float], int]:
+    """Lease + first command from a pool whose sandboxes were started ahead (untimed refill):
+    ``ahead="blank"``, blank ones for any base (the workspace is created at the lease);
+    ``ahead="warm"``, ones created for this very base."""
+    blank = ahead == "blank"
+    pool = SandboxPool(max_running=4, warm=0 if blank else 2, max_idle=0,  # returned: closed
+                       blank=2 if blank else 0)
     out = []
     try:
         for _ in range(reps):
-            await pool.prewarm_blank()
+            await (pool.prewarm_blank() if blank else pool.prewarm(base, venv))
             await asyncio.sleep(0.05)
             t0 = time.perf_counter()
             sb = await pool.acquire(base, venv)
@@ -124,30 +129,10 @@ async def bench_blank(base: Path, venv: str, reps: int) -> tuple[list[float], in
             out.append(time.perf_counter() - t0)
             assert r.ok, r
             await pool.release(sb)
-        hits = pool.metrics().blank_hits_total
+        m = pool.metrics()
     finally:
         await pool.close()
-    return out, hits
-
-
-async def bench_warm(base: Path, venv: str, reps: int) -> tuple[list[float], int]:
-    """Lease + first command from a pool whose warm sandboxes were created ahead (untimed)."""
-    pool = SandboxPool(max_running=4, warm=2, max_idle=0, blank=0)  # returned ones closed
-    out = []
-    try:
-        for _ in range(reps):
-            await pool.prewarm(base, venv)
-            await asyncio.sleep(0.05)
-            t0 = time.perf_counter()
-            sb = await pool.acquire(base, venv)
-            r = await sb.exec("true")
-            out.append(time.perf_counter() - t0)
-            assert r.ok, r
-            await pool.release(sb)
-        hits = pool.metrics().warm_hits_total
-    finally:
-        await pool.close()
-    return out, hits
+    return out, m.blank_hits_total if blank else m.warm_hits_total
 
 
 async def bench_exec(base: Path, venv: str, reps: int,
@@ -256,11 +241,11 @@ async def main() -> None:
         cp_disk = bench_cp(base, max(5, args.reps // 2))
         cp = bench_cp(base, max(5, args.reps // 2), shm) if shm else cp_disk
         print("pool lease of a new base (blank sandbox) + first `true` ...", flush=True)
-        blank, blank_hits = await bench_blank(base, venv, args.reps)
+        blank, blank_hits = await bench_pool_lease(base, venv, args.reps, "blank")
         print("cold create sandbox + first `true` ...", flush=True)
         cold, backend = await bench_create(base, venv, args.reps)
         print("warm pool lease + first `true` ...", flush=True)
-        warm, warm_hits = await bench_warm(base, venv, args.reps)
+        warm, warm_hits = await bench_pool_lease(base, venv, args.reps, "warm")
         print("per-command overhead ...", flush=True)
         boxed, bare = await bench_exec(base, venv, 2 * args.reps)
         boxed_nocg, bare_nocg = await bench_exec(base, venv, args.reps, SandboxLimits(cgroups=False))

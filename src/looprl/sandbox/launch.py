@@ -323,8 +323,8 @@ class Prepared:
         loop = asyncio.get_running_loop()
         buf = b""
         while True:
-            readable = loop.create_future()
-            loop.add_reader(self.status, lambda: readable.done() or readable.set_result(None))
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(self.status, _set_once, readable)
             try:
                 await readable
             finally:
@@ -411,6 +411,11 @@ class Capped:
         body = bytes(self.head) + (f"\n[... {dropped} bytes truncated ...]\n".encode()
                                    if dropped > 0 else b"") + tail
         return body.decode("utf-8", errors="replace"), dropped > 0
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def drain(f: BinaryIO, sink: Capped) -> None:
