@@ -62,6 +62,7 @@ from looprl.sandbox.launch import (
     ERROR_PREFIX,
     Capped,
     Prepared,
+    check_env,
     drain,
     encode_argv,
     encode_message,
@@ -174,9 +175,9 @@ def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: st
             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
             *binds, "--chdir", workdir,
             "--clearenv"]
-    for k, v in command_env(venv, env).items():
-        if not k or "=" in k or "\0" in k or "\0" in v:
-            raise ToolError(f"invalid environment variable {k!r}: names need no '=' or NUL")
+    merged = command_env(venv, env)
+    check_env(merged)
+    for k, v in merged.items():
         argv += ["--setenv", k, v]
     return [*argv, "--", "/bin/sh", "-c", cmd]
 
@@ -275,7 +276,7 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
     out, err = Capped(limits.output_bytes), Capped(limits.output_bytes)
     pumps: asyncio.Future[list[None]] | None = None
     rc: int | None = None
-    retire = False
+    finished = False  # the status came in time: the command has ended
     try:
         assert proc.stdout is not None and proc.stderr is not None
         pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
@@ -292,17 +293,17 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
         except asyncio.TimeoutError:
             timed_out = True
         finally:  # kill the whole tree, also when we are cancelled
-            if rc is not None and not timed_out:
+            finished = rc is not None and not timed_out
+            if finished:
                 prepared.kill_now()  # orphans; the rest is already ending
             else:
                 if proc.returncode is None:  # not reaped yet: its pid cannot have been reused
                     _kill_tree(proc.pid)
                 cg.kill_all()
-        if rc is not None and not timed_out:  # the command's output is in the pipes already
+        if finished:  # the command's output is in the pipes already
             pumps.cancel()
             drain(proc.stdout, out)
             drain(proc.stderr, err)
-            retire = True
         else:
             try:
                 await asyncio.wait_for(pumps, 2.0)
@@ -313,7 +314,7 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
     finally:
         if pumps is not None and not pumps.done():
             pumps.cancel()
-        if retire:
+        if finished:
             assert pumps is not None
             _retire(prepared, pumps)
         else:
@@ -482,8 +483,8 @@ class BwrapSandbox:
         await self._gate.enter(False)
         try:
             prepared = self._take_ready()
-            if prepared is None and self.root is not None:
-                prepared = await prepare_rooted(self.limits, uid, self.root)
+            if prepared is None and self.root is not None:  # (without a root: run_bwrap's)
+                prepared = await self._prepare()
             return await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits, uid=uid,
                                    prepared=prepared, message=message)
         finally:

@@ -227,11 +227,16 @@ def encode_argv(argv: list[str]) -> bytes:
     return bytes(out)
 
 
-def encode_message(cwd: str, env: Mapping[str, str], argv: list[str]) -> bytes:
-    """What a ``-x`` launcher reads: the working directory, the environment, the command line."""
+def check_env(env: Mapping[str, str]) -> None:
+    """``ToolError`` for a variable no process environment can hold."""
     for k, v in env.items():
         if not k or "=" in k or "\0" in k or "\0" in v:
             raise ToolError(f"invalid environment variable {k!r}: names need no '=' or NUL")
+
+
+def encode_message(cwd: str, env: Mapping[str, str], argv: list[str]) -> bytes:
+    """What a ``-x`` launcher reads: the working directory, the environment, the command line."""
+    check_env(env)
     return encode_argv([cwd, *(f"{k}={v}" for k, v in env.items())]) + b"\0" + encode_argv(argv)
 
 
@@ -264,15 +269,14 @@ class Prepared:
         """Start ``chain`` (stdout/stderr piped, in its own session). ``pipe``: the (read, write)
         ends of its command pipe: the child gets the read end, this side keeps the write end.
         ``status``: (read, write) ends of its status pipe: the child gets the write end."""
-        keep = [] if pipe is None else [pipe[0]]
-        keep += [] if status is None else [status[1]]
+        keep = ([] if pipe is None else [pipe[0]]) + ([] if status is None else [status[1]])
+        ours = ([] if pipe is None else [pipe[1]]) + ([] if status is None else [status[0]])
         try:
             proc = subprocess.Popen(chain, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True,
                                     pass_fds=keep)
         except (OSError, subprocess.SubprocessError) as e:
-            for fd in ([] if pipe is None else [pipe[1]]) + ([] if status is None else
-                                                             [status[0]]):
+            for fd in ours:
                 os.close(fd)
             raise SandboxError(f"could not start the sandbox launcher: {e}") from e
         finally:

@@ -386,7 +386,7 @@ def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None 
     if backend is None:
         backend = "overlay" if _overlay_ok() else "copy"
     if backend == "overlay" and uid is not None and snapshot is None:
-        stranger = _foreign_owned(str(base_p), base_p.stat().st_mtime_ns)
+        stranger = _stranger(base_p)
         if stranger:  # an idmap shows only root's files as the sandbox's: copy + chown instead
             log.warning("base %s has files not owned by root (e.g. %s): sandboxes over it use "
                         "the slow copy backend; extract repositories with "
@@ -409,8 +409,12 @@ def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None 
 def overlay_capable(base: str | os.PathLike[str]) -> bool:
     """Whether ``create_workspace(base, uid=...)`` mounts an overlay (fast) rather than copying."""
     base_p = Path(base).resolve()
-    return (_overlay_ok() and base_p.is_dir()
-            and _foreign_owned(str(base_p), base_p.stat().st_mtime_ns) is None)
+    return _overlay_ok() and base_p.is_dir() and _stranger(base_p) is None
+
+
+def _stranger(base_p: Path) -> str | None:
+    """A path under the (resolved) base not owned by uid 0: then an idmap cannot serve it."""
+    return _foreign_owned(str(base_p), base_p.stat().st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=1024)
