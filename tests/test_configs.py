@@ -32,3 +32,14 @@ def test_help_lists_every_command():
     for name, _, _ in SUBCOMMANDS:
         assert name in out
     assert "quickstart" in out
+
+
+@pytest.mark.parametrize("override", [["model.drills=2", "model.pretrain_steps=0"],
+                                      ["model.drills=-1", "model.pretrain_steps=10"]])
+def test_drills_without_pretraining_are_refused_before_any_work(tmp_path, override):
+    from looprl.quickstart import run
+
+    cfg = load_config(QuickstartConfig, CONFIGS[0].with_name("quickstart.toml"), override)
+    with pytest.raises(ConfigError, match="model.drills"):
+        run(cfg, runs_root=tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing built, nothing written

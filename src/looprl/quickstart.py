@@ -28,7 +28,7 @@ from rich.table import Table
 
 from looprl import paths
 from looprl.config import save_config
-from looprl.errors import TaskError
+from looprl.errors import ConfigError, TaskError
 from looprl.harness.agent import AgentConfig
 from looprl.harness.format import ChatFormat
 from looprl.rewards.composite import RewardConfig
@@ -95,6 +95,9 @@ class ModelSection:
     """A name in ``looprl.models.tiny.SIZES`` (default model only)."""
     pretrain_steps: int = 0
     """Next-token pretraining steps on installed Python source before SFT (0 = skip)."""
+    drills: int = 0
+    """Copy drills (``looprl.tasks.drills``) per copying step of each SFT demo, added to the
+    pretraining text (0 = none; needs ``pretrain_steps``)."""
     threads: int = 2
 
 
@@ -160,6 +163,8 @@ def build_tasks(cfg: QuickstartConfig) -> tuple[list[Task], list[Task]]:
 
 
 def init_model(cfg: QuickstartConfig, run_dir: Path) -> Path:
+    """The model this run trains: a checkpoint given in ``model.path``, or a fresh copy of the
+    default model (pretrained later, by ``pretrain_model``, once the demos exist)."""
     from looprl.models.tiny import init_default_model
 
     if cfg.model.path:  # a real checkpoint: train it as it is
@@ -172,11 +177,22 @@ def init_model(cfg: QuickstartConfig, run_dir: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(cache, dest)
-    if cfg.model.pretrain_steps:
-        from looprl.models.pretrain import pretrain
-
-        pretrain(dest, steps=cfg.model.pretrain_steps)
     return dest
+
+
+def pretrain_model(cfg: QuickstartConfig, model_dir: Path, demos: list[Trajectory], tok) -> None:
+    """``model.pretrain_steps`` of next-token pretraining of the default model, with
+    ``model.drills`` copy drills per copying step of ``demos`` in the text."""
+    if cfg.model.path or not cfg.model.pretrain_steps:
+        return
+    from looprl.models.pretrain import pretrain
+    from looprl.tasks.drills import copy_drills
+
+    drills = copy_drills(demos, tok, per_demo=cfg.model.drills, seed=cfg.seed) \
+        if cfg.model.drills and demos else []
+    if drills:
+        console.print(f"pretraining text: + {len(drills):,} copy drills from {len(demos)} demos")
+    pretrain(model_dir, steps=cfg.model.pretrain_steps, transcripts=drills)
 
 
 def sft_demos(train: list[Task], tok, cfg: QuickstartConfig) -> list[Trajectory]:
@@ -254,6 +270,9 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
     """Run the whole main job; returns the report path."""
     from looprl.models.loading import load_model
 
+    if cfg.model.drills < 0 or (cfg.model.drills and not cfg.model.pretrain_steps):
+        raise ConfigError("model.drills (copy drills per demo step, added to pretraining) must "
+                          "be >= 0 and needs model.pretrain_steps > 0; set both or drills=0")
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.model.threads)
     run_dir = runs_root / cfg.name
@@ -264,10 +283,10 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
     train, held = build_tasks(cfg)
     console.print(f"[bold]tasks[/]: {len(train)} train, {len(held)} held-out")
     model_dir = init_model(cfg, run_dir)
-    loaded = load_model(model_dir)
-    model, tok = loaded.model, loaded.tokenizer
-
+    tok = load_model(model_dir).tokenizer
     demos, val = split_validation(sft_demos(train, tok, cfg), cfg.demos.validation, cfg.seed)
+    pretrain_model(cfg, model_dir, demos, tok)
+    model = load_model(model_dir).model
     turns = {"init": turn_accuracy(model, tok, val)} if val else {}
     console.print(f"[bold]SFT[/] on {len(demos)} oracle trajectories ({len(val)} kept for validation)")
     sft_res = sft(model, demos, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
