@@ -62,8 +62,11 @@ def _swap(texts: tuple[str, str], pairs: dict[str, str]) -> tuple[str, str]:
         return texts
     pat = re.compile(r"\b(" + "|".join(map(re.escape, sorted(pairs, key=len, reverse=True)))
                      + r")\b")
-    return pat.sub(lambda m: pairs[m.group(1)], texts[0]), pat.sub(lambda m: pairs[m.group(1)],
-                                                                     texts[1])
+
+    def swap(text: str) -> str:
+        return pat.sub(lambda m: pairs[m.group(1)], text)
+
+    return swap(texts[0]), swap(texts[1])
 
 
 def _fresh(rng: random.Random, pool: Sequence[str], avoid: set[str]) -> str:
