@@ -27,13 +27,15 @@ printed too (``cp_disk_p50_ms``); it ranged from 0.09 s to 1.3 s between runs on
 
 The floor: a bare ``bwrap true`` (namespaces + /usr only) in the same run; ``cp -a`` / floor
 (``best_cold_ratio``) is the best speedup a design that starts bwrap on the spot can reach here.
+``cp -a`` / the bare command (``ceiling_vs_cp``) is the ratio a create costing nothing would give
+if its first command cost what it costs unsandboxed, started from Python (asyncio subprocess).
 Per-command overhead is measured with a bare command and 20 ms pauses between sandboxed ones,
 during which the sandbox prepares the next command (``launch.py``: as root its whole bwrap), as
 it would while a model thinks.
 
 The last line is machine-readable: ``create_p50_ms=… cp_p50_ms=… speedup_vs_cp=…
 cold_create_p50_ms=… speedup_cold_vs_cp=… exec_overhead_p50_ms=… concurrent_ok=… peak_mem_mb=…
-warm_lease_p50_ms=… speedup_warm_vs_cp=… bwrap_floor_ms=… best_cold_ratio=…``
+warm_lease_p50_ms=… speedup_warm_vs_cp=… bwrap_floor_ms=… best_cold_ratio=… ceiling_vs_cp=…``
 """
 
 from __future__ import annotations
@@ -256,7 +258,8 @@ async def main() -> None:
     cp_ms, warm_ms = 1000 * p50(cp), 1000 * p50(warm)
     cp_disk_ms = 1000 * p50(cp_disk)
     floor_ms = 1000 * p50(floor)
-    overhead_ms = 1000 * (p50(boxed) - p50(bare))
+    bare_ms = 1000 * p50(bare)
+    overhead_ms = 1000 * p50(boxed) - bare_ms
     overhead_nocg_ms = 1000 * (p50(boxed_nocg) - p50(bare_nocg))
     print()
     print(f"  workspace backend          {backend}")
@@ -273,7 +276,9 @@ async def main() -> None:
           f"than cp -a; {warm_hits}/{len(warm)} leases served warm; sandboxes pre-created, "
           "not a creation cost)")
     print(f"  sandboxed `true`           p50 {1000 * p50(boxed):8.1f} ms   "
-          f"bare {1000 * p50(bare):.1f} ms -> overhead {overhead_ms:.1f} ms")
+          f"bare {bare_ms:.1f} ms -> overhead {overhead_ms:.1f} ms")
+    print(f"    ceiling: a free create + the first command run unsandboxed from Python: "
+          f"cp -a / bare = {cp_ms / bare_ms:.1f}x")
     print(f"    without per-command cgroups                 -> overhead {overhead_nocg_ms:.1f} ms")
     print(f"    floor: bare-minimum bwrap `true`  p50 {floor_ms:8.1f} ms   (kernel namespace "
           "setup alone, same run)")
@@ -288,7 +293,7 @@ async def main() -> None:
           f"exec_overhead_p50_ms={overhead_ms:.1f} concurrent_ok={ok}/{args.concurrent} "
           f"peak_mem_mb={peak:.0f} warm_lease_p50_ms={warm_ms:.1f} "
           f"speedup_warm_vs_cp={cp_ms / warm_ms:.1f} bwrap_floor_ms={floor_ms:.1f} "
-          f"best_cold_ratio={cp_ms / floor_ms:.1f}")
+          f"best_cold_ratio={cp_ms / floor_ms:.1f} ceiling_vs_cp={cp_ms / bare_ms:.1f}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ that no process the attack started survived.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from looprl.errors import ToolError
-from looprl.sandbox import SandboxLimits, create_sandbox
+from looprl.sandbox import SandboxLimits, create_sandbox, seccomp
 from looprl.types import ExecResult
 
 from .conftest import needs_bwrap, run, tree_hash
@@ -254,3 +255,57 @@ def test_cancelled_exec_kills_its_tree(host: Host) -> None:
         finally:
             await sb.close()
     run(go())
+
+
+SYSCALL_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for name, nr in {calls}:
+    ctypes.set_errno(0)
+    r = libc.syscall(nr, 0, 0, 0, 0, 0)
+    print(name, r, ctypes.get_errno())
+"""
+
+
+@pytest.mark.skipif(seccomp.program() is None, reason="no syscall table for this machine")
+@pytest.mark.parametrize("path", ["rooted", "bwrap_per_command", "stock_tools"])
+def test_kernel_interfaces_fail_with_eperm(host: Host, path: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every denied call fails with EPERM on each way a command can be started (a sandbox's
+    prepared bwrap, bwrap per command, the stock-tool chain); an allowed one still works."""
+    import platform
+
+    from looprl.sandbox import bwrap as bwrap_mod
+    from looprl.sandbox.launch import launcher_path
+
+    table = seccomp._TABLES[platform.machine()][1]
+    calls = [(n, table[n]) for n in seccomp.DENIED if n in table]
+    calls.append(("getppid", {"x86_64": 110, "aarch64": 173}[platform.machine()]))
+    if path == "rooted" and not bwrap_mod.can_root([str(host.base)]):
+        pytest.skip("sandbox roots need root and a C compiler")
+    if path != "rooted":
+        monkeypatch.setattr(bwrap_mod, "can_root", lambda paths: False)
+    if path == "stock_tools":
+        monkeypatch.setenv("LOOPRL_SANDBOX_LAUNCHER", "tools")
+        launcher_path.cache_clear()
+    try:
+        r = sh(host, py(SYSCALL_PROBE.format(calls=calls)), timeout_s=20)
+    finally:
+        launcher_path.cache_clear()
+    assert r.ok, r
+    got = {line.split()[0]: (int(line.split()[1]), int(line.split()[2]))
+           for line in r.stdout.splitlines()}
+    assert got.pop("getppid")[0] > 0
+    eperm = 1
+    assert got == {n: (-1, eperm) for n, _ in calls if n != "getppid"}
+
+
+def test_seccomp_off_lets_the_calls_through(host: Host) -> None:
+    """The filter, not something else, is what denies them: without it, unshare(0) (no new
+    namespace: allowed to anyone) succeeds."""
+    probe = py("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+               "print(libc.unshare(0), ctypes.get_errno())")
+    r = sh(host, probe, limits=dataclasses.replace(SMALL, seccomp=False))
+    assert r.ok and r.stdout.split() == ["0", "0"], r
+    r = sh(host, probe)
+    assert r.ok and r.stdout.split() == ["-1", "1"], r

@@ -197,3 +197,26 @@ def test_base_owned_by_another_uid_still_editable(base_repo: Path) -> None:
             await sb.close()
     run(go())
     assert "edited" not in (base_repo / "pkg" / "calc.py").read_text()
+
+
+def test_machine_without_a_syscall_table_runs_commands_unfiltered(
+        base_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    from looprl.sandbox import seccomp
+
+    monkeypatch.setattr(platform, "machine", lambda: "riscv64")
+    seccomp.program.cache_clear()
+    try:
+        assert seccomp.program() is None and seccomp.filter_fd() is None
+
+        async def go():
+            sb = await create_sandbox(base_repo)
+            try:
+                r = await sb.exec("grep Seccomp: /proc/self/status")
+                assert r.ok and r.stdout.split() == ["Seccomp:", "0"], r
+            finally:
+                await sb.close()
+        run(go())
+    finally:
+        seccomp.program.cache_clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,51 @@ def test_expired_lease_is_an_infra_error(base_repo: Path) -> None:
             assert (await sb.exec("echo again")).ok
         await pool.close()
     run(go())
+
+
+def test_lease_expiring_mid_command_kills_it(base_repo: Path) -> None:
+    """The command does not outlive its lease (nor run under a uid the pool hands out again)."""
+    async def go():
+        pool = SandboxPool(max_running=1)
+        t0 = time.perf_counter()
+        async with pool.lease(base_repo, timeout_s=0.5) as sb:
+            uid = sb.inner.workspace.uid
+            with pytest.raises(SandboxError, match="lease expired") as e:
+                await sb.exec("sleep 7.31; echo finished > late.txt", timeout_s=60)
+            assert e.value.is_infra
+        assert time.perf_counter() - t0 < 5
+        assert not _pids_running("sleep 7.31")
+        if uid is not None:  # nothing of that uid runs on the host (zombies run nothing)
+            left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid
+                    and _state(p) not in ("Z", None)]
+            assert not left, [(p / "status").read_text()[:200] for p in left]
+        await pool.close()
+    run(go())
+
+
+def _pids_running(needle: str) -> list[str]:
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and needle in (p / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                out.append(p.name)
+        except OSError:
+            pass
+    return out
+
+
+def _state(p: Path) -> str | None:
+    try:
+        return (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner(p: Path) -> int | None:
+    try:
+        return p.stat().st_uid
+    except OSError:
+        return None
 
 
 def test_crashed_sandbox_is_infra_and_not_reused(base_repo: Path) -> None:

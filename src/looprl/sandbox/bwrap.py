@@ -18,7 +18,10 @@ still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets
   memory/pids controllers are writable, a memory limit and a pid limit per command;
 - a wall-clock timeout that kills the whole tree: the process group and every pid of the cgroup
   are SIGKILLed, and ``--die-with-parent`` + the pid namespace take the rest down with bwrap;
-- output capped to head + tail with a ``[... N bytes truncated ...]`` marker.
+- output capped to head + tail with a ``[... N bytes truncated ...]`` marker;
+- a seccomp filter (``seccomp.py``): loading kernel code, mounting, namespaces, io_uring, bpf,
+  perf events, the keyring, ptrace and a few more fail with EPERM (x86-64 and aarch64; on other
+  machines there is no filter).
 
 The setup before bwrap (cgroups, rlimits, host uid) is one exec of a small C launcher
 (``launch.py``). As root, a sandbox's ``/`` is a ``SandboxRoot`` (``root.py``) that bwrap binds,
@@ -29,8 +32,8 @@ launcher inside reports its status; the namespaces are torn down in the backgrou
 by mount propagation. Otherwise each sandbox keeps the next command's launcher prepared, and
 bwrap starts per command; where no C compiler exists, a stock-tool chain does the same.
 
-What this does NOT protect against: kernel exploits (namespaces share the host kernel, no seccomp
-filter is installed), CPU/memory-bandwidth contention and timing side channels between sandboxes,
+What this does NOT protect against: kernel exploits through the system calls the filter allows
+(namespaces share the host kernel), CPU/memory-bandwidth contention and timing side channels between sandboxes,
 exhaustion of host resources no limit covers (e.g. inotify watches, kernel memory outside the
 cgroup), and reads of world-readable files under the read-only system paths. Run as a non-root
 user, there are no per-sandbox uids and usually no writable cgroups: commands then run as that
@@ -43,6 +46,7 @@ user and the fork-bomb guard is RLIMIT_NPROC alone (shared by all of that user's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import resource
@@ -51,7 +55,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -74,6 +78,7 @@ from looprl.sandbox.launch import (
 )
 from looprl.sandbox.mounts import bind_args, system_binds, venv_paths  # noqa: F401
 from looprl.sandbox.root import LAUNCH, SandboxRoot, rootable
+from looprl.sandbox.seccomp import filter_fd
 from looprl.sandbox.workspace import (
     IGNORED_NAMES,
     Snapshot,
@@ -114,6 +119,9 @@ class SandboxLimits:
     uid: int = 1000
     """uid/gid the command runs as inside the sandbox (never 0: no capabilities). On the host it
     is an unprivileged uid of its own (``idmap.py``) when looprl runs as root."""
+    seccomp: bool = True
+    """Run commands under ``seccomp.py``'s filter (kernel interfaces they have no use for fail
+    with EPERM). Off only to compare, or for a workload that needs one of those calls."""
 
 
 # ---------------------------------------------------------------- availability
@@ -161,17 +169,32 @@ def command_env(venv: str | None, env: Mapping[str, str] | None) -> dict[str, st
     return {**base_env, **(env or {})}
 
 
-def _namespaces(bwrap: str, limits: SandboxLimits) -> list[str]:
+def _namespaces(bwrap: str, limits: SandboxLimits, seccomp_fd: int | None) -> list[str]:
     uid = str(limits.uid)
+    filt = [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
     return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", uid,
-            "--gid", uid, "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+            "--gid", uid, "--hostname", "sandbox", "--die-with-parent", "--new-session", *filt]
+
+
+@contextlib.contextmanager
+def _filter_fd(limits: SandboxLimits) -> Iterator[int | None]:
+    """A fresh fd with the seccomp program for one bwrap to read (None: off, or no table for
+    this machine), closed here once the launcher holding it is spawned."""
+    fd = filter_fd() if limits.seccomp else None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: str | None,
-               limits: SandboxLimits, env: Mapping[str, str] | None) -> list[str]:
+               limits: SandboxLimits, env: Mapping[str, str] | None,
+               seccomp_fd: int | None = None) -> list[str]:
     """The full bwrap command line for one command (``binds`` from ``bind_args``), for a
-    sandbox without a ``SandboxRoot``: bwrap builds the whole tree itself."""
-    argv = [*_namespaces(bwrap, limits), *system_binds(), "--proc", "/proc", "--dev", "/dev",
+    sandbox without a ``SandboxRoot``: bwrap builds the whole tree itself. ``seccomp_fd``: the
+    fd, in the process that execs bwrap, holding the seccomp program (``Prepared.seccomp_fd``)."""
+    argv = [*_namespaces(bwrap, limits, seccomp_fd), *system_binds(), "--proc", "/proc", "--dev", "/dev",
             "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
             *binds, "--chdir", workdir,
             "--clearenv"]
@@ -183,10 +206,10 @@ def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: st
 
 
 def rooted_argv(bwrap: str, root: SandboxRoot, limits: SandboxLimits, wait_fd: int,
-                status_fd: int) -> list[str]:
+                status_fd: int, seccomp_fd: int | None = None) -> list[str]:
     """bwrap over a ``SandboxRoot``, running the launcher that waits for its command (``-x``)
     and reports its exit status on ``status_fd`` (``-s``)."""
-    return [*_namespaces(bwrap, limits), *root.bwrap_args(), "--clearenv", "--",
+    return [*_namespaces(bwrap, limits, seccomp_fd), *root.bwrap_args(), "--clearenv", "--",
             LAUNCH, "-x", "-w", str(wait_fd), "-s", str(status_fd)]
 
 
@@ -215,21 +238,24 @@ def rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
 
 
 async def prepare(limits: SandboxLimits, uid: int | None,
-                  argv: list[str] | None = None) -> Prepared | None:
-    """Spawn the launcher of one command: in fresh cgroups, with fresh rlimits, as host ``uid``.
-    With the C launcher it then waits for its command line (``Prepared.go``); with the stock-tool
-    chain ``argv`` is needed now (None without it: nothing can be prepared ahead)."""
+                  build: Callable[[int | None], list[str]] | None = None) -> Prepared | None:
+    """Spawn the launcher of one command: in fresh cgroups, with fresh rlimits, as host ``uid``,
+    holding the seccomp program on ``Prepared.seccomp_fd``. With the C launcher it then waits
+    for its command line (``Prepared.go``); with the stock-tool chain the command line is needed
+    now: ``build(seccomp_fd)`` makes it (None without it: nothing can be prepared ahead)."""
     path = launcher_path()
-    if path is None and argv is None:
+    if path is None and build is None:
         return None
     cg = Cgroup(limits.memory_mb, limits.processes, enabled=limits.cgroups)
     try:
-        if path is None:
-            assert argv is not None
-            return Prepared.spawn([*tool_chain(rlimits(limits), cg.procs_files(), uid), *argv], cg)
-        pipe = os.pipe()
-        chain = launcher_argv(path, cg.procs_files(), rlimits(limits), uid, pipe[0])
-        return Prepared.spawn(chain, cg, pipe)
+        with _filter_fd(limits) as fd:
+            if path is None:
+                assert build is not None
+                chain = [*tool_chain(rlimits(limits), cg.procs_files(), uid), *build(fd)]
+                return Prepared.spawn(chain, cg, seccomp_fd=fd)
+            pipe = os.pipe()
+            chain = launcher_argv(path, cg.procs_files(), rlimits(limits), uid, pipe[0])
+            return Prepared.spawn(chain, cg, pipe, seccomp_fd=fd)
     except BaseException:
         cg.close()
         raise
@@ -243,11 +269,12 @@ async def prepare_rooted(limits: SandboxLimits, uid: int | None, root: SandboxRo
         raise SandboxError("a prepared sandbox needs the compiled launcher (no C compiler here)")
     cg = Cgroup(limits.memory_mb, limits.processes, enabled=limits.cgroups)
     try:
-        pipe, status = os.pipe(), os.pipe()
-        os.set_blocking(status[0], False)
-        bwrap = rooted_argv(check_bwrap(), root, limits, pipe[0], status[1])
-        return Prepared.spawn(launcher_exec_argv(path, cg.procs_files(), rlimits(limits), uid,
-                                                 bwrap), cg, pipe, status)
+        with _filter_fd(limits) as fd:
+            pipe, status = os.pipe(), os.pipe()
+            os.set_blocking(status[0], False)
+            bwrap = rooted_argv(check_bwrap(), root, limits, pipe[0], status[1], fd)
+            return Prepared.spawn(launcher_exec_argv(path, cg.procs_files(), rlimits(limits),
+                                                     uid, bwrap), cg, pipe, status, fd)
     except BaseException:
         cg.close()
         raise
@@ -270,7 +297,7 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
     t0 = time.perf_counter()
     if prepared is None:
         assert argv is not None, "a message needs a prepared sandbox"
-        prepared = await prepare(limits, uid, argv)
+        prepared = await prepare(limits, uid, lambda _fd: argv)
         assert prepared is not None
     proc, cg = prepared.proc, prepared.cg
     out, err = Capped(limits.output_bytes), Capped(limits.output_bytes)
@@ -417,6 +444,9 @@ class BwrapSandbox:
         self._ready: Prepared | None = None
         """The next command prepared ahead: its launcher, or with a root its whole bwrap."""
         self._refill: asyncio.Task[None] | None = None
+        self._running: set[Prepared] = set()
+        """Commands running now (``close`` kills them)."""
+        self._closing = False
 
     def _attach(self) -> None:
         """Attach the workspace (read-write) and the venv (read-only) to the root."""
@@ -434,10 +464,10 @@ class BwrapSandbox:
         """Prepare the next command now (cgroups joined, rlimits set, uid dropped; with a root
         also bwrap's namespaces and mounts), so that command starts without paying for it. Done
         after every command by itself."""
-        if self._ready is not None or self.workspace.closed or launcher_path() is None:
+        if self._ready is not None or self._closing or launcher_path() is None:
             return
         ready = await self._prepare()
-        if self._ready is not None or self.workspace.closed:
+        if self._ready is not None or self._closing:
             if ready is not None:
                 ready.discard()
             return
@@ -478,18 +508,38 @@ class BwrapSandbox:
         else:
             binds = bind_args(self.workspace.path, self.workdir, self.venv,
                               staged=uid is not None)
-            argv = build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
-                              limits=self.limits, env=env)
+
+            def build(seccomp_fd: int | None) -> list[str]:
+                return build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
+                                  limits=self.limits, env=env, seccomp_fd=seccomp_fd)
+
+            build(None)  # a bad environment is the caller's error, before anything is spawned
         await self._gate.enter(False)
         try:
             prepared = self._take_ready()
-            if prepared is None and self.root is not None:  # (without a root: run_bwrap's)
-                prepared = await self._prepare()
-            return await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits, uid=uid,
-                                   prepared=prepared, message=message)
+            if prepared is None:
+                prepared = await (self._prepare() if self.root is not None
+                                  else prepare(self.limits, uid, build))
+            if self.root is None:
+                assert prepared is not None
+                argv = build(prepared.seccomp_fd)
+            if self._closing:  # closed while this command waited for its launcher
+                if prepared is not None:
+                    prepared.discard()
+                raise SandboxError("sandbox was closed before the command could start")
+            if prepared is not None:
+                self._running.add(prepared)
+            try:
+                r = await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits, uid=uid,
+                                    prepared=prepared, message=message)
+            finally:
+                self._running.discard(prepared)  # type: ignore[arg-type]
+            if self._closing:
+                raise SandboxError("sandbox was closed while the command ran; it was killed")
+            return r
         finally:
             await self._gate.leave(False)
-            if not self.workspace.closed:
+            if not (self.workspace.closed or self._closing):
                 self._schedule_prime()
 
     def _resolve(self, path: str) -> Path:
@@ -603,6 +653,14 @@ class BwrapSandbox:
         self._attach()
 
     async def close(self) -> None:
+        """Kill what still runs (a lease that expired mid-command), then free everything. The
+        sandbox's host uid goes back to the pool only once none of its processes is left."""
+        self._closing = True
+        for p in list(self._running):
+            p.kill_now()
+            await asyncio.to_thread(p.cg.kill_all)
+        await self._gate.enter(True)  # the killed commands' exec calls have reaped them
+        await self._gate.leave(True)
         await settle()  # finished commands reaped, their cgroups gone
         if self._refill is not None and not self._refill.done():
             self._refill.cancel()

@@ -257,24 +257,28 @@ class Prepared:
     """
 
     def __init__(self, proc: subprocess.Popen[bytes], cg: Cgroup, ctl: BinaryIO | None,
-                 status: int | None = None):
+                 status: int | None = None, seccomp_fd: int | None = None):
         self.proc = proc
         self.cg = cg
         self._ctl = ctl
         self.status = status
+        self.seccomp_fd = seccomp_fd
+        """The fd number, in the launcher, of the seccomp program its bwrap is to read."""
 
     @classmethod
     def spawn(cls, chain: list[str], cg: Cgroup, pipe: tuple[int, int] | None = None,
-              status: tuple[int, int] | None = None) -> Prepared:
+              status: tuple[int, int] | None = None, seccomp_fd: int | None = None) -> Prepared:
         """Start ``chain`` (stdout/stderr piped, in its own session). ``pipe``: the (read, write)
         ends of its command pipe: the child gets the read end, this side keeps the write end.
-        ``status``: (read, write) ends of its status pipe: the child gets the write end."""
+        ``status``: (read, write) ends of its status pipe: the child gets the write end.
+        ``seccomp_fd``: handed to the child under the same number (the caller closes its own)."""
         keep = ([] if pipe is None else [pipe[0]]) + ([] if status is None else [status[1]])
+        lend = keep + ([] if seccomp_fd is None else [seccomp_fd])
         ours = ([] if pipe is None else [pipe[1]]) + ([] if status is None else [status[0]])
         try:
             proc = subprocess.Popen(chain, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True,
-                                    pass_fds=keep)
+                                    pass_fds=lend)
         except (OSError, subprocess.SubprocessError) as e:
             for fd in ours:
                 os.close(fd)
@@ -283,7 +287,7 @@ class Prepared:
             for fd in keep:
                 os.close(fd)
         return cls(proc, cg, None if pipe is None else os.fdopen(pipe[1], "wb", buffering=0),
-                   None if status is None else status[0])
+                   None if status is None else status[0], seccomp_fd)
 
     def usable(self) -> bool:
         """Still waiting for its command."""
