@@ -218,6 +218,37 @@ def test_file_api_refuses_escapes(host: Host) -> None:
     run(go())
 
 
+def test_file_api_wins_the_symlink_swap_race(host: Host) -> None:
+    """A command swaps a directory for a symlink to the host over and over while the host reads,
+    writes and lists through it: every operation lands inside the workspace or is refused."""
+    name = host.secret.name
+
+    async def go():
+        sb = await create_sandbox(host.base, limits=dataclasses.replace(SMALL, cpu_s=30))
+        try:
+            swap = (f"while :; do rm -rf d; mkdir d; echo inside > d/{name}; rm -rf d; "
+                    f"ln -s {host.outside} d; done")
+            swapper = asyncio.ensure_future(sb.exec(swap, timeout_s=4))
+            await asyncio.sleep(0.2)
+            got, t_end = [], time.monotonic() + 3
+            while time.monotonic() < t_end:
+                for op in (sb.read(f"d/{name}"), sb.write(f"d/{name}", b"pwned"),
+                           sb.walk("d")):
+                    try:
+                        got.append(await op)
+                    except ToolError:
+                        pass
+            await swapper
+            return got
+        finally:
+            await sb.close()
+    got = run(go())
+    assert got, "no operation ever succeeded: the race was not exercised"
+    assert not any(isinstance(g, bytes) and b"TOP-SECRET" in g for g in got)
+    assert host.secret.read_text() == "TOP-SECRET-HOST-DATA\n"
+    assert sorted(p.name for p in host.outside.iterdir()) == [name]
+
+
 def test_sandbox_still_usable_after_killing_its_own_init(host: Host) -> None:
     async def go():
         sb = await create_sandbox(host.base, limits=SMALL)

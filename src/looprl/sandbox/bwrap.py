@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import os
 import resource
@@ -60,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from looprl.errors import SandboxError, SandboxUnavailableError, ToolError
+from looprl.sandbox.beneath import makedirs_beneath, open_beneath
 from looprl.sandbox.cgroups import Cgroup, cgroup_janitor
 from looprl.sandbox.idmap import FIRST_UID, UID_POOL, as_fsuid
 from looprl.sandbox.launch import (
@@ -551,19 +553,36 @@ class BwrapSandbox:
             raise ToolError(f"path {path!r} is absolute; use a path relative to the workspace root")
         if ".." in p.parts:
             raise ToolError(f"path {path!r} contains '..'; paths must stay inside the workspace")
-        real = os.path.realpath(os.path.join(self._root, *p.parts))
+        try:  # a friendly error for the common case; the open itself is what is safe
+            real = os.path.realpath(os.path.join(self._root, *p.parts))
+        except OSError:  # changed under us by a running command: the open decides
+            return Path(self._root, *p.parts)
         if real != self._root and not real.startswith(self._root + os.sep):
             raise ToolError(f"path {path!r} resolves outside the workspace (through a symlink)")
         return Path(real)
 
-    async def read(self, path: str) -> bytes:
-        real = self._resolve(path)
+    def _open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        """Open a (``_resolve``-checked) workspace path without ever leaving the workspace,
+        whatever its commands rename meanwhile (``beneath.py``)."""
+        root = os.open(self._root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise ToolError(f"file not found: {path}") from None
+            return open_beneath(root, path, flags, mode)
         except OSError as e:
-            raise ToolError(f"cannot read {path}: {e.strerror}") from None
+            raise self._os_error(path, e) from None
+        finally:
+            os.close(root)
+
+    @staticmethod
+    def _os_error(path: str, e: OSError) -> ToolError:
+        if e.errno == errno.ENOENT:
+            return ToolError(f"file not found: {path}")
+        if e.errno in (errno.EXDEV, errno.ELOOP):
+            return ToolError(f"path {path!r} resolves outside the workspace (through a symlink)")
+        return ToolError(f"cannot access {path}: {e.strerror}")
+
+    async def read(self, path: str) -> bytes:
+        self._resolve(path)
+        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise ToolError(f"{path} is not a regular file")
@@ -576,36 +595,57 @@ class BwrapSandbox:
         real = self._resolve(path)
         if real == Path(self._root):
             raise ToolError("cannot write to the workspace root; name a file")
-        try:
-            await asyncio.to_thread(self._write_as_owner, path, real, data)
-        except OSError as e:
-            raise ToolError(f"cannot write {path}: {e.strerror}") from None
+        await asyncio.to_thread(self._write_as_owner, path, data)
 
-    def _write_as_owner(self, path: str, real: Path, data: bytes) -> None:
+    def _write_as_owner(self, path: str, data: bytes) -> None:
+        parent, name = os.path.split(os.path.normpath(path))
         with as_fsuid(self.workspace.uid):  # new files belong to the sandbox, like its own
-            real.parent.mkdir(parents=True, exist_ok=True)
-            self._resolve(path)  # re-check: a parent may have been created through a link
-            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            root = os.open(self._root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                dfd = makedirs_beneath(root, parent)
+                try:
+                    fd = open_beneath(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                finally:
+                    os.close(dfd)
+            except OSError as e:
+                raise self._os_error(path, e) from None
+            finally:
+                os.close(root)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ToolError(f"{path} is not a regular file")
+                with os.fdopen(fd, "wb", closefd=False) as f:
+                    f.write(data)
+            except OSError as e:
+                raise ToolError(f"cannot write {path}: {e.strerror}") from None
+            finally:
+                os.close(fd)
 
     async def walk(self, under: str = ".", *, max_entries: int = 100_000) -> list[FileEntry]:
-        top = self._resolve(under)
-        if not top.is_dir():
-            raise ToolError(f"{under} is not a directory")
+        self._resolve(under)
+        try:
+            top = self._open(under, os.O_RDONLY | os.O_DIRECTORY)
+        except ToolError:
+            raise ToolError(f"{under} is not a directory in the workspace") from None
+        prefix = os.path.normpath(under)
         out: list[FileEntry] = []
-        for dirpath, dirnames, filenames in os.walk(top):
-            dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_NAMES)
-            rel_dir = os.path.relpath(dirpath, self._root)
-            for name in sorted(dirnames + filenames):
-                full = os.path.join(dirpath, name)
-                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-                st = os.lstat(full)
-                kind = ("link" if stat.S_ISLNK(st.st_mode) else
-                        "dir" if stat.S_ISDIR(st.st_mode) else "file")
-                out.append(FileEntry(rel, kind, st.st_size if kind == "file" else 0))
-                if len(out) >= max_entries:
-                    return sorted(out, key=lambda e: e.path)
+        try:  # by directory fds: a directory swapped for a symlink meanwhile is not entered
+            for dirpath, dirnames, filenames, dfd in os.fwalk(".", dir_fd=top):
+                dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_NAMES)
+                rel_dir = os.path.normpath(os.path.join(prefix, dirpath))
+                for name in sorted(dirnames + filenames):
+                    try:
+                        st = os.lstat(name, dir_fd=dfd)
+                    except FileNotFoundError:
+                        continue  # removed by a running command
+                    rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                    kind = ("link" if stat.S_ISLNK(st.st_mode) else
+                            "dir" if stat.S_ISDIR(st.st_mode) else "file")
+                    out.append(FileEntry(rel, kind, st.st_size if kind == "file" else 0))
+                    if len(out) >= max_entries:
+                        return sorted(out, key=lambda e: e.path)
+        finally:
+            os.close(top)
         return sorted(out, key=lambda e: e.path)
 
     async def diff(self) -> str:
