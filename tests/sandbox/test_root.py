@@ -120,3 +120,44 @@ def test_a_dead_blank_is_closed_and_replaced(base_repo: Path) -> None:
         finally:
             await sb.close()
     run(go())
+
+
+def _fake_venv(d: Path, real_venv: str) -> str:
+    """A venv dir using the same interpreter as ``real_venv``, with a marker file."""
+    d.mkdir(parents=True)
+    cfg = (Path(real_venv) / "pyvenv.cfg").read_text()
+    (d / "pyvenv.cfg").write_text(cfg)
+    (d / "marker").write_text("fake venv\n")
+    (d / "bin").mkdir()
+    (d / "bin" / "python").symlink_to(os.path.realpath(Path(real_venv) / "bin" / "python"))
+    return str(d)
+
+
+@pytest.mark.parametrize("case", ["same_venv", "other_venv", "venv_inside_the_repo"])
+def test_a_blank_with_a_venv_attached_serves_any_venv(base_repo: Path, venv: str, tmp_path: Path,
+                                                      case: str) -> None:
+    """A blank comes with the venv of the pool's last lease attached before any workspace; a
+    lease with another venv, or one the workspace would cover, still sees exactly its own."""
+    inside = _fake_venv(base_repo / ".venv", venv) if case == "venv_inside_the_repo" else None
+    other = _fake_venv(tmp_path / "v2", venv) if case == "other_venv" else None
+    blank_venv = inside or venv
+    lease_venv = {"same_venv": venv, "other_venv": other, "venv_inside_the_repo": inside}[case]
+
+    async def go():
+        blank = await make_blank(venv=blank_venv)
+        assert blank.venv == blank_venv and blank.staged is not None
+        sb = await new_sandbox(base_repo, lease_venv, blank=blank)
+        try:
+            attached = sorted(str(p.relative_to(blank.root.dir)) for p in blank.root.attached)
+            assert len(attached) == len(set(attached))  # nothing attached twice
+            r = await sb.exec(f"test -e {venv}/pyvenv.cfg && echo v1; "
+                              f"cat {lease_venv}/marker 2>/dev/null; "
+                              f"touch {lease_venv}/pwned 2>/dev/null || echo read-only; "
+                              "python -c 'print(1 + 1)'")
+            want = {"same_venv": ["v1", "read-only", "2"],
+                    "other_venv": ["fake venv", "read-only", "2"],
+                    "venv_inside_the_repo": ["fake venv", "read-only", "2"]}[case]
+            assert r.stdout.splitlines() == want, r
+        finally:
+            await sb.close()
+    run(go())

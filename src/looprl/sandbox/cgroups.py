@@ -64,11 +64,15 @@ class Cgroup:
 
     def oom_killed(self) -> bool:
         for d in self.dirs:
-            try:
-                stats = dict(line.split() for line in (d / "memory.oom_control").read_text()
-                             .splitlines() if line.count(" ") == 1)
+            try:  # (read after every command: a raw read, not pathlib's text layers)
+                fd = os.open(f"{d}/memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
-                continue
+                continue  # not the memory cgroup
+            try:
+                text = os.read(fd, 4096).decode()
+            finally:
+                os.close(fd)
+            stats = dict(line.split() for line in text.splitlines() if line.count(" ") == 1)
             if int(stats.get("oom_kill", 0)) > 0:
                 return True
         return False

@@ -176,6 +176,8 @@ class SandboxPool:
         self._blanks: list[Blank] = []
         self._blank_filler: asyncio.Task[None] | None = None
         self._blank_hits = 0
+        self._blank_venv: str | None = None
+        """The venv of the latest lease: new blanks have it attached already."""
         self._warm: dict[tuple[str, str | None], list[BwrapSandbox]] = {}
         """Per (base, venv), most recently used last: sandboxes created ahead."""
         self._fillers: dict[tuple[str, str | None], asyncio.Task[None]] = {}
@@ -235,6 +237,7 @@ class SandboxPool:
 
     async def _new(self, key: tuple[str, str | None], snapshot: Snapshot | None = None,
                    blank: Blank | None = None) -> BwrapSandbox:
+        self._blank_venv = key[1]
         try:
             return await new_sandbox(key[0], key[1], limits=self.limits, snapshot=snapshot,
                                      blank=blank)
@@ -270,7 +273,7 @@ class SandboxPool:
     async def _fill_blanks(self) -> None:
         while not self._closed and len(self._blanks) < self.blank:
             try:
-                b = await make_blank(self.limits)
+                b = await make_blank(self.limits, self._blank_venv)
             except (SandboxError, OSError):
                 return  # leases create their sandboxes cold and report the failure
             if self._closed:

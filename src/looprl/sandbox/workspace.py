@@ -236,22 +236,23 @@ class Workspace:
     """A writable copy-on-write view of a base directory. ``path`` is the tree to work in."""
 
     def __init__(self, base: Path, layers: tuple[str, ...], disk_mb: int, backend: CowBackend,
-                 uid: int | None = None):
+                 uid: int | None = None, staged: Path | None = None):
         self.base = base
         self.uid = uid
         """Unprivileged host uid that owns the view (idmapped layers), or None: host ids as-is."""
         self.layers = layers
         self.disk_mb = disk_mb
         self.cow_backend: CowBackend = backend
-        self.dir = sandbox_root() / f"ws-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.dir = staged or _new_workspace_dir()
         self.path = self.dir / "merged"
         self.closed = False
         _incref(layers)
         _live.add(self)
         try:
-            self.dir.mkdir()
-            self.path.mkdir()
-            self._populate()
+            if staged is None:
+                self.dir.mkdir()
+                self.path.mkdir()
+            self._populate(staged=staged is not None)
         except Exception:
             self.destroy()
             raise
@@ -267,7 +268,8 @@ class Workspace:
     def upper(self) -> Path:
         return self._rw / "upper"
 
-    def _populate(self) -> None:
+    def _populate(self, staged: bool = False) -> None:
+        """Fill ``path``: a copy, or the overlay (``staged``: its upper and work exist already)."""
         if self.cow_backend == "copy":
             src = Path(self.layers[0]) if self.layers else self.base
             _cp_a(src, self.path)
@@ -275,20 +277,14 @@ class Workspace:
                 subprocess.run(["chown", "-R", "--no-dereference", f"{self.uid}:{self.uid}",
                                 str(self.path)], check=True)
             return
-        self._rw.mkdir(exist_ok=True)
-        # a private tmpfs holds upper+work: it is the workspace's disk quota (a disk-fill attack
-        # hits ENOSPC here, never the host disk).
-        _mount("tmpfs", self._rw, "tmpfs", f"size={self.disk_mb}m,nr_inodes=200k,mode=0755")
-        self.upper.mkdir()
-        (self._rw / "work").mkdir()
+        if not staged:
+            _stage_rw(self.dir, self.disk_mb, self.uid)
         lowers = [*self.layers, str(self.base)]
         if self.uid is not None:
-            # lower layers are seen through an idmap (root's files -> self.uid); the upper holds
-            # self.uid's files as they are (the overlay's own work dir must stay root's)
+            # lower layers are seen through an idmap (root's files -> self.uid)
             for i, lower in enumerate(lowers):
                 idmapped_clone(lower, self.dir / f"lower{i}", self.uid)
                 lowers[i] = str(self.dir / f"lower{i}")
-            os.chown(self.upper, self.uid, self.uid)
         opts = f"lowerdir={':'.join(lowers)},upperdir={self.upper},workdir={self._rw / 'work'}"
         try:  # self-contained uppers, so a frozen upper is a valid lower layer elsewhere
             _mount("overlay", self.path, "overlay", opts + ",redirect_dir=off,index=off,metacopy=off")
@@ -361,6 +357,38 @@ class Workspace:
         return "".join(parts)
 
 
+def _new_workspace_dir() -> Path:
+    return sandbox_root() / f"ws-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def _stage_rw(d: Path, disk_mb: int, uid: int | None) -> None:
+    """The writable half of an overlay workspace in ``d``: a private tmpfs (the workspace's disk
+    quota: a disk-fill attack hits ENOSPC there, never the host disk) holding the upper layer,
+    ``uid``'s as it is, and the overlay's work dir, which must stay root's."""
+    rw = d / "rw"
+    rw.mkdir(exist_ok=True)
+    _mount("tmpfs", rw, "tmpfs", f"size={disk_mb}m,nr_inodes=200k,mode=0755")
+    (rw / "upper").mkdir()
+    (rw / "work").mkdir()
+    if uid is not None:
+        os.chown(rw / "upper", uid, uid)
+
+
+def stage_workspace(disk_mb: int, uid: int | None) -> Path:
+    """What an overlay workspace needs before its base is known, made ahead (a pool's blank
+    sandbox): its directory and the tmpfs with its upper and work dirs. ``create_workspace(...,
+    staged=)`` finishes it over any base; ``_remove_tree`` drops it unused."""
+    d = _new_workspace_dir()
+    d.mkdir()
+    try:
+        (d / "merged").mkdir()
+        _stage_rw(d, disk_mb, uid)
+    except BaseException:
+        _remove_tree(d)
+        raise
+    return d
+
+
 def _cp_a(src: Path, dst: Path) -> None:
     if dst.exists():
         dst.rmdir()
@@ -372,10 +400,22 @@ def _cp_a(src: Path, dst: Path) -> None:
 
 def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None = None,
                      disk_mb: int = 1024, backend: CowBackend | None = None,
-                     uid: int | None = None) -> Workspace:
+                     uid: int | None = None, staged: Path | None = None) -> Workspace:
     """A fresh workspace over ``base`` (or over ``snapshot``'s state). With ``uid``, the view
-    shows host root's files as owned by that unprivileged uid (see ``idmap.py``)."""
+    shows host root's files as owned by that unprivileged uid (see ``idmap.py``). ``staged``:
+    from ``stage_workspace(disk_mb, uid)`` (taken over; dropped if the overlay cannot be used)."""
     _ensure_janitor()
+    try:
+        return _create_workspace(base, snapshot, disk_mb, backend, uid, staged)
+    except BaseException:
+        if staged is not None and staged.exists():
+            _remove_tree(staged)
+        raise
+
+
+def _create_workspace(base: str | os.PathLike[str], snapshot: Snapshot | None, disk_mb: int,
+                      backend: CowBackend | None, uid: int | None,
+                      staged: Path | None) -> Workspace:
     base_p = Path(base).resolve()
     if not base_p.is_dir():
         raise SandboxError(f"base directory {base} does not exist or is not a directory; pass the "
@@ -395,12 +435,17 @@ def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None 
     if backend == "overlay":
         _check_overlay_path(str(base_p))
         try:
-            return Workspace(base_p, snapshot.layers if snapshot else (), disk_mb, "overlay", uid)
+            return Workspace(base_p, snapshot.layers if snapshot else (), disk_mb, "overlay", uid,
+                             staged)
         except OSError as e:
+            staged = None  # the failed Workspace removed it
             if snapshot is not None:
                 raise SandboxError(f"overlay mount failed for a snapshot fork: {e}") from e
             log.warning("overlayfs unavailable (%s); falling back to copying the base (slow)", e)
             backend = "copy"
+    if staged is not None:
+        _remove_tree(staged)
+        staged = None
     if backend == "copy":
         log.info("workspace backend: copy (cp -a of %s)", base_p)
     return Workspace(base_p, snapshot.layers if snapshot else (), disk_mb, "copy", uid)
