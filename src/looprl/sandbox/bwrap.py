@@ -28,8 +28,8 @@ The setup before bwrap (cgroups, rlimits, host uid) is one exec of a small C lau
 and each sandbox keeps its next command's whole bwrap started ahead, waiting inside for the
 command line: a command pays for one exec, and its result is returned as soon as it ends (the
 launcher inside reports its status; the namespaces are torn down in the background). A pool's
-``Blank`` sandboxes go further: started before their base is known, they receive the workspace
-by mount propagation. Otherwise each sandbox keeps the next command's launcher prepared, and
+``Blank`` sandboxes go further: started before their base is known (with the workspace's upper
+layer and a likely venv in place), they receive the workspace by mount propagation. Otherwise each sandbox keeps the next command's launcher prepared, and
 bwrap starts per command; where no C compiler exists, a stock-tool chain does the same.
 
 What this does NOT protect against: kernel exploits through the system calls the filter allows

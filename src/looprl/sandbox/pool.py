@@ -7,8 +7,10 @@ Each lease has a timeout after which its sandbox is closed and further use raise
 A lease is served, fastest first, by: an ``idle`` sandbox (returned by an earlier lease and reset:
 a fresh overlay upper, no files, processes or /tmp carried over), a ``warm`` one (created ahead,
 never leased, its first command's launcher already prepared), a ``blank`` one (``bwrap.Blank``:
-uid, root and first command's bwrap started ahead for no base in particular; the lease creates
-the workspace over its base and attaches it), or a new one (cold). The pool keeps ``blank``
+uid, root, the workspace's upper layer, the venv of the pool's latest lease and the first
+command's bwrap, started ahead for no base in particular; the lease mounts the workspace over its
+base and attaches it), or a new one (cold). A lease that outlives its timeout has its running
+command killed before its sandbox is closed. The pool keeps ``blank``
 blanks ready (as root with the C launcher; refilled after a lease's first command). Once a
 (base, venv) pair has been leased (or ``prewarm``ed), a background task keeps ``warm`` sandboxes
 ready for it, one creation at a time, started after a lease's first command or its return (so it
