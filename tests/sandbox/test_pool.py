@@ -107,7 +107,8 @@ def _pids_running(needle: str) -> list[str]:
     out = []
     for p in Path("/proc").iterdir():
         try:
-            if p.name.isdigit() and needle in (p / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+            cmdline = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if p.name.isdigit() and needle in cmdline:
                 out.append(p.name)
         except OSError:
             pass

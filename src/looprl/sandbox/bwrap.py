@@ -29,15 +29,17 @@ and each sandbox keeps its next command's whole bwrap started ahead, waiting ins
 command line: a command pays for one exec, and its result is returned as soon as it ends (the
 launcher inside reports its status; the namespaces are torn down in the background). A pool's
 ``Blank`` sandboxes go further: started before their base is known (with the workspace's upper
-layer and a likely venv in place), they receive the workspace by mount propagation. Otherwise each sandbox keeps the next command's launcher prepared, and
-bwrap starts per command; where no C compiler exists, a stock-tool chain does the same.
+layer and a likely venv in place), they receive the workspace by mount propagation. Otherwise
+each sandbox keeps the next command's launcher prepared, and bwrap starts per command; where no
+C compiler exists, a stock-tool chain does the same.
 
 What this does NOT protect against: kernel exploits through the system calls the filter allows
-(namespaces share the host kernel), CPU/memory-bandwidth contention and timing side channels between sandboxes,
-exhaustion of host resources no limit covers (e.g. inotify watches, kernel memory outside the
-cgroup), and reads of world-readable files under the read-only system paths. Run as a non-root
-user, there are no per-sandbox uids and usually no writable cgroups: commands then run as that
-user and the fork-bomb guard is RLIMIT_NPROC alone (shared by all of that user's processes).
+(namespaces share the host kernel), CPU/memory-bandwidth contention and timing side channels
+between sandboxes, exhaustion of host resources no limit covers (e.g. inotify watches, kernel
+memory outside the cgroup), and reads of world-readable files under the read-only system paths.
+Run as a non-root user, there are no per-sandbox uids and usually no writable cgroups: commands
+then run as that user and the fork-bomb guard is RLIMIT_NPROC alone (shared by all of that
+user's processes).
 
     sb = await create_sandbox("/data/repos/attrs", venv="/data/venvs/attrs")  # looprl.sandbox
     r = await sb.exec("python -m pytest -q", timeout_s=60)
@@ -199,8 +201,8 @@ def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: st
     """The full bwrap command line for one command (``binds`` from ``bind_args``), for a
     sandbox without a ``SandboxRoot``: bwrap builds the whole tree itself. ``seccomp_fd``: the
     fd, in the process that execs bwrap, holding the seccomp program (``Prepared.seccomp_fd``)."""
-    argv = [*_namespaces(bwrap, limits, seccomp_fd), *system_binds(), "--proc", "/proc", "--dev", "/dev",
-            "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
+    argv = [*_namespaces(bwrap, limits, seccomp_fd), *system_binds(), "--proc", "/proc",
+            "--dev", "/dev", "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
             *binds, "--chdir", workdir,
             "--clearenv"]
     merged = command_env(venv, env)
@@ -617,7 +619,8 @@ class BwrapSandbox:
             try:
                 dfd = makedirs_beneath(root, parent)
                 try:
-                    fd = open_beneath(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                    fd = open_beneath(dfd, name,  # (O_NONBLOCK: a FIFO fails, never blocks)
+                                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK)
                 finally:
                     os.close(dfd)
             except OSError as e:

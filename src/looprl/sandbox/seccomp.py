@@ -90,8 +90,8 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 def compile_filter(arch: int, numbers: list[int], x32_bit: bool) -> bytes:
     """The cBPF program: kill on a foreign ABI, EPERM for ``numbers`` (and x32), else allow."""
     numbers = sorted(set(numbers))
-    prog = [_insn(_LD_W_ABS, _OFF_ARCH), _insn(_JEQ_K, arch, jt=1), _insn(_RET_K, _RET_KILL_PROCESS),
-            _insn(_LD_W_ABS, _OFF_NR)]
+    prog = [_insn(_LD_W_ABS, _OFF_ARCH), _insn(_JEQ_K, arch, jt=1),
+            _insn(_RET_K, _RET_KILL_PROCESS), _insn(_LD_W_ABS, _OFF_NR)]
     # after the checks below: ALLOW at index n_checks, DENY at n_checks + 1
     checks = ([_X32_BIT] if x32_bit else []) + numbers
     for i, nr in enumerate(checks):
