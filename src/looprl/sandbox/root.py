@@ -30,8 +30,9 @@ import contextlib
 import functools
 import os
 import shutil
+import stat
 import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from looprl.errors import SandboxError
 from looprl.sandbox.idmap import bind_clone
@@ -103,20 +104,20 @@ class SandboxRoot:
         if not rootable([target]):
             raise SandboxError(f"{target} cannot be attached to a sandbox root (under a system "
                                "directory or not absolute)")
-        dst = self.dir
-        for part in PurePosixPath(target).parts[1:]:  # never through a symlink (out of the root)
-            dst = dst / part
+        dst = str(self.dir)  # (plain strings: this runs in every lease)
+        for part in target.split("/")[1:]:  # (normal, absolute: ``rootable``)
+            dst += "/" + part
             with contextlib.suppress(FileExistsError):
                 os.mkdir(dst, 0o755)
-            if os.path.islink(dst) or not dst.is_dir():
+            if not stat.S_ISDIR(os.lstat(dst).st_mode):  # never through a symlink out of the root
                 raise SandboxError(f"mount point {target} in the sandbox root runs through a "
-                                   f"symlink or file ({dst.relative_to(self.dir)})")
+                                   f"symlink or file ({os.path.relpath(dst, self.dir)})")
         try:
             bind_clone(source, dst, readonly=readonly)
         except OSError as e:
             raise SandboxError(f"cannot attach {source} at {target} in the sandbox root: {e}") \
                 from e
-        self.attached.append(dst)
+        self.attached.append(Path(dst))
 
     def detach_all(self) -> None:
         """Remove every attachment (innermost first); bwraps over the root lose them too."""

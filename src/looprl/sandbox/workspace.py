@@ -453,8 +453,14 @@ def _create_workspace(base: str | os.PathLike[str], snapshot: Snapshot | None, d
 
 def overlay_capable(base: str | os.PathLike[str]) -> bool:
     """Whether ``create_workspace(base, uid=...)`` mounts an overlay (fast) rather than copying."""
-    base_p = Path(base).resolve()
-    return _overlay_ok() and base_p.is_dir() and _stranger(base_p) is None
+    if not _overlay_ok():
+        return False
+    real = os.path.realpath(base)  # (plain strings: this runs in every lease)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and _foreign_owned(real, st.st_mtime_ns) is None
 
 
 def _stranger(base_p: Path) -> str | None:
