@@ -277,13 +277,13 @@ async def main() -> None:
           "not a creation cost)")
     print(f"  sandboxed `true`           p50 {1000 * p50(boxed):8.1f} ms   "
           f"bare {bare_ms:.1f} ms -> overhead {overhead_ms:.1f} ms")
-    print(f"    ceiling: a free create + the first command run unsandboxed from Python: "
-          f"cp -a / bare = {cp_ms / bare_ms:.1f}x")
     print(f"    without per-command cgroups                 -> overhead {overhead_nocg_ms:.1f} ms")
     print(f"    floor: bare-minimum bwrap `true`  p50 {floor_ms:8.1f} ms   (kernel namespace "
           "setup alone, same run)")
     print(f"    best ratio with bwrap started on the spot: cp -a / floor = "
           f"{cp_ms / floor_ms:.1f}x")
+    print(f"  ceiling: a free create + the first command run unsandboxed from Python: "
+          f"cp -a / bare = {cp_ms / bare_ms:.1f}x")
     print(f"  concurrent leases          {ok}/{args.concurrent} ok in {wall:.1f} s, "
           f"peak memory (server + sandboxes) {peak:.0f} MB")
     print(f"  load average               {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
