@@ -38,23 +38,21 @@ def _libc() -> ctypes.CDLL:
 @functools.lru_cache(maxsize=1)
 def has_openat2() -> bool:
     """Whether this kernel has ``openat2`` (else the component walk is used)."""
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = _openat2(os.open("/", os.O_PATH | os.O_DIRECTORY), ".", os.O_PATH, 0, close_dir=True)
+        os.close(_openat2(root, ".", os.O_PATH, 0))
     except OSError as e:
         return e.errno not in (errno.ENOSYS, errno.EPERM)  # EPERM: a seccomp filter denies it
-    os.close(fd)
+    finally:
+        os.close(root)
     return True
 
 
-def _openat2(dir_fd: int, path: str, flags: int, mode: int, close_dir: bool = False) -> int:
+def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
                    _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
-    try:
-        fd = _libc().syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(path),
-                             ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
-    finally:
-        if close_dir:
-            os.close(dir_fd)
+    fd = _libc().syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(path),
+                         ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)

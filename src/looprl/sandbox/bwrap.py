@@ -530,7 +530,7 @@ class BwrapSandbox:
                 return build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
                                   limits=self.limits, env=env, seccomp_fd=seccomp_fd)
 
-            build(None)  # a bad environment is the caller's error, before anything is spawned
+            check_env(command_env(self.venv, env))  # the caller's error, before any spawn
         await self._gate.enter(False)
         try:
             prepared = self._take_ready()
@@ -861,9 +861,10 @@ async def _from_blank(blank: Blank, base_dir: str | os.PathLike[str], venv: str 
         raise
     sb = BwrapSandbox(ws, venv, limits, workdir, root=blank.root)
     try:
-        if blank.venv is not None and not sb._venv_fits(blank.venv):
+        fits = blank.venv is not None and sb._venv_fits(blank.venv)
+        if blank.venv is not None and not fits:
             blank.root.detach_all()  # another venv, or one the workspace would cover
-        sb._attach(venv=blank.venv is None or not sb._venv_fits(blank.venv))
+        sb._attach(venv=not fits)
     except BaseException:
         blank.ready.discard()
         await sb.close()

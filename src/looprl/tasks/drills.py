@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from looprl.errors import ConfigError
-from looprl.harness.format import TOOL_CLOSE, TOOL_OPEN, ChatFormat
+from looprl.harness.format import ChatFormat, parse_turn
 from looprl.types import Trajectory
 
 _BLOCK = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
@@ -43,17 +43,13 @@ KINDS = ("grep", "read_file", "edit_file")
 
 
 def _call(body: str) -> tuple[str, dict[str, Any]] | None:
-    """(tool name, arguments) of an assistant turn that makes exactly one call, else None."""
-    if body.count(TOOL_OPEN) != 1:
+    """(tool name, arguments) of an assistant turn that makes exactly one well-formed call (as
+    the harness parses it), else None."""
+    parsed = parse_turn(body)
+    if len(parsed.tool_calls) != 1 or parsed.errors:
         return None
-    raw = body[body.index(TOOL_OPEN) + len(TOOL_OPEN): body.rfind(TOOL_CLOSE)]
-    try:
-        call = json.loads(raw)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
-        return None
-    return str(call.get("name")), call["arguments"]
+    call = parsed.tool_calls[0]
+    return call.name, json.loads(call.arguments)
 
 
 def _swap(texts: tuple[str, str], pairs: dict[str, str]) -> tuple[str, str]:
