@@ -447,7 +447,7 @@ class BwrapSandbox:
         self.root = root
         self._bwrap = check_bwrap()
         self._gate = _Gate()
-        self._root = os.path.realpath(workspace.path)
+        self._root = str(workspace.path)  # real as made: under the resolved sandbox_root()
         self._ready: Prepared | None = None
         """The next command prepared ahead: its launcher, or with a root its whole bwrap."""
         self._refill: asyncio.Task[None] | None = None
@@ -815,20 +815,21 @@ async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None,
     check_bwrap()
     _janitor_once()
     limits = limits or SandboxLimits()
-    mounts = [workdir or str(Path(base_dir).resolve()), *venv_paths(venv)]
+    base = os.path.realpath(base_dir)  # once: the calls below take it as resolved
+    mounts = [workdir or base, *venv_paths(venv)]
     if blank is not None and not (blank.limits == limits and blank.usable() and can_root(mounts)):
         await asyncio.to_thread(blank.close)
         blank = None
     if blank is None and can_root(mounts):
         blank = await make_blank(limits, venv)  # its bwrap starts while the workspace is mounted
     if blank is not None:
-        return await _from_blank(blank, base_dir, venv, limits, snapshot, workdir)
+        return await _from_blank(blank, base, venv, limits, snapshot, workdir)
     uid = UID_POOL.take() if os.geteuid() == 0 else None
     # the first command's launcher is spawned while the workspace is being mounted
     ready = asyncio.ensure_future(prepare(limits, uid))
     try:
-        ws = await asyncio.to_thread(create_workspace, base_dir, snapshot=snapshot,
-                                     disk_mb=limits.disk_mb, uid=uid)
+        ws = await asyncio.to_thread(create_workspace, base, snapshot=snapshot,
+                                     disk_mb=limits.disk_mb, uid=uid, resolved=True)
     except BaseException:
         await _drop_prepared(ready)
         if uid is not None:
@@ -842,20 +843,20 @@ async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None,
     return sb
 
 
-async def _from_blank(blank: Blank, base_dir: str | os.PathLike[str], venv: str | None,
-                      limits: SandboxLimits, snapshot: Snapshot | None,
-                      workdir: str | None) -> BwrapSandbox:
+async def _from_blank(blank: Blank, base: str, venv: str | None, limits: SandboxLimits,
+                      snapshot: Snapshot | None, workdir: str | None) -> BwrapSandbox:
+    """``base``: resolved (``realpath``)."""
     staged, blank.staged = blank.staged, None
     try:
-        if snapshot is not None or overlay_capable(base_dir):
+        if snapshot is not None or overlay_capable(base, resolved=True):
             # a few mount syscalls (~0.5 ms): on the loop, a thread hop would cost a third of it
-            ws = create_workspace(base_dir, snapshot=snapshot, disk_mb=limits.disk_mb,
-                                  uid=blank.uid, staged=staged)
+            ws = create_workspace(base, snapshot=snapshot, disk_mb=limits.disk_mb,
+                                  uid=blank.uid, staged=staged, resolved=True)
         else:  # a copy: off the loop
             if staged is not None:
                 _remove_tree(staged)
-            ws = await asyncio.to_thread(create_workspace, base_dir, disk_mb=limits.disk_mb,
-                                         uid=blank.uid)
+            ws = await asyncio.to_thread(create_workspace, base, disk_mb=limits.disk_mb,
+                                         uid=blank.uid, resolved=True)
     except BaseException:
         await asyncio.to_thread(blank.close)
         raise

@@ -65,7 +65,14 @@ def sandbox_root() -> Path:
     env = os.environ.get("LOOPRL_SANDBOX_DIR")
     p = Path(env) if env else _default_root()
     p.mkdir(parents=True, exist_ok=True)
-    return p
+    return _resolved(p)
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved(p: Path) -> Path:
+    """``p`` with symlinks resolved, once per configured root: paths made under the root are
+    then real as made (a sandbox does not resolve its workspace path again in every lease)."""
+    return p.resolve()
 
 
 @functools.lru_cache(maxsize=1)
@@ -400,25 +407,27 @@ def _cp_a(src: Path, dst: Path) -> None:
 
 def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None = None,
                      disk_mb: int = 1024, backend: CowBackend | None = None,
-                     uid: int | None = None, staged: Path | None = None) -> Workspace:
+                     uid: int | None = None, staged: Path | None = None,
+                     resolved: bool = False) -> Workspace:
     """A fresh workspace over ``base`` (or over ``snapshot``'s state). With ``uid``, the view
     shows host root's files as owned by that unprivileged uid (see ``idmap.py``). ``staged``:
-    from ``stage_workspace(disk_mb, uid)`` (taken over; dropped if the overlay cannot be used)."""
+    from ``stage_workspace(disk_mb, uid)`` (taken over; dropped if the overlay cannot be used).
+    ``resolved``: ``base`` is already ``os.path.realpath``'d (the lease path resolves it once)."""
     _ensure_janitor()
     try:
-        return _create_workspace(base, snapshot, disk_mb, backend, uid, staged)
+        base_p = Path(base if resolved else os.path.realpath(base))
+        return _create_workspace(base_p, snapshot, disk_mb, backend, uid, staged)
     except BaseException:
         if staged is not None and staged.exists():
             _remove_tree(staged)
         raise
 
 
-def _create_workspace(base: str | os.PathLike[str], snapshot: Snapshot | None, disk_mb: int,
+def _create_workspace(base_p: Path, snapshot: Snapshot | None, disk_mb: int,
                       backend: CowBackend | None, uid: int | None,
                       staged: Path | None) -> Workspace:
-    base_p = Path(base).resolve()
     if not base_p.is_dir():
-        raise SandboxError(f"base directory {base} does not exist or is not a directory; pass the "
+        raise SandboxError(f"base directory {base_p} does not exist or is not a directory; pass the "
                            "path of the task's repository snapshot")
     if snapshot is not None:
         assert Path(snapshot.base) == base_p, "snapshot was taken over a different base"
@@ -451,11 +460,12 @@ def _create_workspace(base: str | os.PathLike[str], snapshot: Snapshot | None, d
     return Workspace(base_p, snapshot.layers if snapshot else (), disk_mb, "copy", uid)
 
 
-def overlay_capable(base: str | os.PathLike[str]) -> bool:
-    """Whether ``create_workspace(base, uid=...)`` mounts an overlay (fast) rather than copying."""
+def overlay_capable(base: str | os.PathLike[str], resolved: bool = False) -> bool:
+    """Whether ``create_workspace(base, uid=...)`` mounts an overlay (fast) rather than copying
+    (``resolved``: ``base`` is ``realpath``'d already)."""
     if not _overlay_ok():
         return False
-    real = os.path.realpath(base)  # (plain strings: this runs in every lease)
+    real = os.fspath(base) if resolved else os.path.realpath(base)
     try:
         st = os.stat(real)
     except OSError:
