@@ -56,3 +56,30 @@ def test_a_row_longer_than_the_budget_gets_its_own_micro_batch():
     g = group([trajectory([segment([1], [2] * 99)], 1.0), trajectory([segment([1], [3])], 0.0)])
     b = build_batch([g], micro_batch_tokens=16)
     assert [mb.tokens_B_T.shape for mb in b.micro_batches] == [torch.Size([1, 100]), torch.Size([1, 2])]
+
+
+def test_a_groups_rows_share_a_micro_batch_and_their_prompt_counts_once():
+    """Two groups, long prompts, short completions: each group's rows pack into one micro-batch
+    (its prompt runs once: prompt + rows x completion fits the budget), where packing by padded
+    size would split them into micro-batches of two rows, each re-running the prompt."""
+    prompts = {"a": list(range(10, 210)), "b": list(range(300, 500))}  # 200 tokens each
+    groups = [group([trajectory([segment(prompts[k], [7 + i] * (10 + i))], float(i))
+                     for i in range(8)], k) for k in prompts]
+    b = build_batch(groups, micro_batch_tokens=450)
+    assert len(b.micro_batches) == 2
+    for mb in b.micro_batches:
+        assert mb.num_rows == 8
+        first = mb.tokens_B_T[:, :200]
+        assert (first == first[:1]).all()  # one group per micro-batch
+    plain = build_batch(groups, micro_batch_tokens=450, share_prefix=False)
+    assert len(plain.micro_batches) == 8  # 2 rows of ~217 padded tokens each
+    assert all(mb.tokens_B_T.numel() <= 450 for mb in plain.micro_batches)
+
+
+def test_a_prefix_below_the_sharing_threshold_counts_in_full():
+    from looprl.trainer.batch import MIN_SHARED_PREFIX
+    for extra, rows_per_mb in ((-1, [2, 2]), (0, [4])):  # one short of being shared; shared
+        prompt = list(range(10, 10 + MIN_SHARED_PREFIX + extra))
+        g = group([trajectory([segment(prompt, [5 + i] * 4)], float(i)) for i in range(4)])
+        b = build_batch([g], micro_batch_tokens=2 * (len(prompt) + 4))
+        assert [mb.num_rows for mb in b.micro_batches] == rows_per_mb

@@ -9,9 +9,13 @@ before advantages are computed — they are never scored as the model's fault. A
 remaining rewards are all equal has no signal: it is counted, and skipped when
 ``skip_zero_variance`` (the default).
 
-Rows are sorted by length and packed greedily so that each micro-batch's padded size
-(rows x longest row) stays within ``micro_batch_tokens``; a row longer than the budget gets a
-micro-batch of its own.
+Rows are packed greedily, longest first, so that each micro-batch's cost stays within
+``micro_batch_tokens``. The cost counts what the forward runs (``step.token_logprobs``): rows
+that share a prefix of ``MIN_SHARED_PREFIX``+ tokens (a group's prompt) run it once, so a
+micro-batch costs prefix + rows x (longest row - prefix); without a shared prefix (or with
+``share_prefix=False``, e.g. under DDP) rows x longest row. A row joins the open micro-batch it
+shares the longest prefix with, so a group's rows train together and its prompt runs once, not
+once per micro-batch. A row longer than the budget gets a micro-batch of its own.
 """
 
 from __future__ import annotations
@@ -90,9 +94,34 @@ def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool
     return rows, zero_var, dropped, rewards
 
 
-def _pack(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices grouped so rows x max length <= budget (longest first, greedy)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+MIN_SHARED_PREFIX = 64
+"""Rows sharing at least this many leading tokens run the prefix once (``token_logprobs``)."""
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _cost(rows: int, longest: int, prefix: int) -> int:
+    """Tokens one forward runs: the shared prefix once when ``token_logprobs`` would share it."""
+    if rows < 2 or prefix < MIN_SHARED_PREFIX or prefix >= longest - 1:
+        return rows * longest
+    return prefix + rows * (longest - prefix)
+
+
+def _pack_by_length(idx: list[int], lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Rows (no shared prefix) grouped so rows x longest <= budget: longest first, greedy."""
+    order = sorted(idx, key=lambda i: -lengths[i])
     bins: list[list[int]] = []
     for i in order:
         if bins and (len(bins[-1]) + 1) * lengths[bins[-1][0]] <= budget:
@@ -100,6 +129,35 @@ def _pack(lengths: list[int], budget: int) -> list[list[int]]:
         else:
             bins.append([i])
     return bins
+
+
+def _pack(seqs: Sequence[Sequence[int]], budget: int, share_prefix: bool = True) -> list[list[int]]:
+    """Row indices grouped so each group's ``_cost`` <= budget.
+
+    In lexicographic order rows that share a prefix are neighbours (a group's rows, then the
+    groups that share only the system prompt). Runs of neighbours join while a row adds less
+    than it would cost alone and the run stays within budget; the rows left alone are packed
+    by length (``_pack_by_length``)."""
+    lengths = [len(q) for q in seqs]
+    if not share_prefix:
+        return _pack_by_length(list(range(len(seqs))), lengths, budget)
+    order = sorted(range(len(seqs)), key=lambda i: tuple(seqs[i]))
+    runs: list[list[int]] = []
+    prefix = longest = 0
+    for k, i in enumerate(order):
+        if runs:
+            p = min(prefix, _common_prefix(seqs[order[k - 1]], seqs[i]))
+            n, top = len(runs[-1]), max(longest, lengths[i])
+            cost = _cost(n + 1, top, p)
+            if cost <= budget and cost - _cost(n, longest, prefix) < lengths[i]:
+                runs[-1].append(i)
+                prefix, longest = p, top
+                continue
+        runs.append([i])
+        prefix = longest = lengths[i]
+    shared = [r for r in runs if len(r) > 1]
+    alone = [r[0] for r in runs if len(r) == 1]
+    return shared + _pack_by_length(alone, lengths, budget)
 
 
 def _collate(rows: list[_Row], pad_id: int) -> MicroBatch:
@@ -123,19 +181,24 @@ def _collate(rows: list[_Row], pad_id: int) -> MicroBatch:
 
 
 def pack_segments(segments: Sequence[Segment], advantages_N: Sequence[float], *,
-                  micro_batch_tokens: int = 4096, pad_id: int = 0) -> tuple[MicroBatch, ...]:
-    """Segments (one row each) packed by length into micro-batches (used by GRPO and SFT)."""
+                  micro_batch_tokens: int = 4096, pad_id: int = 0,
+                  share_prefix: bool = True) -> tuple[MicroBatch, ...]:
+    """Segments (one row each) packed into micro-batches (used by GRPO and SFT); see the module
+    docstring for the cost. ``share_prefix=False``: the forward will not share prefixes (DDP)."""
     rows = [_Row(s, a) for s, a in zip(segments, advantages_N, strict=True)]
-    bins = _pack([len(r.segment.token_ids_T) for r in rows], micro_batch_tokens)
+    bins = _pack([r.segment.token_ids_T for r in rows], micro_batch_tokens, share_prefix)
     return tuple(_collate([rows[i] for i in b], pad_id) for b in bins)
 
 
 def build_batch(groups: Sequence[Group], *, std_norm: str = "never", micro_batch_tokens: int = 4096,
-                skip_zero_variance: bool = True, pad_id: int = 0) -> TrainBatch:
-    """Pack ``groups`` into micro-batches of at most ``micro_batch_tokens`` padded tokens."""
+                skip_zero_variance: bool = True, pad_id: int = 0,
+                share_prefix: bool = True) -> TrainBatch:
+    """Pack ``groups`` into micro-batches of at most ``micro_batch_tokens`` tokens of forward
+    (a shared prefix counted once: module docstring)."""
     rows, zero_var, dropped, rewards = _rows(groups, std_norm, skip_zero_variance)
     mbs = pack_segments([r.segment for r in rows], [r.advantage for r in rows],
-                        micro_batch_tokens=micro_batch_tokens, pad_id=pad_id)
+                        micro_batch_tokens=micro_batch_tokens, pad_id=pad_id,
+                        share_prefix=share_prefix)
     return TrainBatch(
         micro_batches=mbs,
         num_sequences=len(rows),

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from looprl.trainer.batch import MicroBatch, TrainBatch, build_batch
+from looprl.trainer.batch import MIN_SHARED_PREFIX, MicroBatch, TrainBatch, build_batch
 from looprl.trainer.losses import LossInputs, LossParams, get_loss
 from looprl.types import Group
 
@@ -117,10 +117,6 @@ def gather_logprobs(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor) -> to
         row = logits_B_T_V[b].float()
         rows.append(row.gather(-1, targets_B_T[b, :, None]).squeeze(-1) - row.logsumexp(-1))
     return torch.stack(rows)
-
-
-MIN_SHARED_PREFIX = 64
-"""Rows sharing at least this many leading tokens run the prefix once (``token_logprobs``)."""
 
 
 def shared_prefix_len(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor) -> int:
@@ -269,7 +265,8 @@ class GRPOStep:
     def batch(self, groups: Sequence[Group]) -> TrainBatch:
         return build_batch(groups, std_norm=self.cfg.std_norm,
                            micro_batch_tokens=self.cfg.micro_batch_tokens,
-                           skip_zero_variance=self.cfg.skip_zero_variance, pad_id=self.pad_id)
+                           skip_zero_variance=self.cfg.skip_zero_variance, pad_id=self.pad_id,
+                           share_prefix=not isinstance(self.model, nn.parallel.DistributedDataParallel))
 
     def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
         return train_step(self.model, self.ref_model, self.optimizer, batch, self.cfg,
