@@ -9,13 +9,13 @@ before advantages are computed — they are never scored as the model's fault. A
 remaining rewards are all equal has no signal: it is counted, and skipped when
 ``skip_zero_variance`` (the default).
 
-Rows are packed greedily, longest first, so that each micro-batch's cost stays within
-``micro_batch_tokens``. The cost counts what the forward runs (``step.token_logprobs``): rows
-that share a prefix of ``MIN_SHARED_PREFIX``+ tokens (a group's prompt) run it once, so a
-micro-batch costs prefix + rows x (longest row - prefix); without a shared prefix (or with
-``share_prefix=False``, e.g. under DDP) rows x longest row. A row joins the open micro-batch it
-shares the longest prefix with, so a group's rows train together and its prompt runs once, not
-once per micro-batch. A row longer than the budget gets a micro-batch of its own.
+Rows are packed so that each micro-batch's cost stays within ``micro_batch_tokens``. The cost
+counts what the forward runs (``step.token_logprobs``): rows that share a prefix of
+``MIN_SHARED_PREFIX``+ tokens (a group's prompt) run it once, so a micro-batch costs prefix +
+rows x (longest row - prefix); without a shared prefix (or with ``share_prefix=False``, e.g.
+under DDP) rows x longest row. Prefix-sharing rows train together (a group's prompt runs once,
+not once per micro-batch of two rows); the others are packed by length, longest first. A row
+longer than the budget gets a micro-batch of its own.
 """
 
 from __future__ import annotations

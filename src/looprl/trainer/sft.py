@@ -38,7 +38,8 @@ class SFTConfig:
     batch_sequences: int = 8
     """Segments per optimizer step."""
     micro_batch_tokens: int = 4096
-    """Padded tokens per forward pass (gradients accumulate across micro-batches)."""
+    """Tokens per forward pass: rows x longest row, a prefix the rows share counted once
+    (``trainer.batch``); bounds activation memory. Gradients accumulate across micro-batches."""
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     seed: int = 0
@@ -87,7 +88,8 @@ def sft_step(model: nn.Module, optimizer: torch.optim.Optimizer, segments: Seque
              cfg: SFTConfig) -> tuple[float, int]:
     """One optimizer step on ``segments``; returns (mean NLL per model token, model tokens)."""
     mbs = pack_segments(segments, [0.0] * len(segments), micro_batch_tokens=cfg.micro_batch_tokens,
-                        pad_id=cfg.pad_id)
+                        pad_id=cfg.pad_id,
+                        share_prefix=not isinstance(model, nn.parallel.DistributedDataParallel))
     n_tok = sum(float(mb.loss_mask_B_T.sum()) for mb in mbs)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0

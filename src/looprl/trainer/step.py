@@ -56,7 +56,8 @@ class GRPOConfig:
     norm_tokens: int = 1024
     """Dr. GRPO's constant divisor per sequence; set it to the max new tokens of a trajectory."""
     micro_batch_tokens: int = 4096
-    """Padded tokens per forward pass (rows x longest row); bounds activation memory."""
+    """Tokens per forward pass: rows x longest row, a prefix the rows share counted once
+    (``trainer.batch``); bounds activation memory. Gradients accumulate across micro-batches."""
     mini_batches: int = 1
     """Optimizer updates per batch (each on a consecutive slice of the micro-batches)."""
     max_grad_norm: float = 1.0
