@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import torch
 
-from looprl import paths
 from looprl.harness.agent import AgentConfig
 from looprl.harness.format import ChatFormat
 from looprl.inference import TorchEngine
@@ -54,14 +53,10 @@ from looprl.types import Group, Task
 
 
 def default_model_dir(size: str):
-    """The default model of ``size`` (random init), created once and cached like the quickstart's."""
-    from looprl.models.tiny import init_default_model
+    """The default model of ``size``, created once and cached like the quickstart's."""
+    from looprl.models.tiny import default_model_dir as cached
 
-    path = paths.sub("models") / f"default-{size}-seed0"
-    if not (path / "config.json").exists():
-        print(f"initialising the default model ({size}) at {path} ...", flush=True)
-        init_default_model(path, size=size, seed=0)
-    return path
+    return cached(size, 0)
 
 
 def real_tasks(spec: str, max_tasks: int) -> list[Task]:

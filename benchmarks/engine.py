@@ -28,10 +28,9 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from looprl import paths
 from looprl.inference.torch_engine import TorchEngine
 from looprl.models.loading import load_model
-from looprl.models.tiny import init_default_model, python_sources
+from looprl.models.tiny import default_model_dir, python_sources
 from looprl.types import SamplingParams
 
 console = Console()
@@ -158,10 +157,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    path = args.model or paths.sub("models") / f"default-{args.size}"
-    if not (Path(path) / "config.json").exists():
-        console.print(f"[bold]building default model[/] ({args.size}) at {path}")
-        init_default_model(path, size=args.size)
+    path = args.model or default_model_dir(args.size)
     lm = load_model(path, dtype=args.dtype)
     model, tok = lm.model, lm.tokenizer
     model.generation_config.eos_token_id = None  # equal lengths: ignore end-of-turn everywhere

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from looprl import paths
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
 from looprl.trainer.step import GRPOConfig, GRPOStep
@@ -83,13 +82,10 @@ class Curve:
 
 
 def default_model_dir(size: str):
-    from looprl.models.tiny import init_default_model
+    """The default model of ``size``, created once and cached like the quickstart's."""
+    from looprl.models.tiny import default_model_dir as cached
 
-    path = paths.sub("models") / f"default-{size}-seed0"
-    if not (path / "config.json").exists():
-        print(f"initialising the default {size} model at {path} ...", flush=True)
-        init_default_model(path, size=size, seed=0)
-    return path
+    return cached(size, 0)
 
 
 def prompts_from_tasks(tok, spec: str, form: str) -> list[Prompt]:

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import torch
 
-from looprl import paths
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.format import ChatFormat
 from looprl.harness.tools import make_tools
@@ -107,10 +106,9 @@ def load_tasks(cfg: Config, scratch: Path) -> list[Task]:
 
 def load_policy(cfg: Config):
     """The model and tokenizer (the default small model is created on first use)."""
-    path = Path(cfg.model) if cfg.model else paths.sub("models") / "default-small-seed0"
-    if not cfg.model and not (path / "config.json").exists():
-        from looprl.models.tiny import init_default_model
-        init_default_model(path, size="small", seed=0)
+    from looprl.models.tiny import default_model_dir
+
+    path = Path(cfg.model) if cfg.model else default_model_dir("small", 0)
     lm = load_model(path)
     return lm.model, lm.tokenizer
 

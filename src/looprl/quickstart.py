@@ -26,7 +26,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from looprl import paths
 from looprl.config import save_config
 from looprl.errors import ConfigError, TaskError
 from looprl.harness.agent import AgentConfig
@@ -165,14 +164,12 @@ def build_tasks(cfg: QuickstartConfig) -> tuple[list[Task], list[Task]]:
 def init_model(cfg: QuickstartConfig, run_dir: Path) -> Path:
     """The model this run trains: a checkpoint given in ``model.path``, or a fresh copy of the
     default model (pretrained later, by ``pretrain_model``, once the demos exist)."""
-    from looprl.models.tiny import init_default_model
+    from looprl.models.tiny import default_model_dir
 
     if cfg.model.path:  # a real checkpoint: train it as it is
         return Path(cfg.model.path).expanduser()
-    cache = paths.sub("models") / f"default-{cfg.model.size}-seed{cfg.seed}"
-    if not (cache / "config.json").exists():
-        with console.status(f"initialising the default model ({cfg.model.size}) and its tokenizer"):
-            init_default_model(cache, size=cfg.model.size, seed=cfg.seed)
+    with console.status(f"the default model ({cfg.model.size}) and its tokenizer"):
+        cache = default_model_dir(cfg.model.size, cfg.seed)
     dest = run_dir / "model_init"
     if dest.exists():
         shutil.rmtree(dest)
@@ -181,8 +178,10 @@ def init_model(cfg: QuickstartConfig, run_dir: Path) -> Path:
 
 
 def pretrain_model(cfg: QuickstartConfig, model_dir: Path, demos: list[Trajectory], tok) -> None:
-    """``model.pretrain_steps`` of next-token pretraining of the default model, with
-    ``model.drills`` copy drills per copying step of ``demos`` in the text."""
+    """``model.pretrain_steps`` of next-token pretraining of the default model on installed
+    Python source plus the whole transcripts of ``demos`` (tool output included: a loss on every
+    token, where SFT has one on the model's turns only), and ``model.drills`` copy drills per
+    copying step of ``demos``."""
     if cfg.model.path or not cfg.model.pretrain_steps:
         return
     from looprl.models.pretrain import pretrain
@@ -192,7 +191,9 @@ def pretrain_model(cfg: QuickstartConfig, model_dir: Path, demos: list[Trajector
         if cfg.model.drills and demos else []
     if drills:
         console.print(f"pretraining text: + {len(drills):,} copy drills from {len(demos)} demos")
-    pretrain(model_dir, steps=cfg.model.pretrain_steps, transcripts=drills)
+    transcripts = [list(seg.token_ids_T) for d in demos for seg in d.segments]
+    pretrain(model_dir, steps=cfg.model.pretrain_steps, transcripts=transcripts + drills,
+             bf16=True)
 
 
 def sft_demos(train: list[Task], tok, cfg: QuickstartConfig) -> list[Trajectory]:

@@ -67,3 +67,63 @@ def test_cli_init_creates_a_loadable_model(tmp_path):
     assert "params" in res.output and (tmp_path / "cli" / "model.safetensors").exists()
     res = CliRunner().invoke(app, ["init", str(tmp_path / "x"), "--size", "gigantic"])
     assert res.exit_code != 0 and "choose one of" in str(res.exception)
+
+
+def _copy_accuracy(model, seed: int = 1) -> float:
+    """Top-1 accuracy on the predictable tokens of random-token spans written three times."""
+    import random
+
+    rng, V = random.Random(seed), model.config.vocab_size
+    rows, masks = [], []
+    for _ in range(8):
+        toks, mask = [], []
+        while len(toks) < 512:
+            n = rng.randint(8, 40)
+            span = [rng.randrange(3, V) for _ in range(n)]
+            # the first copy and the token after it cannot be predicted; the rest can
+            toks += span * 3
+            mask += [False] * (n + 1) + [True] * (2 * n - 1)
+        rows.append(toks[:512])
+        masks.append(mask[:512])
+    ids, mask_B_T = torch.tensor(rows), torch.tensor(masks)
+    with torch.no_grad():
+        logits = model.eval()(input_ids=ids).logits
+    hit = logits[:, :-1].argmax(-1) == ids[:, 1:]
+    return float(hit[mask_B_T[:, 1:]].float().mean())
+
+
+@pytest.mark.parametrize("size, floor", [("tiny", 0.7), ("small", 0.9)])
+def test_the_planted_copy_circuit_copies_before_any_training(size, floor):
+    from transformers import LlamaForCausalLM
+
+    from looprl.models.tiny import plant_copy_circuit
+
+    torch.manual_seed(0)
+    plain = LlamaForCausalLM(model_config(size, 2048, 0, 2))
+    assert _copy_accuracy(plain) < 0.01
+    plant_copy_circuit(plain)
+    assert _copy_accuracy(plain) > floor
+
+
+def test_the_copy_circuit_refuses_a_model_without_room_for_it():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from looprl.models.tiny import plant_copy_circuit
+
+    one_layer = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2,
+                                             intermediate_size=64, tie_word_embeddings=True))
+    with pytest.raises(ConfigError, match="2\\+ layers"):
+        plant_copy_circuit(one_layer)
+
+
+def test_default_model_dir_is_cached_by_recipe(tmp_path, monkeypatch):
+    from looprl.models.tiny import INIT_RECIPE, default_model_dir
+
+    monkeypatch.setenv("LOOPRL_HOME", str(tmp_path))
+    monkeypatch.setattr("looprl.models.tiny.init_default_model",
+                        lambda out, size, seed: (out.mkdir(parents=True),
+                                                 (out / "config.json").write_text("{}")))
+    path = default_model_dir("tiny", 3)
+    assert path.name == f"default-tiny-seed3-{INIT_RECIPE}" and (path / "config.json").exists()
+    assert default_model_dir("tiny", 3) == path  # second call: the cache, no rebuild

@@ -32,12 +32,14 @@ def init(out_dir: ModelDir = None,
          size: Annotated[str, typer.Option(help=f"one of {sorted(SIZES)}")] = DEFAULT_SIZE,
          seed: int = 0,
          corpus_chars: Annotated[int, typer.Option(help="Python source sampled for the tokenizer")] = 2_000_000,
+         copy_circuit: Annotated[bool, typer.Option(
+             help="plant an induction (copy) circuit at init: models.tiny.plant_copy_circuit")] = True,
          ) -> None:
-    """Train the BPE tokenizer and save a randomly initialised default model (HF format)."""
+    """Train the BPE tokenizer and save a freshly initialised default model (HF format)."""
     from looprl.models.loading import load_model
     from looprl.models.tiny import init_default_model
     path = init_default_model(out_dir or _default_dir(), size=size, seed=seed,
-                              corpus_chars=corpus_chars)
+                              corpus_chars=corpus_chars, copy_circuit=copy_circuit)
     lm = load_model(path)
     console.print(f"saved {lm.model.config.model_type} model ({lm.num_params / 1e6:.2f}M params, "
                   f"vocab {len(lm.tokenizer)}) to {path}")
