@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -46,23 +48,55 @@ def _check(rc: int, what: str) -> int:
     return rc
 
 
+def uid_lock_dir() -> Path:
+    """Where processes reserve sandbox uids (``LOOPRL_UID_LOCKS``, default a fixed directory
+    under the system temp dir): one for the whole host, whatever each process's sandbox dir."""
+    return Path(os.environ.get("LOOPRL_UID_LOCKS")
+                or Path(tempfile.gettempdir()) / "looprl-uid-locks")
+
+
 class UidPool:
-    """Hands out unprivileged host uids (reused LIFO) and a user namespace mapping each to 0."""
+    """Hands out unprivileged host uids (reused LIFO) and a user namespace mapping each to 0.
+
+    Uids are unique across the processes of a host, not only within this one: a uid is first
+    reserved with an ``flock`` on its file in ``uid_lock_dir()``, held until this process exits
+    (the kernel drops it then, even on ``kill -9``); a uid another process holds is skipped.
+    Two env servers on one host therefore never run sandboxes under the same uid (which would
+    share RLIMIT_NPROC and let one see the other's processes as its own)."""
 
     def __init__(self, first: int = FIRST_UID, size: int = 60_000):
         self.first, self.size = first, size
         self._free: list[int] = []
         self._next = first
         self._userns_fd: dict[int, int] = {}
+        self._reserved: dict[int, int] = {}
+        """uid -> fd of its lock file (held while this process lives)."""
         self._lock = threading.Lock()
 
     def take(self) -> int:
         with self._lock:
             if self._free:
                 return self._free.pop()
-            assert self._next < self.first + self.size, "sandbox uid range exhausted"
-            self._next += 1
-            return self._next - 1
+            while True:
+                if self._next >= self.first + self.size:
+                    raise RuntimeError(f"sandbox uid range exhausted ({self.size} uids from "
+                                       f"{self.first}, some held by other processes)")
+                uid = self._next
+                self._next += 1
+                if self._reserve(uid):
+                    return uid
+
+    def _reserve(self, uid: int) -> bool:
+        d = uid_lock_dir()
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(d / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._reserved[uid] = fd
+        return True
 
     def give(self, uid: int) -> None:
         with self._lock:
