@@ -6,7 +6,9 @@
 
 The tokenizer is trained in seconds on a sample of the Python source installed in this venv plus
 synthetic conversations rendered through the harness's chat template (so `<tool_call>` blocks,
-JSON arguments and role headers tokenize compactly). Weights are random until ``pretrain``.
+JSON arguments and role headers tokenize compactly). Weights are random until ``pretrain``,
+except for a planted copy (induction) circuit (``plant_copy_circuit``; ``copy_circuit=False``
+leaves it out). ``default_model_dir(size, seed)`` is the cached copy everything shares.
 
 Sizes (``SIZES``) were compared with ``benchmarks/engine.py --engine-only --turns 2
 --new-tokens 128 --threads 1 --size S`` (G=8, ~1,000-token prompt, machine under heavy shared load):
