@@ -44,19 +44,13 @@ from looprl.harness.agent import AgentConfig
 from looprl.harness.format import ChatFormat
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
+from looprl.models.tiny import default_model_dir
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopStats, TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep, StepMetrics
 from looprl.types import Group, Task
-
-
-def default_model_dir(size: str):
-    """The default model of ``size``, created once and cached like the quickstart's."""
-    from looprl.models.tiny import default_model_dir as cached
-
-    return cached(size, 0)
 
 
 def real_tasks(spec: str, max_tasks: int) -> list[Task]:

@@ -39,6 +39,7 @@ import torch
 
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
+from looprl.models.tiny import default_model_dir
 from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import (
     Counters,
@@ -79,13 +80,6 @@ class Curve:
     train_tokens: int = 0
     rollout_s: float = 0.0
     train_s: float = 0.0
-
-
-def default_model_dir(size: str):
-    """The default model of ``size``, created once and cached like the quickstart's."""
-    from looprl.models.tiny import default_model_dir as cached
-
-    return cached(size, 0)
 
 
 def prompts_from_tasks(tok, spec: str, form: str) -> list[Prompt]:

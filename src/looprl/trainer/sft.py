@@ -22,7 +22,7 @@ from torch import nn
 
 from looprl.errors import ConfigError
 from looprl.trainer.batch import pack_segments
-from looprl.trainer.step import token_logprobs
+from looprl.trainer.step import shares_prefixes, token_logprobs
 from looprl.types import Segment, Trajectory
 
 
@@ -89,7 +89,7 @@ def sft_step(model: nn.Module, optimizer: torch.optim.Optimizer, segments: Seque
     """One optimizer step on ``segments``; returns (mean NLL per model token, model tokens)."""
     mbs = pack_segments(segments, [0.0] * len(segments), micro_batch_tokens=cfg.micro_batch_tokens,
                         pad_id=cfg.pad_id,
-                        share_prefix=not isinstance(model, nn.parallel.DistributedDataParallel))
+                        share_prefix=shares_prefixes(model))
     n_tok = sum(float(mb.loss_mask_B_T.sum()) for mb in mbs)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0

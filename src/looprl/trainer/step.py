@@ -128,6 +128,12 @@ def shared_prefix_len(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
     return int(same_T.long().cumprod(0).sum())
 
 
+def shares_prefixes(model: nn.Module) -> bool:
+    """Whether ``token_logprobs`` runs a prefix its rows share once for ``model`` (not under DDP,
+    which expects one forward per backward); packing costs micro-batches the same way."""
+    return not isinstance(model, nn.parallel.DistributedDataParallel)
+
+
 def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
                    *, temperature: float = 1.0, autocast_bf16: bool = False,
                    share_prefix: bool = True) -> torch.Tensor:
@@ -140,8 +146,8 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else contextlib.nullcontext()
     T = tokens_B_T.shape[1]
     P = shared_prefix_len(tokens_B_T, attention_mask_B_T) if share_prefix else 0
-    if P < MIN_SHARED_PREFIX or P >= T - 1 or isinstance(model, nn.parallel.DistributedDataParallel):
-        with ctx:  # DDP expects one forward per backward: no split there
+    if P < MIN_SHARED_PREFIX or P >= T - 1 or not shares_prefixes(model):
+        with ctx:
             logits = model(input_ids=tokens_B_T, attention_mask=attention_mask_B_T,
                            use_cache=False).logits
         return F.pad(gather_logprobs(_tempered(logits[:, :-1], temperature), tokens_B_T[:, 1:]),
@@ -267,7 +273,7 @@ class GRPOStep:
         return build_batch(groups, std_norm=self.cfg.std_norm,
                            micro_batch_tokens=self.cfg.micro_batch_tokens,
                            skip_zero_variance=self.cfg.skip_zero_variance, pad_id=self.pad_id,
-                           share_prefix=not isinstance(self.model, nn.parallel.DistributedDataParallel))
+                           share_prefix=shares_prefixes(self.model))
 
     def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
         return train_step(self.model, self.ref_model, self.optimizer, batch, self.cfg,
