@@ -1,7 +1,7 @@
 """Sandbox benchmark: copy-on-write workspace creation vs ``cp -a``, per-command overhead of
 bubblewrap vs an unsandboxed command, and 64 sandboxes leased at once — side by side, one run.
 
-    .venv/bin/python benchmarks/sandbox.py [--reps 15]
+    .venv/bin/python benchmarks/sandbox.py [--reps 41]
 
 Workload: a repository built from real installed packages (numpy, pygments, rich, pydantic, ...;
 2,000+ files) with the project's venv mounted read-only. Three "create" figures:
@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from looprl.sandbox import SandboxLimits, SandboxPool, create_sandbox
+from looprl.sandbox.bwrap import command_argv
 
 PACKAGES = ["numpy", "pygments", "rich", "pydantic", "fastapi", "starlette", "httpx", "typer",
             "click", "jinja2", "anyio", "idna", "fsspec", "uvicorn", "httpcore", "h11", "yaml",
@@ -139,8 +140,10 @@ async def bench_pool_lease(base: Path, venv: str, reps: int,
 
 async def bench_exec(base: Path, venv: str, reps: int,
                      limits: SandboxLimits | None = None) -> tuple[list[float], list[float]]:
-    """Alternating sandboxed and bare ``/bin/sh -c true`` (same shape of subprocess call), each
-    after 20 ms of "thinking" (an agent's commands are at least a model turn apart)."""
+    """Alternating sandboxed and bare ``true`` (executed as the sandbox executes it: a plain
+    command line skips the shell, ``bwrap.command_argv``), each after 20 ms of "thinking" (an
+    agent's commands are at least a model turn apart)."""
+    bare_argv = command_argv("true", venv, None)
     sb = await create_sandbox(base, venv, limits=limits)
     boxed, bare = [], []
     try:
@@ -154,7 +157,7 @@ async def bench_exec(base: Path, venv: str, reps: int,
             await asyncio.sleep(0.02)
             t0 = time.perf_counter()
             p = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", "true", cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                *bare_argv, cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             await p.communicate()
             bare.append(time.perf_counter() - t0)
     finally:
@@ -166,7 +169,7 @@ async def bench_bwrap_floor(reps: int) -> list[float]:
     """The floor: the cheapest isolated `true` bubblewrap can do (new namespaces, /usr only)."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/usr", "/usr",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-            "--symlink", "usr/lib64", "/lib64", "/bin/sh", "-c", "true"]
+            "--symlink", "usr/lib64", "/lib64", "/usr/bin/true"]
     out = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -229,7 +232,7 @@ async def bench_concurrent(base: Path, venv: str, n: int) -> tuple[int, float, f
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=41)  # p50s of 15 moved ±8% between runs
     ap.add_argument("--concurrent", type=int, default=64)
     args = ap.parse_args()
     venv = sys.prefix

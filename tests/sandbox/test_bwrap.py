@@ -53,6 +53,39 @@ def test_exit_code_env_cwd_and_identity(base_repo: Path) -> None:
     run(go())
 
 
+@pytest.mark.parametrize(("cmd", "direct"), [
+    ("true", True), ("ls -a --color=never", True), ("python -m pytest -q t.py::test_x", True),
+    ("echo hi", False), ("exit 3", False), ("ls | wc -l", False), ("cat *.py", False),
+    ("FOO=1 true", False), ("grep -n 'a b' f", False), ("./run.sh", False), ("/bin/ls", False),
+    ("no-such-program-xyz", False), ("ls ~", False), ("ls $HOME", False)])
+def test_plain_command_lines_skip_the_shell(cmd: str, direct: bool, venv: str) -> None:
+    argv = bwrap_mod.command_argv(cmd, venv, None)
+    assert (argv[:2] != ["/bin/sh", "-c"]) == direct, argv
+    if direct:
+        assert os.path.isabs(argv[0]) and argv[1:] == cmd.split()[1:]
+    assert bwrap_mod.command_argv(cmd, venv, {"PATH": "/usr/bin"})[:2] == ["/bin/sh", "-c"]
+
+
+def test_direct_and_shell_commands_agree(base_repo: Path, venv: str) -> None:
+    """The same command line run directly and through the shell (a quoted word forces it):
+    same output and exit code; a missing program is the command's failure (127), not ours."""
+    async def go():
+        sb = await create_sandbox(base_repo, venv)
+        try:
+            for plain, quoted in [("ls -a --color=never", "'ls' -a --color=never"),
+                                  ("python -c pass", "'python' -c pass"),
+                                  ("false", "'false'")]:
+                a, b = await sb.exec(plain), await sb.exec(quoted)
+                assert (a.exit_code, a.stdout) == (b.exit_code, b.stdout), (plain, a, b)
+            r = await sb.exec("python -c pass")
+            assert r.ok, r
+            r = await sb.exec("no-such-program-xyz --flag")
+            assert r.exit_code == 127 and "not found" in r.stderr, r
+        finally:
+            await sb.close()
+    run(go())
+
+
 def test_timeout_and_output_cap(base_repo: Path) -> None:
     async def go():
         sb = await create_sandbox(base_repo, limits=SandboxLimits(output_bytes=1000))

@@ -1,6 +1,6 @@
 """Run commands under bubblewrap: the isolation half of a sandbox (``BwrapSandbox``).
 
-Each command runs as ``/bin/sh -c CMD`` in fresh user, pid, net, ipc, uts and cgroup namespaces,
+Each command runs in fresh user, pid, net, ipc, uts and cgroup namespaces,
 as uid 1000 inside with no capabilities and nested user namespaces disabled. On the host it is an
 unprivileged uid of the sandbox's own (``idmap.py``, when looprl runs as root): host uid 0 would
 still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets:
@@ -18,6 +18,9 @@ still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets
   memory/pids controllers are writable, a memory limit and a pid limit per command;
 - a wall-clock timeout that kills the whole tree: the process group and every pid of the cgroup
   are SIGKILLed, and ``--die-with-parent`` + the pid namespace take the rest down with bwrap;
+- a plain command line (words of ordinary characters, e.g. ``python -m pytest -q``) is executed
+  directly, its program found on the sandbox's PATH on the host side (``command_argv``); anything
+  else — quotes, pipes, redirections, globs, variables, builtins — runs as ``/bin/sh -c CMD``;
 - output capped to head + tail with a ``[... N bytes truncated ...]`` marker;
 - a seccomp filter (``seccomp.py``): loading kernel code, mounting, namespaces, io_uring, bpf,
   perf events, the keyring, ptrace and a few more fail with EPERM (x86-64 and aarch64; on other
@@ -52,6 +55,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import resource
 import shutil
 import signal
@@ -195,6 +199,34 @@ def _filter_fd(limits: SandboxLimits) -> Iterator[int | None]:
             os.close(fd)
 
 
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_./:,+@%^-]+")
+_PLAIN_ARG = re.compile(r"[A-Za-z0-9_./:,+@%^=-]+")
+_SHELL_WORDS = frozenset(
+    ". : [ alias bg break case cd command continue do done echo elif else esac eval exec exit "
+    "export fc fg fi for getopts hash if in jobs kill local printf pwd read readonly return "
+    "set shift test then times trap type ulimit umask unalias unset until wait while".split())
+"""Keywords and builtins of the shell: such a command always runs through ``/bin/sh -c``."""
+
+
+def command_argv(cmd: str, venv: str | None, env: Mapping[str, str] | None) -> list[str]:
+    """How ``cmd`` is executed: its own words, the program resolved to an absolute path, when it
+    is a plain command line; otherwise ``/bin/sh -c cmd``. The direct path saves the shell's
+    exec (~0.4 ms per command) and behaves as the shell would: it is taken only for words of
+    characters the shell gives no meaning to, a first word that is neither a keyword nor a
+    builtin (``true``/``false`` excepted: /usr/bin's behave alike), and the sandbox's default
+    PATH (``env`` sets none), whose directories — the venv's bin and the system dirs — have the
+    same contents on the host as inside. A program found nowhere goes to the shell too, which
+    reports it (``not found``, exit 127) as it always has; so does a program given by path."""
+    words = cmd.split()
+    if (not words or words[0] in _SHELL_WORDS or not _PLAIN_WORD.fullmatch(words[0])
+            or not all(_PLAIN_ARG.fullmatch(w) for w in words[1:])):
+        return ["/bin/sh", "-c", cmd]
+    # a path (maybe into the workspace, which differs inside) is the shell's to resolve
+    found = None if "/" in words[0] or (env and "PATH" in env) else shutil.which(
+        words[0], path=command_env(venv, None)["PATH"])
+    return ["/bin/sh", "-c", cmd] if found is None else [found, *words[1:]]
+
+
 def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: str | None,
                limits: SandboxLimits, env: Mapping[str, str] | None,
                seccomp_fd: int | None = None) -> list[str]:
@@ -209,7 +241,7 @@ def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: st
     check_env(merged)
     for k, v in merged.items():
         argv += ["--setenv", k, v]
-    return [*argv, "--", "/bin/sh", "-c", cmd]
+    return [*argv, "--", *command_argv(cmd, venv, env)]
 
 
 def rooted_argv(bwrap: str, root: SandboxRoot, limits: SandboxLimits, wait_fd: int,
@@ -344,7 +376,7 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
             except asyncio.TimeoutError:
                 pumps.cancel()
             rc = proc.returncode if proc.returncode is not None else await prepared.wait()
-        oom = cg.oom_killed()
+        oom = rc != 0 and cg.oom_killed()  # a command that exits 0 was not killed
     finally:
         if pumps is not None and not pumps.done():
             pumps.cancel()
@@ -521,7 +553,7 @@ class BwrapSandbox:
         message: bytes | None = None
         if self.root is not None:
             message = encode_message(self.workdir, command_env(self.venv, env),
-                                     ["/bin/sh", "-c", cmd])
+                                     command_argv(cmd, self.venv, env))
         else:
             binds = bind_args(self.workspace.path, self.workdir, self.venv,
                               staged=uid is not None)
