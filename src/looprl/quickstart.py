@@ -296,8 +296,12 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
         console.print("turn accuracy after SFT (exact greedy turns): " + ", ".join(
             f"{k} {s.exact_rate:.2f}" for k, s in sorted(turns["sft"].by_tool.items())))
     if sft_res.losses:
+        first, last = loss_ends(sft_res.losses)
         console.print(f"SFT: {sft_res.steps} steps, {sft_res.tokens:,} model tokens, loss "
-                      f"{sft_res.losses[0]:.3f} -> {sft_res.losses[-1]:.3f} in {sft_res.wall_s:.0f} s")
+                      f"{first:.3f} -> {last:.3f} (means of the first and last tenth) in "
+                      f"{sft_res.wall_s:.0f} s")
+        from looprl.models.pretrain import save_loss_png
+        save_loss_png(sft_res.losses, run_dir / "sft_loss.png")
     sft_dir = run_dir / "model_sft"
     model.save_pretrained(sft_dir, safe_serialization=True)
     tok.save_pretrained(sft_dir)
@@ -390,6 +394,14 @@ def _per_task_pass(rep: dict, tasks: list[Task]) -> list[float]:
     return [float(per.get(t.id, {}).get("pass@1", 0.0)) for t in tasks]
 
 
+def loss_ends(losses: list[float]) -> tuple[float, float]:
+    """Mean loss of the first and of the last tenth of the steps (nan, nan: none)."""
+    if not losses:
+        return float("nan"), float("nan")
+    n = max(1, len(losses) // 10)
+    return sum(losses[:n]) / n, sum(losses[-n:]) / n
+
+
 def write_report(run_dir: Path, cfg: QuickstartConfig, train, held, demos, sft_res, before, after,
                  stats, rl_minutes: float, total_minutes: float,
                  turns: dict[str, TurnAccuracy] | None = None) -> Path:
@@ -414,8 +426,12 @@ def write_report(run_dir: Path, cfg: QuickstartConfig, train, held, demos, sft_r
         f"{stats.zero_variance_groups} zero-variance, trainer idle {stats.idle_fraction:.0%}.", "",
         f"Tasks: {len(train)} train, {len(held)} held-out (real packages: "
         f"{', '.join(cfg.tasks.train_packages + cfg.tasks.heldout_packages)}).",
-        f"SFT: {len(demos)} oracle trajectories, final loss "
-        f"{(sft_res.losses[-1] if sft_res.losses else float('nan')):.3f}.", "",
+        f"Task kinds: {', '.join(f'{k} {v:g}' for k, v in cfg.tasks.mix.items())}; mutations: "
+        f"{', '.join(cfg.tasks.kinds)}.",
+        f"SFT: {len(demos)} oracle trajectories, {sft_res.steps} steps, loss "
+        "{:.3f} → {:.3f} (means of the first and last tenth of the steps; one step's loss "
+        "swings with the demos it draws).".format(*loss_ends(sft_res.losses)), "",
+        "![SFT loss](sft_loss.png)", "",
         "## Held-out evaluation", "", *md, "",
         *_turns_md(turns or {}),
         "## Training", "", "![reward curve](reward_curve.png)", "",

@@ -127,3 +127,15 @@ def test_default_model_dir_is_cached_by_recipe(tmp_path, monkeypatch):
     path = default_model_dir("tiny", 3)
     assert path.name == f"default-tiny-seed3-{INIT_RECIPE}" and (path / "config.json").exists()
     assert default_model_dir("tiny", 3) == path  # second call: the cache, no rebuild
+
+
+def test_numbers_tokenize_one_digit_at_a_time():
+    """The same number reads the same in a grep line and in a call's arguments."""
+    from looprl.models.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(["x = 1234 + 5678\n" * 50, '{"offset": 248}\n' * 50])
+    grep = tok.tokenize("pkg/mod.py:248:def f(")
+    call = tok.tokenize('{"offset": 248, "limit": 30}')
+    digits = ["2", "4", "8"]
+    assert any(grep[i:i + 3] == digits for i in range(len(grep)))
+    assert any(call[i:i + 3] == digits for i in range(len(call)))

@@ -55,7 +55,12 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 2048) 
     ``texts=None`` gives a bytes-only tokenizer (256 byte tokens + specials): no training needed.
     """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # one token per digit (as Llama and Qwen do): a number then reads the same wherever it
+    # stands, so "248" in ``path:248:`` (grep) and in ``"offset": 248`` (a call) share tokens
+    # and the model can copy it digit by digit (whole-number merges made ":24"+"8" there and
+    # " 2"+"4"+"8" here)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size if texts is not None else 0,
