@@ -237,7 +237,7 @@ def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: st
             "--dev", "/dev", "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
             *binds, "--chdir", workdir,
             "--clearenv"]
-    merged = command_env(venv, env)
+    merged = {**command_env(venv, env), "PWD": workdir}  # as the shell exports it
     check_env(merged)
     for k, v in merged.items():
         argv += ["--setenv", k, v]
@@ -552,7 +552,8 @@ class BwrapSandbox:
         argv: list[str] | None = None
         message: bytes | None = None
         if self.root is not None:
-            message = encode_message(self.workdir, command_env(self.venv, env),
+            message = encode_message(self.workdir,  # PWD: as the shell exports it
+                                     {**command_env(self.venv, env), "PWD": self.workdir},
                                      command_argv(cmd, self.venv, env))
         else:
             binds = bind_args(self.workspace.path, self.workdir, self.venv,
