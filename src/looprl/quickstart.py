@@ -301,7 +301,8 @@ def run(cfg: QuickstartConfig, runs_root: Path = Path("runs")) -> Path:
                       f"{first:.3f} -> {last:.3f} (means of the first and last tenth) in "
                       f"{sft_res.wall_s:.0f} s")
         from looprl.models.pretrain import save_loss_png
-        save_loss_png(sft_res.losses, run_dir / "sft_loss.png")
+        save_loss_png(sft_res.losses, run_dir / "sft_loss.png", title="SFT",
+                      ylabel="NLL per model token")
     sft_dir = run_dir / "model_sft"
     model.save_pretrained(sft_dir, safe_serialization=True)
     tok.save_pretrained(sft_dir)

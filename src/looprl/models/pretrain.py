@@ -70,15 +70,16 @@ def _lr(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
-def save_loss_png(losses: list[float], path: Path) -> Path:
+def save_loss_png(losses: list[float], path: Path, title: str = "pretraining",
+                  ylabel: str = "next-token loss") -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(range(1, len(losses) + 1), losses)
     ax.set_xlabel("step")
-    ax.set_ylabel("next-token loss")
-    ax.set_title("pretraining")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
