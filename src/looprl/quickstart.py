@@ -427,7 +427,7 @@ def write_report(run_dir: Path, cfg: QuickstartConfig, train, held, demos, sft_r
         f"{stats.zero_variance_groups} zero-variance, trainer idle {stats.idle_fraction:.0%}.", "",
         f"Tasks: {len(train)} train, {len(held)} held-out (real packages: "
         f"{', '.join(cfg.tasks.train_packages + cfg.tasks.heldout_packages)}).",
-        f"Task kinds: {', '.join(f'{k} {v:g}' for k, v in cfg.tasks.mix.items())}; mutations: "
+        f"Task kinds: {', '.join(f'{k} {v:.0%}' for k, v in cfg.tasks.mix.items())}; mutations: "
         f"{', '.join(cfg.tasks.kinds)}.",
         f"SFT: {len(demos)} oracle trajectories, {sft_res.steps} steps, loss "
         "{:.3f} → {:.3f} (means of the first and last tenth of the steps; one step's loss "
