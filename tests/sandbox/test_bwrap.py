@@ -57,12 +57,15 @@ def test_exit_code_env_cwd_and_identity(base_repo: Path) -> None:
     ("true", True), ("ls -a --color=never", True), ("python -m pytest -q t.py::test_x", True),
     ("echo hi", False), ("exit 3", False), ("ls | wc -l", False), ("cat *.py", False),
     ("FOO=1 true", False), ("grep -n 'a b' f", False), ("./run.sh", False), ("/bin/ls", False),
-    ("no-such-program-xyz", False), ("ls ~", False), ("ls $HOME", False)])
+    ("no-such-program-xyz", False), ("ls ~", False), ("ls $HOME", False), ("true\nfalse", False),
+    ("true\rx", False), ("", False), ("  true\t", True)])
 def test_plain_command_lines_skip_the_shell(cmd: str, direct: bool, venv: str) -> None:
     argv = bwrap_mod.command_argv(cmd, venv, None)
     assert (argv[:2] != ["/bin/sh", "-c"]) == direct, argv
     if direct:
         assert os.path.isabs(argv[0]) and argv[1:] == cmd.split()[1:]
+    else:
+        assert argv == ["/bin/sh", "-c", cmd]
     assert bwrap_mod.command_argv(cmd, venv, {"PATH": "/usr/bin"})[:2] == ["/bin/sh", "-c"]
 
 
@@ -75,7 +78,7 @@ def test_direct_and_shell_commands_agree(base_repo: Path, venv: str) -> None:
             for plain, quoted in [("ls -a --color=never", "'ls' -a --color=never"),
                                   ("python -c pass", "'python' -c pass"),
                                   ("env", "'env'"),
-                                  ("false", "'false'")]:
+                                  ("false", "'false'"), ("true\nfalse", "'true'\nfalse")]:
                 a, b = await sb.exec(plain), await sb.exec(quoted)
                 assert (a.exit_code, sorted(a.stdout.splitlines())) == \
                     (b.exit_code, sorted(b.stdout.splitlines())), (plain, a, b)  # env: any order

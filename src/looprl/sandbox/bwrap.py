@@ -217,8 +217,8 @@ def command_argv(cmd: str, venv: str | None, env: Mapping[str, str] | None) -> l
     PATH (``env`` sets none), whose directories — the venv's bin and the system dirs — have the
     same contents on the host as inside. A program found nowhere goes to the shell too, which
     reports it (``not found``, exit 127) as it always has; so does a program given by path."""
-    words = cmd.split()
-    if (not words or words[0] in _SHELL_WORDS or not _PLAIN_WORD.fullmatch(words[0])
+    words = re.split(r"[ \t]+", cmd.strip(" \t"))  # the shell's blanks; a newline is a separator
+    if (words[0] in _SHELL_WORDS or not _PLAIN_WORD.fullmatch(words[0])
             or not all(_PLAIN_ARG.fullmatch(w) for w in words[1:])):
         return ["/bin/sh", "-c", cmd]
     # a path (maybe into the workspace, which differs inside) is the shell's to resolve
