@@ -60,7 +60,7 @@ def test_oracle_solves_edit_new_and_deleted_files(task, repo, tmp_path, fmt, tok
     tools_used = [m["name"] for m in traj.messages if m["role"] == "tool"]
     assert tools_used == ["grep", "read_file", "run_terminal", "edit_file", "write_file", "finish"]
     results = [m["content"] for m in traj.messages if m["role"] == "tool"]
-    assert results[0] == "pkg/calc.py:1:def add(a, b):"
+    assert results[0] == "./pkg/calc.py:1:def add(a, b):"
     assert results[3].startswith("Edited pkg/calc.py")
     assert all(not m["content"].startswith(("Error", "Invalid")) for m in traj.messages if m["role"] == "tool")
 

@@ -64,10 +64,10 @@ def test_glob_regex_semantics():
 
 
 def test_grep_rows_filters_and_cap(ctx):
-    assert run(Grep(), ctx, pattern=r"return a - b") == "pkg/calc.py:2:    return a - b\npkg/calc.py:6:    return a - b"
+    assert run(Grep(), ctx, pattern=r"return a - b") == "./pkg/calc.py:2:    return a - b\n./pkg/calc.py:6:    return a - b"
     assert run(Grep(), ctx, pattern="ADD", ignore_case=True, glob="tests/*.py").startswith(
-        "tests/test_calc.py:1:from pkg.calc import add, sub")
-    assert run(Grep(), ctx, pattern="def", path="pkg/calc.py") == "pkg/calc.py:1:def add(a, b):\npkg/calc.py:5:def sub(a, b):"
+        "./tests/test_calc.py:1:from pkg.calc import add, sub")
+    assert run(Grep(), ctx, pattern="def", path="pkg/calc.py") == "./pkg/calc.py:1:def add(a, b):\n./pkg/calc.py:5:def sub(a, b):"
     capped = run(Grep(max_matches=1), ctx, pattern="def")
     assert capped.splitlines()[1].startswith("[... 3 more matches")
     with pytest.raises(ToolError, match="invalid regular expression"):

@@ -91,7 +91,9 @@ def _drill(kind: str, args: dict[str, Any], ctx: str, turn: str, rng: random.Ran
         if not isinstance(line, int) or f"{path}:{line}:" not in ctx or "." not in path:
             return None
         dirs = [_fresh(rng, pool, taken) for _ in range(path.count("/"))]
-        new_path = "/".join([*dirs, _fresh(rng, pool, taken)]) + path[path.rindex("."):]
+        dot = "./" if path.startswith("./") else ""  # grep prints ./-relative paths
+        new_path = dot + "/".join([*dirs[len(dot) // 2:], _fresh(rng, pool, taken)]) + \
+            path[path.rindex("."):]
         new_line = rng.randint(1, 2000)
         ctx = ctx.replace(f"{path}:{line}:", f"{new_path}:{new_line}:").replace(path, new_path)
         turn = turn.replace(json.dumps(path), json.dumps(new_path)).replace(

@@ -19,7 +19,7 @@ from looprl.harness.tools.glob_files import glob_regex
 class Grep:
     name = "grep"
     description = ("Search file contents with a Python regular expression. Returns "
-                   "path:line:text rows. Narrow with path (a directory or file) and glob "
+                   "./path:line:text rows. Narrow with path (a directory or file) and glob "
                    "(e.g. '*.py').")
     parameters = obj_schema({
         "pattern": {"type": "string", "description": "Python regular expression"},
@@ -58,7 +58,11 @@ class Grep:
                     if len(rows) < self.max_matches:
                         if len(line) > self.max_line_chars:
                             line = line[: self.max_line_chars] + " [...]"
-                        rows.append(f"{f}:{n}:{line}")
+                        # ./-relative, as `grep -rn PATTERN .`: a call copying the path then
+                        # starts with the constant "./", and the path itself follows "./" only
+                        # here (a small model copies it by induction; stop 16: read_file turns
+                        # right 0 -> 0.38)
+                        rows.append(f"./{f}:{n}:{line}")
         if not rows:
             return f"No matches for {args['pattern']!r} in {path}."
         if total > len(rows):
