@@ -23,6 +23,7 @@ import torch
 
 from looprl.errors import PolicyError, TaskError
 from looprl.harness.tools.edit_file import find_all
+from looprl.harness.tools.grep import shown_path
 from looprl.types import Generation, SamplingParams, Task
 
 
@@ -282,7 +283,7 @@ def _locate(text: str, fp: FilePatch, greps: list[str], prompt: str = "") -> lis
             offset += READ_LIMIT
     out: list[str] = []
     for offset, limit in windows:
-        call = _call("read_file", path="./" + fp.old_path, offset=offset, limit=limit)
+        call = _call("read_file", path=shown_path(fp.old_path), offset=offset, limit=limit)
         if call not in out:
             out.append(call)
     return out
@@ -302,7 +303,8 @@ def _file_edits(fp: FilePatch, target: str, text: str) -> list[str]:
             if snippet is None:
                 break
             old, new = snippet
-            calls.append(_call("edit_file", path="./" + target, old_string=old, new_string=new))
+            calls.append(_call("edit_file", path=shown_path(target), old_string=old,
+                               new_string=new))
             cur = cur.replace(old, new, 1)
         else:
             if cur == new_text:

@@ -169,15 +169,22 @@ def _drop_to(uid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def command_env(venv: str | None, env: Mapping[str, str] | None) -> dict[str, str]:
-    """The whole environment of a sandboxed command: ours, then the caller's on top."""
+def default_path(venv: str | None) -> str:
+    """PATH of a sandboxed command the caller sets none for: the venv's bin, then the system's."""
     path = "/usr/local/bin:/usr/bin:/bin"
-    base_env = {"PATH": f"{venv}/bin:{path}" if venv else path, "HOME": "/tmp", "USER": "sandbox",
+    return f"{venv}/bin:{path}" if venv else path
+
+
+def command_env(venv: str | None, env: Mapping[str, str] | None,
+                workdir: str | None = None) -> dict[str, str]:
+    """The whole environment of a sandboxed command: ours, then the caller's on top, then
+    ``PWD`` = ``workdir`` (if given) as the shell exports it."""
+    base_env = {"PATH": default_path(venv), "HOME": "/tmp", "USER": "sandbox",
                 "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
                 "PYTHONDONTWRITEBYTECODE": "1", "PIP_NO_INDEX": "1"}
     if venv:
         base_env["VIRTUAL_ENV"] = venv
-    return {**base_env, **(env or {})}
+    return {**base_env, **(env or {}), **({"PWD": workdir} if workdir else {})}
 
 
 def _namespaces(bwrap: str, limits: SandboxLimits, seccomp_fd: int | None) -> list[str]:
@@ -223,7 +230,7 @@ def command_argv(cmd: str, venv: str | None, env: Mapping[str, str] | None) -> l
         return ["/bin/sh", "-c", cmd]
     # a path (maybe into the workspace, which differs inside) is the shell's to resolve
     found = None if "/" in words[0] or (env and "PATH" in env) else shutil.which(
-        words[0], path=command_env(venv, None)["PATH"])
+        words[0], path=default_path(venv))
     return ["/bin/sh", "-c", cmd] if found is None else [found, *words[1:]]
 
 
@@ -237,7 +244,7 @@ def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: st
             "--dev", "/dev", "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
             *binds, "--chdir", workdir,
             "--clearenv"]
-    merged = {**command_env(venv, env), "PWD": workdir}  # as the shell exports it
+    merged = command_env(venv, env, workdir)
     check_env(merged)
     for k, v in merged.items():
         argv += ["--setenv", k, v]
@@ -552,8 +559,7 @@ class BwrapSandbox:
         argv: list[str] | None = None
         message: bytes | None = None
         if self.root is not None:
-            message = encode_message(self.workdir,  # PWD: as the shell exports it
-                                     {**command_env(self.venv, env), "PWD": self.workdir},
+            message = encode_message(self.workdir, command_env(self.venv, env, self.workdir),
                                      command_argv(cmd, self.venv, env))
         else:
             binds = bind_args(self.workspace.path, self.workdir, self.venv,

@@ -16,6 +16,14 @@ from looprl.harness.tools.base import ToolContext, check_path, obj_schema, walk_
 from looprl.harness.tools.glob_files import glob_regex
 
 
+def shown_path(path: str) -> str:
+    """A workspace path as grep prints it: ./-relative, as ``grep -rn PATTERN .`` does. A call
+    copying it (the oracle's too) then starts with the constant "./", and the path itself follows
+    "./" only on grep's line, so a small model copies it by induction (stop 16: teacher-forced
+    read_file turns right 0 -> 0.38)."""
+    return f"./{path}"
+
+
 class Grep:
     name = "grep"
     description = ("Search file contents with a Python regular expression. Returns "
@@ -58,11 +66,7 @@ class Grep:
                     if len(rows) < self.max_matches:
                         if len(line) > self.max_line_chars:
                             line = line[: self.max_line_chars] + " [...]"
-                        # ./-relative, as `grep -rn PATTERN .`: a call copying the path then
-                        # starts with the constant "./", and the path itself follows "./" only
-                        # here (a small model copies it by induction; stop 16: read_file turns
-                        # right 0 -> 0.38)
-                        rows.append(f"./{f}:{n}:{line}")
+                        rows.append(f"{shown_path(f)}:{n}:{line}")
         if not rows:
             return f"No matches for {args['pattern']!r} in {path}."
         if total > len(rows):
