@@ -66,6 +66,10 @@ class TasksSection:
     read off the mutated line, the ones a small model can learn."""
     mix: dict[str, float] = field(default_factory=lambda: dict(BuildConfig().mix))
     """Share of each source kind: mutation, multi_site, feature_deletion."""
+    selection: bool = False
+    """Prompts carry the user's editor selection: the buggy code with its path and lines, as
+    Cursor attaches selected code to a chat message (``prompts.with_selection``). It says where
+    the bug is, never what the fix is; the same for train, held-out and synthetic tasks."""
 
 
 @dataclass
@@ -155,10 +159,25 @@ def build_tasks(cfg: QuickstartConfig) -> tuple[list[Task], list[Task]]:
         held = [t for t in train if str(t.metadata.get("functions") or t.id) in out]
         train = [t for t in train if str(t.metadata.get("functions") or t.id) not in out]
     held = held[: cfg.tasks.max_heldout]
+    if cfg.tasks.selection:
+        train, held = [select_code(t) for t in train], [select_code(t) for t in held]
     if not train or not held:
         raise TaskError("no tasks were built; check the package specs in tasks.train_packages "
                         "(NAME==VERSION of packages whose sdists ship pytest suites)")
     return train, held
+
+
+def select_code(task: Task, files: dict[str, str] | None = None) -> Task:
+    """``task`` with the code its fix replaces appended to the prompt as the user's selection
+    (``policies.selections``); unchanged when the fix is not a set of in-place edits."""
+    from looprl.harness.policies import selections
+    from looprl.tasks.prompts import with_selection
+
+    picked = selections(task, files)
+    if not picked:
+        return task
+    return dataclasses.replace(task, prompt=with_selection(task.prompt, picked),
+                               metadata={**task.metadata, "selection": True})
 
 
 def init_model(cfg: QuickstartConfig, run_dir: Path) -> Path:
@@ -208,7 +227,8 @@ def sft_demos(train: list[Task], tok, cfg: QuickstartConfig) -> list[Trajectory]
         task_pkgs += sorted({str(t.metadata.get("package", "")) for t in train})
         items = synthetic_tasks(synthetic_repos(exclude=task_pkgs), cfg.demos.synthetic,
                                 seed=cfg.seed, kinds=tuple(cfg.demos.kinds))
-        sources += [(i.task, i.files) for i in items]
+        sources += [(select_code(i.task, i.files) if cfg.tasks.selection else i.task, i.files)
+                    for i in items]
     with _progress() as bar:
         job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
         demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
@@ -429,6 +449,9 @@ def write_report(run_dir: Path, cfg: QuickstartConfig, train, held, demos, sft_r
         f"{', '.join(cfg.tasks.train_packages + cfg.tasks.heldout_packages)}).",
         f"Task kinds: {', '.join(f'{k} {v:.0%}' for k, v in cfg.tasks.mix.items())}; mutations: "
         f"{', '.join(cfg.tasks.kinds)}.",
+        *([f"Prompts carry the user's editor selection (the buggy code with its path and lines, "
+           f"never the fix) in {sum(bool(t.metadata.get('selection')) for t in held)} of "
+           f"{len(held)} held-out tasks."] if cfg.tasks.selection else []),
         f"SFT: {len(demos)} oracle trajectories, {sft_res.steps} steps, loss "
         "{:.3f} → {:.3f} (means of the first and last tenth of the steps; one step's loss "
         "swings with the demos it draws).".format(*loss_ends(sft_res.losses)), "",

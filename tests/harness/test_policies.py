@@ -19,6 +19,8 @@ from looprl.harness.policies import (
     apply_hunks,
     oracle_turns,
     parse_unified_diff,
+    selections,
+    tight_edit,
 )
 from looprl.harness.tools import make_tools
 from looprl.types import SamplingParams, StopReason, Trajectory
@@ -136,6 +138,39 @@ def test_oracle_falls_back_to_write_file_when_a_hunk_is_not_unique(task, repo, t
     assert "write_file" in [m["name"] for m in traj.messages if m["role"] == "tool"]
 
 
+def test_selection_is_the_code_the_oracle_replaces_never_the_fix(task, repo, tmp_path):
+    """What a user would select in the editor: the oracle's old_string, with the path as grep
+    shows it and the line it starts on, widened like the snippet when the line is not unique."""
+    (repo / "pkg" / "sel.py").write_text(
+        "def f(a, b):\n    x = 1\n    return a < b\n" + "\n" * 8 + "def g(a, b):\n    y = 2\n    x = 1\n")
+
+    def change(root):
+        p = root / "pkg" / "sel.py"
+        p.write_text(p.read_text().replace("a < b", "a >= b").replace("y = 2\n    x = 1",
+                                                                       "y = 2\n    x = 3"))
+
+    patch = gold_patch(repo, tmp_path, change)
+    t = dataclasses.replace(task, gold_patch=patch)
+    assert selections(t) == [("./pkg/sel.py", 3, "return a < b"), ("./pkg/sel.py", 13, "y = 2\n    x = 1")]
+    calls = [json.loads(c.removeprefix("<tool_call>"))
+             for turn in oracle_turns(t) for c in turn.split("</tool_call>")[:-1]]
+    edits = [c["arguments"] for c in calls if c["name"] == "edit_file"]
+    assert [e["old_string"] for e in edits] == ["return a < b", "y = 2\n    x = 1"]
+
+
+def test_no_selection_when_the_fix_is_not_an_in_place_edit(task, repo, tmp_path):
+    block = "".join(f"{c} = 1\n" for c in "abcdefg")
+    (repo / "pkg" / "rep.py").write_text(block * 3)
+
+    def change(root):
+        (root / "pkg" / "rep.py").write_text(block + block.replace("d = 1", "d = 2") + block)
+        (root / "pkg" / "new.py").write_text("z = 1\n")
+
+    assert selections(dataclasses.replace(task, gold_patch=gold_patch(repo, tmp_path, change))) == []
+    with pytest.raises(TaskError, match="no gold_patch"):
+        selections(dataclasses.replace(task, gold_patch=None))
+
+
 def test_parse_diff_without_trailing_newline_and_bad_patches(task):
     patch = "--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n\\ No newline at end of file\n"
     (fp,) = parse_unified_diff(patch)
@@ -181,3 +216,26 @@ def test_oracle_cli_in_the_real_sandbox(task, repo, tmp_path):
     traj = Trajectory.from_json(out.read_text().splitlines()[0])
     assert traj.diff == patch
     assert [m["name"] for m in traj.messages if m["role"] == "tool"] == ["grep", "read_file", "edit_file", "finish"]
+
+
+@pytest.mark.parametrize("old,new,want", [
+    ("if len(xs) == 1 and not f(xs[1]):\n", "if len(xs) == 1 and not f(xs[0]):\n", ("[1]", "[0]", 1)),
+    ("a\n    if not (n < 2):\n", "a\n    if n < 2:\n", ("not (n < 2)", "n < 2", 2)),
+    # a string literal is one token: never cut inside it
+    ('x.replace("_", "-")\ny.replace("_", "+")\n', 'x.replace("_", " ")\ny.replace("_", "+")\n',
+     ('"_", "-"', '"_", " "', 1)),
+    ("g(b=True)\n", "g(b=False)\n", ("True", "False", 1)),
+    ("v = n // 100\nw = n // 10\n", "v = n * 100\nw = n // 10\n", ("// 100", "* 100", 1)),
+])
+def test_tight_edit_selects_the_fewest_whole_tokens_that_are_unique(old, new, want):
+    got = tight_edit(old, new)
+    assert got == want
+    snippet, fixed, line = got
+    assert old.count(snippet) == 1 and old.replace(snippet, fixed) == new
+    assert old.splitlines()[line - 1].find(snippet) >= 0
+
+
+def test_tight_edit_gives_up_across_lines_or_when_nothing_is_unique():
+    assert tight_edit("a = 1\nb = 2\n", "a = 2\nb = 3\n") is None  # two places
+    assert tight_edit("f(a, b)\nf(a, b)\n", "f(a, b)\nf(b, a)\n") is None  # the whole line repeats
+    assert tight_edit("x = (1 +\n     2)\n", "x = (1 -\n     2)\n") == ("1 +", "1 -", 1)

@@ -46,7 +46,7 @@ def test_correct_fix_hand_computed(task):
     assert rb is not None
     assert rb.components == pytest.approx({
         "tests": 1.0, "length": -0.1 * math.log(2.9), "broken_calls": 0.0,
-        "clarifying_question": 0.0, "suspicious_tool_use": 0.0, "style_lint": 0.0,
+        "clarifying_question": 0.0, "no_edit": 0.0, "suspicious_tool_use": 0.0, "style_lint": 0.0,
         "style_diff_size": 0.0})
     assert rb.total == pytest.approx(1.0 - 0.1 * math.log(2.9))
     assert rb.flags == ()

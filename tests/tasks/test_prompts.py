@@ -1,3 +1,5 @@
+import pytest
+
 from looprl.tasks.prompts import STYLES, Evidence, make_prompt
 
 EV = Evidence(functions=("Inflector._apply", "titleize"), module="inflection",
@@ -54,3 +56,15 @@ def test_wrong_value_reads_which_side_was_computed_from_the_test_source():
         "test_inflection.py::test_ordinal": "def test_ordinal():\n    assert ordinal(-1) == '-1th'"})
     assert s_wrong_value(actual_left) == "ordinal gives me '-1st' but it should be '-1th'"
     assert s_wrong_value(Evidence(("ordinal",), "inflection", (node,), msg)) is None
+
+
+def test_selection_blocks_follow_the_prompt_with_path_and_lines():
+    import doctest
+
+    from looprl.tasks import prompts
+    assert doctest.testmod(prompts).failed == 0
+    text = prompts.with_selection("fix f", [("./a.py", 3, "x = 1\ny = 2"), ("./b.py", 9, "z")])
+    assert text.split("\n\n") == ["fix f", "selected in ./a.py, lines 3-4:\n```\nx = 1\ny = 2\n```",
+                                  "selected in ./b.py, lines 9-9:\n```\nz\n```"]
+    with pytest.raises(ValueError, match="at least one"):
+        prompts.with_selection("fix f", [])

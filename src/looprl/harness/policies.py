@@ -11,9 +11,11 @@ trajectory they drive is in the exact harness format a model would produce.
 from __future__ import annotations
 
 import ast
+import io
 import json
 import re
 import shlex
+import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +166,9 @@ def oracle_turns(task: Task, *, verify: bool = False,
     the smallest unique snippet. Only the edit itself uses the gold patch, so the trajectories
     are learnable SFT data: every path, line number and snippet a call names appeared in an
     earlier observation. Changes outside any function (new files, module-level code) read a
-    window around the change instead. ``verify`` adds a ``run_tests`` turn on the task's
+    window around the change instead. A task whose prompt carries the user's selection of the
+    code to change (``metadata["selection"]``, see ``selections``) is edited at once: the
+    selection shows the path and the snippet. ``verify`` adds a ``run_tests`` turn on the task's
     failing tests before ``finish`` (validation does not need it: the grader runs them).
     ``files`` (path -> text) stands in for files of ``task.repo`` that the workspace holds in
     another version (a synthetic bug written into a sandbox over a pristine tree)."""
@@ -188,6 +192,12 @@ def oracle_turns(task: Task, *, verify: bool = False,
             edits.append(_call("run_terminal", command=f"rm -f -- {shlex.quote(fp.old_path)}"))
             continue
         text = repo_file_text(task, fp.old_path, files)
+        if task.metadata.get("selection"):  # the prompt shows the code to change: edit at once
+            picked = _selected(fp, text)
+            edits += [_call("edit_file", path=shown_path(fp.old_path), old_string=old,
+                            new_string=new) for old, new, _ in picked] if picked else \
+                _file_edits(fp, fp.old_path, text)
+            continue
         for k, window in enumerate(_locate(text, fp, greps, task.prompt)):
             while len(reads) <= k:
                 reads.append([])
@@ -295,21 +305,124 @@ def _file_edits(fp: FilePatch, target: str, text: str) -> list[str]:
     widened line by line upwards until unique in the file as it is at that point; one
     ``write_file`` of the whole new content if that fails (or the file moves)."""
     assert fp.old_path is not None
-    new_text = apply_hunks(text, fp.hunks, fp.old_path)
-    if target == fp.old_path:
-        calls, cur = [], text
-        for h in fp.hunks:
-            snippet = _edit_snippet(h, cur)
-            if snippet is None:
+    if target == fp.old_path and (snippets := _snippets(fp, text)) is not None:
+        return [_call("edit_file", path=shown_path(target), old_string=old, new_string=new)
+                for old, new, _ in snippets]
+    return [_call("write_file", path=target, content=apply_hunks(text, fp.hunks, fp.old_path))]
+
+
+def _snippets(fp: FilePatch, text: str) -> list[tuple[str, str, int]] | None:
+    """(old, new, line) of each ``edit_file`` that applies ``fp``'s hunks to ``text`` in turn,
+    ``line`` being where ``old`` starts in the file as it is at that point; None when some hunk
+    has no small unique snippet or the edits do not give the patched file."""
+    assert fp.old_path is not None
+    out, cur = [], text
+    for h in fp.hunks:
+        snippet = _edit_snippet(h, cur)
+        if snippet is None:
+            return None
+        old, new = snippet
+        at = cur.index(old)
+        out.append((old, new, cur.count("\n", 0, at) + 1))
+        cur = cur[:at] + new + cur[at + len(old):]
+    return out if cur == apply_hunks(text, fp.hunks, fp.old_path) else None
+
+
+def _is_word(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def _line_tokens(line: str) -> list[tuple[int, int]]:
+    """Column spans of the Python tokens of one line (a string literal is one token), as far as
+    the line tokenizes on its own (a continuation line may not, to its end)."""
+    spans: list[tuple[int, int]] = []
+    skip = {tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
+            if tok.start[0] != 1:
                 break
-            old, new = snippet
-            calls.append(_call("edit_file", path=shown_path(target), old_string=old,
-                               new_string=new))
-            cur = cur.replace(old, new, 1)
-        else:
-            if cur == new_text:
-                return calls
-    return [_call("write_file", path=target, content=new_text)]
+            if tok.type not in skip:
+                spans.append((tok.start[1], tok.end[1] if tok.end[0] == 1 else len(line)))
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return spans
+
+
+def _balanced(snippet: str) -> bool:
+    return all(snippet.count(o) == snippet.count(c) for o, c in ("()", "[]", "{}"))
+
+
+def tight_edit(old: str, new: str) -> tuple[str, str, int] | None:
+    r"""(old snippet, new snippet, line) of the smallest edit turning file text ``old`` into
+    ``new`` when they differ in one place on one line: the fewest whole Python tokens around
+    the change that hold a word and are unique in ``old`` (brackets balanced where that fits)
+    — what a user selects to say "this is wrong" (``>= c``, ``funcs[1]``). None when the
+    change spans lines, the line does not tokenize, or nothing on it is unique.
+
+    >>> tight_edit("x = a >= b\ny = a >= c\n", "x = a >= b\ny = a < c\n")
+    ('>= c', '< c', 2)
+    >>> tight_edit('f(1, "a b")\nf(2, "a b")\n', 'f(1, "a b")\nf(2, "a c")\n')
+    ('2, "a b"', '2, "a c"', 2)
+    """
+    p = 0
+    while p < min(len(old), len(new)) and old[p] == new[p]:
+        p += 1
+    s = 0
+    while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
+        s += 1
+    if "\n" in old[p:len(old) - s] or "\n" in new[p:len(new) - s]:
+        return None
+    start = old.rfind("\n", 0, p) + 1
+    end = old.find("\n", p)
+    line = old[start:len(old) if end < 0 else end]
+    ca, cb = p - start, len(old) - s - start  # the change, in columns of the line
+    spans = _line_tokens(line)
+    hit = [k for k, (a, b) in enumerate(spans) if a < cb and b > ca or a <= ca <= b and ca == cb]
+    if not hit or spans[hit[-1]][1] < cb:
+        return None
+    best: tuple[tuple[int, bool], str, int] | None = None
+    for i in range(hit[0], -1, -1):
+        for j in range(hit[-1], len(spans)):
+            a, b = spans[i][0], spans[j][1]
+            snippet = line[a:b]
+            open_ = not _balanced(snippet)
+            key = (j - i + 2 * open_, open_)  # an unclosed bracket costs two more tokens
+            if best is not None and key >= best[0]:
+                continue
+            if any(map(_is_word, snippet)) and len(find_all(old, snippet)) == 1:
+                best = (key, snippet, a)
+    if best is None:
+        return None
+    _, snippet, a = best
+    b = a + len(snippet)
+    return (snippet, new[start + a:len(new) - (len(old) - start - b)],
+            old.count("\n", 0, start) + 1)
+
+
+def selections(task: Task, files: Mapping[str, str] | None = None) -> list[tuple[str, int, str]]:
+    """(path as shown, first line, text) of each snippet the oracle's ``edit_file`` calls replace
+    when the prompt carries them: the code a user would select in the editor to say "this is
+    wrong" (``files`` as in ``oracle_turns``). Empty when the fix is not a set of in-place
+    edits."""
+    if not task.gold_patch:
+        raise TaskError(f"task {task.id} has no gold_patch; a selection is taken from it")
+    out: list[tuple[str, int, str]] = []
+    for fp in parse_unified_diff(task.gold_patch):
+        if fp.old_path is None or fp.new_path != fp.old_path:
+            return []
+        picked = _selected(fp, repo_file_text(task, fp.old_path, files))
+        if picked is None:
+            return []
+        out += [(shown_path(fp.old_path), line, old) for old, _, line in picked]
+    return out
+
+
+def _selected(fp: FilePatch, text: str) -> list[tuple[str, str, int]] | None:
+    """(old, new, line) of the edits a user's selection points at: the tightest snippet
+    (``tight_edit``) for a change on one line, else the line snippets of ``_snippets``."""
+    assert fp.old_path is not None
+    one = tight_edit(text, apply_hunks(text, fp.hunks, fp.old_path))
+    return [one] if one else _snippets(fp, text)
 
 
 def _edit_snippet(h: Hunk, cur: str, max_widen: int = 6) -> tuple[str, str] | None:

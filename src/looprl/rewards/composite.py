@@ -41,7 +41,7 @@ class RewardConfig:
 
     tests_weight: float = 1.0
     """Weight of the hidden-test score (in [0, 1]) — the reward's main term."""
-    terms: tuple[str, ...] = ("length", "broken_calls", "clarifying_question",
+    terms: tuple[str, ...] = ("length", "broken_calls", "clarifying_question", "no_edit",
                               "suspicious_tool_use", "style_lint", "style_diff_size")
     """Shaping terms added to the test score, by name (keys of ``TERMS``)."""
     zero_on_edited_tests: bool = True
@@ -69,6 +69,7 @@ TERMS: dict[str, Term] = {
     "broken_calls": lambda task, traj, cfg: hacking.broken_calls_penalty(task, traj, cfg.hacking),
     "clarifying_question": lambda task, traj, cfg: hacking.clarifying_question_penalty(
         task, traj, cfg.hacking),
+    "no_edit": lambda task, traj, cfg: hacking.no_edit_penalty(task, traj, cfg.hacking),
     "suspicious_tool_use": lambda task, traj, cfg: hacking.suspicious_tool_use_penalty(
         task, traj, cfg.hacking),
     "style_lint": lambda task, traj, cfg: style.style_lint_penalty(task, traj, cfg.style),
@@ -117,7 +118,7 @@ def compute_reward(task: Task, trajectory: Trajectory, grade: GradeLike | float 
     ...                   broken_tool_calls=1), StopReason.FINISHED, diff="")
     >>> rb = compute_reward(task, traj, 1.0)   # effort C = 50 + 20 + 50: length = -0.1·log 2.2
     >>> {k: round(v, 4) for k, v in rb.components.items()}
-    {'tests': 1.0, 'length': -0.0788, 'broken_calls': -0.1, 'clarifying_question': 0.0, 'suspicious_tool_use': 0.0}
+    {'tests': 1.0, 'length': -0.0788, 'broken_calls': -0.1, 'clarifying_question': 0.0, 'no_edit': 0.0, 'suspicious_tool_use': 0.0}
     >>> round(rb.total, 4), rb.flags
     (0.8212, ('broken_tool_calls', 'finish_without_edit'))
     >>> compute_reward(task, traj, None) is None

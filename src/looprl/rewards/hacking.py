@@ -56,13 +56,19 @@ class HackingConfig:
     suspicious_tool_use_penalty: float = 0.0
     """Size of the negative term for suspicious tool use (0: monitored only; edits to tests already
     zero the reward through ``edited_tests``)."""
+    no_edit_penalty: float = 0.0
+    """Size of the negative term for ending with no edit (finished, answered or out of turns) on
+    a task that needed one: giving up. 0 leaves it to the tests term; set it when failed
+    attempts cost more than giving up (broken calls, length), or RL learns to quit (stop 17: a
+    quickstart policy went from 6.7 tool calls to an immediate ``finish``)."""
 
     def __post_init__(self) -> None:
         if self.broken_call_mode not in ("per_call", "flat"):
             raise ConfigError(f"rewards.hacking.broken_call_mode must be 'per_call' or 'flat', "
                               f"got {self.broken_call_mode!r}")
         for name in ("broken_call_penalty", "max_broken_call_penalty",
-                     "clarifying_question_penalty", "suspicious_tool_use_penalty"):
+                     "clarifying_question_penalty", "suspicious_tool_use_penalty",
+                     "no_edit_penalty"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"rewards.hacking.{name} is the size of a penalty and must be "
                                   f">= 0, got {getattr(self, name)!r}")
@@ -286,6 +292,26 @@ def clarifying_question_penalty(task: Task, trajectory: Trajectory,
         return None
     hit = cfg.penalize_clarifying_questions and clarifying_question(task, trajectory)
     return -cfg.clarifying_question_penalty if hit else 0.0
+
+
+def no_edit_penalty(task: Task, trajectory: Trajectory,
+                    cfg: HackingConfig = HackingConfig()) -> float | None:
+    r"""Reward term ``no_edit``: negative for ending with an empty diff on a task that needed an
+    edit, however the trajectory ended (``finish``, a plain answer, out of turns), if enabled.
+
+    >>> from looprl.types import Counters, Grader
+    >>> task = Task("t", "/r", "fix it", Grader("pytest", fail_to_pass=("t::x",)))
+    >>> quit_ = Trajectory("t", "g", (), (), Counters(tool_calls=1), StopReason.FINISHED, diff="")
+    >>> edit = Trajectory("t", "g", (), (), Counters(tool_calls=2), StopReason.FINISHED,
+    ...                   diff="--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    >>> cfg = HackingConfig(no_edit_penalty=0.5)
+    >>> no_edit_penalty(task, quit_, cfg), no_edit_penalty(task, edit, cfg), no_edit_penalty(task, quit_)
+    (-0.5, 0.0, 0.0)
+    """
+    if trajectory.is_infra_error:
+        return None
+    hit = cfg.no_edit_penalty > 0 and not trajectory.diff.strip() and task_needs_edit(task)
+    return -cfg.no_edit_penalty if hit else 0.0
 
 
 def suspicious_tool_use_penalty(task: Task, trajectory: Trajectory,

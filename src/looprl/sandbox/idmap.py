@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import os
 import subprocess
@@ -25,6 +26,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from looprl.errors import SandboxError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # x86_64 and aarch64 alike
@@ -55,6 +58,28 @@ def uid_lock_dir() -> Path:
                 or Path(tempfile.gettempdir()) / "looprl-uid-locks")
 
 
+def open_lock_dir(path: Path) -> int:
+    """An fd of the uid lock directory ``path``, created 0700 if missing. The default lives in
+    the world-writable temp dir, so one that is a symlink, belongs to another user or is
+    writable by others is refused (``SandboxError``): lock files are created in it as this
+    user, through the fd, never by following a path someone else controls."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise SandboxError(f"uid lock directory {path} is a symlink or not a directory ({e}); "
+                           f"remove it or set LOOPRL_UID_LOCKS to a directory of your own") from e
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise SandboxError(f"uid lock directory {path} belongs to uid {st.st_uid} with mode "
+                           f"{st.st_mode & 0o777:o}; it must be yours and not writable by others: "
+                           f"remove it or set LOOPRL_UID_LOCKS to a directory of your own")
+    return fd
+
+
 class UidPool:
     """Hands out unprivileged host uids (reused LIFO) and a user namespace mapping each to 0.
 
@@ -72,6 +97,8 @@ class UidPool:
         self._reserved: dict[int, int] = {}
         """uid -> fd of its lock file (held while this process lives)."""
         self._lock = threading.Lock()
+        self._dir: tuple[Path, int] | None = None
+        """The lock directory and an fd of it (opened and checked once per path)."""
 
     def take(self) -> int:
         with self._lock:
@@ -88,8 +115,17 @@ class UidPool:
 
     def _reserve(self, uid: int) -> bool:
         d = uid_lock_dir()
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(d / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if self._dir is None or self._dir[0] != d:
+            if self._dir is not None:
+                os.close(self._dir[1])
+            self._dir = (d, open_lock_dir(d))
+        try:
+            fd = os.open(str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=self._dir[1])
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink where the lock file goes: not ours to use
+                return False
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -8,6 +8,9 @@ failing test's name. Several styles exist; each task records the one used in
     p = make_prompt(Evidence(functions=("titleize",), module="inflection", failing=(...,),
                              messages={...}, kind="compare_flip"), seed="task-id")
     p.text, p.style
+
+A prompt can also carry the code the user selected in the editor, as Cursor attaches a selection
+to a chat message (``with_selection``): where the bug is, not what the fix is.
 """
 
 from __future__ import annotations
@@ -188,3 +191,22 @@ def make_prompt(ev: Evidence, seed: str) -> Prompt:
     weighted = [x for x in fitting for _ in range(2 if x[0] in ("wrong_value", "exception") else 1)]
     style, text = weighted[h % len(weighted)]
     return Prompt(text, style)
+
+
+def with_selection(text: str, selected: list[tuple[str, int, str]]) -> str:
+    """``text`` followed by the user's editor selections, each (path, first line, code) as a
+    fenced block under its path and line numbers.
+
+    >>> print(with_selection("fix ordinal", [("./inflection/__init__.py", 229, '2: "st",')]))
+    fix ordinal
+    <BLANKLINE>
+    selected in ./inflection/__init__.py, lines 229-229:
+    ```
+    2: "st",
+    ```
+    """
+    if not selected:
+        raise ValueError("with_selection needs at least one (path, line, code) selection")
+    blocks = [f"selected in {path}, lines {line}-{line + code.count(chr(10))}:\n```\n{code}\n```"
+              for path, line, code in selected]
+    return "\n\n".join([text, *blocks])
