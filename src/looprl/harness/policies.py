@@ -16,7 +16,7 @@ import json
 import re
 import shlex
 import tokenize
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,8 +234,9 @@ def repo_file_text(task: Task, path: str, files: Mapping[str, str] | None = None
         raise TaskError(f"cannot read {path} from task repo {task.repo}: {e}") from None
 
 
-def _common_ends(old: list[str], new: list[str]) -> tuple[int, int]:
-    """Lines the two sides share at the start and (not overlapping those) at the end."""
+def _common_ends(old: Sequence[str], new: Sequence[str]) -> tuple[int, int]:
+    """Items (lines, or characters of a text) the two sides share at the start and (not
+    overlapping those) at the end."""
     p = 0
     while p < min(len(old), len(new)) and old[p] == new[p]:
         p += 1
@@ -364,12 +365,7 @@ def tight_edit(old: str, new: str) -> tuple[str, str, int] | None:
     >>> tight_edit('f(1, "a b")\nf(2, "a b")\n', 'f(1, "a b")\nf(2, "a c")\n')
     ('2, "a b"', '2, "a c"', 2)
     """
-    p = 0
-    while p < min(len(old), len(new)) and old[p] == new[p]:
-        p += 1
-    s = 0
-    while s < min(len(old), len(new)) - p and old[-1 - s] == new[-1 - s]:
-        s += 1
+    p, s = _common_ends(old, new)
     if "\n" in old[p:len(old) - s] or "\n" in new[p:len(new) - s]:
         return None
     start = old.rfind("\n", 0, p) + 1
