@@ -16,7 +16,7 @@ import json
 import re
 import shlex
 import tokenize
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,10 +193,7 @@ def oracle_turns(task: Task, *, verify: bool = False,
             continue
         text = repo_file_text(task, fp.old_path, files)
         if task.metadata.get("selection"):  # the prompt shows the code to change: edit at once
-            picked = _selected(fp, text)
-            edits += [_call("edit_file", path=shown_path(fp.old_path), old_string=old,
-                            new_string=new) for old, new, _ in picked] if picked else \
-                _file_edits(fp, fp.old_path, text)
+            edits += _file_edits(fp, fp.old_path, text, pick=_selected)
             continue
         for k, window in enumerate(_locate(text, fp, greps, task.prompt)):
             while len(reads) <= k:
@@ -300,13 +297,16 @@ def _locate(text: str, fp: FilePatch, greps: list[str], prompt: str = "") -> lis
     return out
 
 
-def _file_edits(fp: FilePatch, target: str, text: str) -> list[str]:
+def _file_edits(fp: FilePatch, target: str, text: str,
+                pick: Callable[[FilePatch, str], list[tuple[str, str, int]] | None] | None = None
+                ) -> list[str]:
     """The smallest ``edit_file`` calls that apply ``fp``'s hunks to ``text`` (the file before
     the fix): each hunk's changed lines (common indentation and the final newline dropped),
     widened line by line upwards until unique in the file as it is at that point; one
-    ``write_file`` of the whole new content if that fails (or the file moves)."""
+    ``write_file`` of the whole new content if that fails (or the file moves). ``pick`` chooses
+    the snippets instead (``_selected``: the user's selection)."""
     assert fp.old_path is not None
-    if target == fp.old_path and (snippets := _snippets(fp, text)) is not None:
+    if target == fp.old_path and (snippets := (pick or _snippets)(fp, text)) is not None:
         return [_call("edit_file", path=shown_path(target), old_string=old, new_string=new)
                 for old, new, _ in snippets]
     return [_call("write_file", path=target, content=apply_hunks(text, fp.hunks, fp.old_path))]
