@@ -1,6 +1,8 @@
 """Grading in real sandboxes over a small real package (the offline example package)."""
 
 import asyncio
+import dataclasses
+import shutil
 import sys
 
 import pytest
@@ -99,6 +101,25 @@ def test_grader_failures_are_infra_errors_not_zero(task):
     bad = Task(task.id, task.repo, "p", Grader(CMD, ("tests/test_nope.py::test_x",)), task.venv)
     with pytest.raises(RewardError, match="could not run"):
         g(bad, "")
+    with pytest.raises(RewardError, match="could not run"):  # the base cannot run it either
+        g(bad, task.gold_patch)
+
+
+def test_a_diff_that_stops_pytest_from_running_scores_zero(task, tmp_path):
+    # conftest.py imports the package: a syntax error there stops pytest before it runs a test
+    # (exit 4). The base runs, so the diff is at fault: 0, not an infrastructure error.
+    repo = tmp_path / "minicalc"
+    shutil.copytree(task.repo, repo)
+    (repo / "tests" / "conftest.py").write_text("import minicalc.core  # noqa: F401\n")
+    t = dataclasses.replace(task, id="minicalc-conftest", repo=str(repo))
+    text = (repo / CORE).read_text()
+    broken = unified_diff(CORE, text, text.replace("def clamp(x, lo, hi):", "def clamp(x, lo, hi)"))
+    r = g(t, broken)
+    assert r.score == 0.0 and r.broke_test_run and not r.timed_out
+    assert set(r.tests.values()) == {"error"} and "conftest" in r.output_tail
+    assert r.details()["grade_broke_test_run"] is True
+    ok = g(t, t.gold_patch)
+    assert ok.score == 1.0 and not ok.broke_test_run
 
 
 def test_hanging_code_times_out_as_a_failure(task):

@@ -13,7 +13,7 @@ from looprl.harness.format import ChatFormat
 from looprl.harness.policies import OracleAgent, ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.runner import GroupResult, RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.types import Grader, StopReason, Task
@@ -145,3 +145,35 @@ def test_groups_overlap_under_one_bound(task, tok):
     assert len(results) == 4 and all(r.group for r in results)
     assert max(in_flight) <= 4
     assert max(in_flight) > 2, "trajectories of different groups should run at the same time"
+
+
+@pytest.mark.parametrize("max_ready", [None, 1])
+def test_max_ready_stops_admitting_while_finished_groups_wait(task, tok, max_ready):
+    """A consumer that holds the first group (a trainer stepping) gets no backlog of groups sampled
+    meanwhile when ``max_ready`` is set; without it every task is rolled out at once."""
+    runner = _runner(None, tok, None, g=2, max_in_flight=4)
+    started, slots = [], asyncio.Semaphore(2)  # 4 in flight / groups of 2
+
+    async def fake_group(t):
+        async with slots:
+            started.append(t.id)
+            runner._pending -= runner.cfg.group_size  # its trajectories took their slots
+            await asyncio.sleep(0.01)
+            return GroupResult(t, None)
+
+    runner._group = fake_group
+
+    async def main():
+        agen = runner.run([task] * 8, max_ready=max_ready)
+        first = await agen.__anext__()
+        await asyncio.sleep(0.3)  # the trainer steps
+        seen = len(started)
+        rest = [r async for r in agen]
+        return first, seen, rest
+
+    first, seen, rest = asyncio.run(main())
+    assert first.task is task and len(rest) == 7 and len(started) == 8
+    if max_ready is None:
+        assert seen == 8
+    else:
+        assert seen <= 4, started

@@ -15,6 +15,8 @@ touches, and every file in ``grader.test_files``, is restored from the pristine 
 diff created there are deleted) before the hidden ``grader.test_patch`` is applied and the tests
 run; ``edited_tests`` says the diff tried. A grader that cannot run (sandbox failure, a diff that
 does not apply, pytest usage/internal errors) raises ``RewardError``: infrastructure, never 0.
+One exception: when pytest cannot run with the agent's diff but runs on the task's base (e.g. the
+diff broke an import in a ``conftest.py``), the diff is at fault and scores 0 (``broke_test_run``).
 """
 
 from __future__ import annotations
@@ -157,6 +159,14 @@ _PATCH_FILE = ".looprl-grade.diff"
 _GRADER_FAILURE_EXIT = {3, 4, 5}
 
 
+class _PytestDidNotRun(RewardError):
+    """pytest exited without running the tests (usage or internal error, nothing collected)."""
+
+    def __init__(self, message: str, output_tail: str, wall_s: float) -> None:
+        super().__init__(message)
+        self.output_tail, self.wall_s = output_tail, wall_s
+
+
 @dataclass(frozen=True)
 class GradeResult:
     """The outcome of grading one diff."""
@@ -172,6 +182,9 @@ class GradeResult:
     output_tail: str = ""
     cached: bool = False
     """Reused from an earlier grading of the same diff on the same task (``grade``)."""
+    broke_test_run: bool = False
+    """pytest could not run with the diff applied but runs on the task's base: the diff broke the
+    test run itself (an import in a conftest.py, say), so every test counts as an error."""
 
     @property
     def passed(self) -> bool:
@@ -182,7 +195,8 @@ class GradeResult:
         return {"tests_score": self.score, "tests_total": len(self.tests),
                 "tests_failed": len(failed), "failed_tests": " ".join(failed[:20]),
                 "edited_tests": self.edited_tests, "grade_wall_s": round(self.wall_s, 3),
-                "grade_timed_out": self.timed_out, "grade_cached": self.cached}
+                "grade_timed_out": self.timed_out, "grade_cached": self.cached,
+                "grade_broke_test_run": self.broke_test_run}
 
 
 async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
@@ -229,8 +243,9 @@ async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
     run = await run_tests(sb, g.test_command, targets, timeout_s=g.timeout_s)
     if not run.timed_out and (run.exit_code in _GRADER_FAILURE_EXIT or (
             not run.outcomes and run.exit_code not in (1, 2))):
-        raise RewardError(f"pytest could not run the tests of task {task.id} (exit "
-                          f"{run.exit_code}); output tail:\n{run.output_tail[-1200:]}")
+        raise _PytestDidNotRun(f"pytest could not run the tests of task {task.id} (exit "
+                               f"{run.exit_code}); output tail:\n{run.output_tail[-1200:]}",
+                               run.output_tail[-2000:], time.monotonic() - t0)
     tests = {t: run.outcomes.get(t, "missing") for t in targets}
     score = 1.0 if all(o == "passed" for o in tests.values()) and not run.timed_out else 0.0
     return GradeResult(score, tests, bool(edited_test_paths(task, diff)),
@@ -256,7 +271,15 @@ async def grade(task: Task, diff: str, *, cache: bool = True) -> GradeResult:
     if cache and key in _grade_cache:
         _grade_cache.move_to_end(key)
         return dataclasses.replace(_grade_cache[key], cached=True)
-    g = await _grade_fresh(task, diff)
+    try:
+        g = await _grade_fresh(task, diff)
+    except _PytestDidNotRun as e:
+        if not diff.strip():
+            raise
+        await grade(task, "", cache=cache)  # raises (infrastructure) if the base cannot run either
+        targets = dict.fromkeys((*task.grader.fail_to_pass, *task.grader.pass_to_pass))
+        g = GradeResult(0.0, dict.fromkeys(targets, "error"), bool(edited_test_paths(task, diff)),
+                        e.wall_s, output_tail=e.output_tail, broke_test_run=True)
     if cache and not g.timed_out:
         _grade_cache[key] = g
         while len(_grade_cache) > GRADE_CACHE_SIZE:

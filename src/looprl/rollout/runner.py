@@ -179,8 +179,13 @@ class RolloutRunner:
                 "max_policy_version": max(versions, default=-1), "wall_s": round(wall, 3)}
         return GroupResult(task, Group(task.id, group_id, kept, meta), infra, None, wall)
 
-    async def run(self, tasks: Iterable[Task]) -> AsyncIterator[GroupResult]:
-        """Run a group per task, admitting groups as slots free up; yield in completion order."""
+    async def run(self, tasks: Iterable[Task], *, max_ready: int | None = None
+                  ) -> AsyncIterator[GroupResult]:
+        """Run a group per task, admitting groups as slots free up; yield in completion order.
+
+        ``max_ready`` bounds the finished groups the consumer has not taken yet: no new group is
+        admitted while that many wait (a trainer slower than its rollouts then gets fresh groups,
+        not a backlog sampled from old weights). None: admit whenever a slot frees up."""
         done: asyncio.Queue[GroupResult | BaseException] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
@@ -193,7 +198,8 @@ class RolloutRunner:
         async def admit() -> None:
             for task in tasks:
                 # Admit the next group once fewer than a group's worth of trajectories is queued.
-                while self._pending >= self.cfg.group_size:
+                while self._pending >= self.cfg.group_size or (
+                        max_ready is not None and done.qsize() >= max_ready):
                     await asyncio.sleep(0.005)
                 self._pending += self.cfg.group_size
                 t = asyncio.create_task(one(task))

@@ -8,7 +8,8 @@ Rollout workers (``RolloutRunner``) put scored groups into a bounded queue; the 
 task is trained on twice), publishes the new weights to the ``WeightStore`` and hands them to the
 engine, which applies them between decode steps — trajectories in flight continue on the new
 version, and every token records the version that sampled it. Groups whose oldest token lags the
-trainer by more than ``max_staleness`` versions are dropped and counted; zero-variance groups are
+trainer by more than ``max_staleness`` versions are dropped and counted, their task handed out
+once more (it was never trained on); zero-variance groups are
 skipped and counted; infra-failed trajectories never reach here (the runner drops them).
 
 Resume: ``loop.resume()`` loads the newest checkpoint under ``run_dir/ckpt`` (model, optimizer,
@@ -27,6 +28,7 @@ import asyncio
 import json
 import random
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +51,10 @@ class LoopConfig:
     max_staleness: int = 2
     """Drop a group whose oldest token was sampled more than this many versions ago."""
     queue_size: int = 8
-    """Scored groups waiting for the trainer; producers block beyond it (bounds policy lag)."""
+    """Scored groups waiting for the trainer; producers block beyond it (bounds policy lag).
+    When the trainer is the slower side the queue stays full and a group waits
+    ``queue_size / groups_per_step`` steps before it is trained on: keep that under
+    ``max_staleness`` or finished groups go stale in the queue."""
     max_steps: int = 1_000
     max_minutes: float = 30.0
     """Wall-clock budget of the loop; it stops after the step that crosses it."""
@@ -63,19 +68,42 @@ class LoopConfig:
 
 class TaskSampler:
     """Walks the task set once in a seeded order; remembers what was trained so a resumed run
-    neither loses nor repeats a task."""
+    neither loses nor repeats a task. A task whose group was dropped untrained (stale) can be
+    handed out once more (``requeue``): it was never trained on, and tasks are the scarce thing."""
 
     def __init__(self, tasks: Sequence[Task], seed: int = 0, trained: Sequence[str] = ()):
         self.tasks = list(tasks)
         random.Random(seed).shuffle(self.tasks)
         self.trained: set[str] = set(trained)
         self.issued = 0
+        self._again: deque[Task] = deque()
+        self._requeued: set[str] = set()
 
     def __iter__(self) -> Iterator[Task]:
-        for t in self.tasks:
+        fresh = iter(self.tasks)
+        while True:
+            t = self._again.popleft() if self._again else next(fresh, None)
+            if t is None:
+                return
             if t.id not in self.trained:
                 self.issued += 1
                 yield t
+
+    def requeue(self, task: Task) -> bool:
+        """Hand ``task`` out again, next (once per task); False if it was requeued before or
+        trained since.
+
+        >>> from looprl.types import Grader
+        >>> s = TaskSampler([Task(i, "/r", "p", Grader("pytest")) for i in "ab"])
+        >>> it = iter(s); first = next(it)
+        >>> s.requeue(first), s.requeue(first), next(it) is first
+        (True, False, True)
+        """
+        if task.id in self._requeued or task.id in self.trained:
+            return False
+        self._requeued.add(task.id)
+        self._again.append(task)
+        return True
 
     def mark_trained(self, task_ids: Sequence[str]) -> None:
         self.trained.update(task_ids)
@@ -89,6 +117,8 @@ class LoopStats:
     steps: int = 0
     groups_trained: int = 0
     groups_stale: int = 0
+    groups_requeued: int = 0
+    """Stale groups whose task was handed out again (``TaskSampler.requeue``)."""
     groups_dropped: int = 0
     zero_variance_groups: int = 0
     trainer_busy_s: float = 0.0
@@ -169,7 +199,9 @@ class GRPOLoop:
 
         async def produce() -> None:
             try:
-                async for result in self.runner.run(iter(self.sampler)):
+                # Finished groups wait in ``queue``, not in the runner: it admits no new group
+                # while one it finished is still untaken, so the queue bounds the policy lag.
+                async for result in self.runner.run(iter(self.sampler), max_ready=1):
                     await queue.put(result)
             finally:
                 exhausted.set()
@@ -211,6 +243,7 @@ class GRPOLoop:
         oldest = int(result.group.metadata.get("min_policy_version", self.version) or 0)
         if oldest >= 0 and self.version - oldest > self.cfg.max_staleness:
             self.stats.groups_stale += 1
+            self.stats.groups_requeued += self.sampler.requeue(result.task)
             return None
         return result.group
 
@@ -266,6 +299,7 @@ class GRPOLoop:
             "train/tokens_per_s": self.stats.train_tokens / max(self.stats.trainer_busy_s, 1e-9),
             "loop/trainer_idle_fraction": self.stats.idle_fraction,
             "loop/groups_stale": self.stats.groups_stale,
+            "loop/groups_requeued": self.stats.groups_requeued,
             "loop/groups_dropped": self.stats.groups_dropped,
             "loop/publish_s": publish_s,
             "runner/infra_errors": self.runner.stats.infra_errors,
