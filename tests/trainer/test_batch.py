@@ -40,6 +40,17 @@ def test_infra_errors_dropped_before_advantages_and_zero_variance_counted():
     assert kept.num_sequences == 4 and kept.zero_variance_groups == 1
 
 
+def test_groups_without_a_pass_are_counted_and_skipped_only_when_asked():
+    # g1: one pass; g2: two failures that differ only by shaping (-0.2 vs -0.8): no pass
+    g1 = group([trajectory([segment([1], [2])], 1.0), trajectory([segment([1], [3])], 0.0)], "g1")
+    g2 = group([trajectory([segment([1], [5])], -0.2), trajectory([segment([1], [6])], -0.8)], "g2")
+    kept = build_batch([g1, g2])
+    assert kept.no_pass_groups == 1 and kept.num_sequences == 4
+    b = build_batch([g1, g2], skip_without_pass=True)
+    assert b.no_pass_groups == 1 and b.num_sequences == 2 and b.zero_variance_groups == 0
+    assert sorted(float(a) for mb in b.micro_batches for a in mb.advantages_B) == [-0.5, 0.5]
+
+
 def test_micro_batches_respect_the_token_budget_and_pack_by_length():
     lengths = [30, 5, 28, 6, 29, 4, 7, 31]
     g = group([trajectory([segment([1], [2] * (n - 1))], float(i)) for i, n in enumerate(lengths)])

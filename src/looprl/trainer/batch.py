@@ -63,6 +63,8 @@ class TrainBatch:
     """rows x longest row, summed over micro-batches (padding waste = 1 - num_tokens / this)."""
     mean_reward: float
     """Mean reward over kept-or-skipped valid trajectories (for logging)."""
+    no_pass_groups: int = 0
+    """Groups where no trajectory passed the tests (skipped when ``skip_without_pass``)."""
 
     @property
     def empty(self) -> bool:
@@ -75,23 +77,31 @@ class _Row:
     advantage: float
 
 
-def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool
-          ) -> tuple[list[_Row], int, int, list[float]]:
+def _passed(t) -> bool:
+    return t.reward is not None and t.reward.components.get("tests", 0.0) >= 1.0
+
+
+def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool,
+          skip_without_pass: bool = False) -> tuple[list[_Row], int, int, list[float], int]:
     rows: list[_Row] = []
-    zero_var = dropped = 0
+    zero_var = dropped = no_pass = 0
     rewards: list[float] = []
     for g in groups:
         valid = [t for t in g.trajectories if not t.is_infra_error and t.reward is not None]
         dropped += len(g.trajectories) - len(valid)
         rewards_G = [t.reward.total for t in valid if t.reward is not None]
         rewards.extend(rewards_G)
+        if not any(_passed(t) for t in valid):
+            no_pass += 1
+            if skip_without_pass:
+                continue
         if is_zero_variance(rewards_G) or len(valid) < 2:
             zero_var += 1
             if skip_zero_variance:
                 continue
         for traj, adv in zip(valid, group_advantages(rewards_G, std_norm), strict=True):
             rows.extend(_Row(s, adv) for s in traj.segments if s.num_model_tokens > 0)
-    return rows, zero_var, dropped, rewards
+    return rows, zero_var, dropped, rewards, no_pass
 
 
 MIN_SHARED_PREFIX = 64
@@ -192,10 +202,12 @@ def pack_segments(segments: Sequence[Segment], advantages_N: Sequence[float], *,
 
 def build_batch(groups: Sequence[Group], *, std_norm: str = "never", micro_batch_tokens: int = 4096,
                 skip_zero_variance: bool = True, pad_id: int = 0,
-                share_prefix: bool = True) -> TrainBatch:
+                share_prefix: bool = True, skip_without_pass: bool = False) -> TrainBatch:
     """Pack ``groups`` into micro-batches of at most ``micro_batch_tokens`` tokens of forward
-    (a shared prefix counted once: module docstring)."""
-    rows, zero_var, dropped, rewards = _rows(groups, std_norm, skip_zero_variance)
+    (a shared prefix counted once: module docstring). ``skip_without_pass`` leaves out groups
+    where no trajectory passed the tests (``GRPOConfig.skip_groups_without_pass``)."""
+    rows, zero_var, dropped, rewards, no_pass = _rows(groups, std_norm, skip_zero_variance,
+                                                      skip_without_pass)
     mbs = pack_segments([r.segment for r in rows], [r.advantage for r in rows],
                         micro_batch_tokens=micro_batch_tokens, pad_id=pad_id,
                         share_prefix=share_prefix)
@@ -209,4 +221,5 @@ def build_batch(groups: Sequence[Group], *, std_norm: str = "never", micro_batch
         dropped_infra=dropped,
         padded_tokens=sum(mb.tokens_B_T.numel() for mb in mbs),
         mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+        no_pass_groups=no_pass,
     )

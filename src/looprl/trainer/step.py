@@ -69,6 +69,10 @@ class GRPOConfig:
     """The engine's sampling temperature: logits are divided by it so logprobs match the engine's."""
     skip_zero_variance: bool = True
     """Skip groups whose rewards are all equal (they carry no advantage signal)."""
+    skip_groups_without_pass: bool = False
+    """Skip groups where no trajectory passed the tests: their advantages come from the shaping
+    terms alone, which for a weak policy teach failing cheaply (quitting) over trying (stop 18:
+    held-out pass@1 +8.3 points with it, quitting without it)."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast (faster at batch >= 16 on CPUs with AMX)."""
 
@@ -98,6 +102,7 @@ class StepMetrics:
     wall_s: float
     zero_variance_groups: int = 0
     dropped_infra: int = 0
+    no_pass_groups: int = 0
     mean_reward: float = 0.0
     mean_staleness: float = 0.0
     """Mean (current version - sampling version) over model tokens, when the version is given."""
@@ -253,6 +258,7 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
         sequences=batch.num_sequences, micro_batches=len(batch.micro_batches), updates=updates,
         skipped_updates=skipped, wall_s=time.perf_counter() - t0,
         zero_variance_groups=batch.zero_variance_groups, dropped_infra=batch.dropped_infra,
+        no_pass_groups=batch.no_pass_groups,
         mean_reward=batch.mean_reward, mean_staleness=staleness)
 
 
@@ -273,7 +279,8 @@ class GRPOStep:
         return build_batch(groups, std_norm=self.cfg.std_norm,
                            micro_batch_tokens=self.cfg.micro_batch_tokens,
                            skip_zero_variance=self.cfg.skip_zero_variance, pad_id=self.pad_id,
-                           share_prefix=shares_prefixes(self.model))
+                           share_prefix=shares_prefixes(self.model),
+                           skip_without_pass=self.cfg.skip_groups_without_pass)
 
     def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
         return train_step(self.model, self.ref_model, self.optimizer, batch, self.cfg,
