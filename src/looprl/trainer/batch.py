@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from looprl.trainer.advantages import group_advantages, is_zero_variance
-from looprl.types import Group, Segment
+from looprl.types import Group, Segment, Trajectory
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ class _Row:
     advantage: float
 
 
-def _passed(t) -> bool:
+def passed_tests(t: Trajectory) -> bool:
+    """The trajectory's hidden tests all passed (its ``tests`` reward term is 1)."""
     return t.reward is not None and t.reward.components.get("tests", 0.0) >= 1.0
 
 
@@ -91,7 +92,7 @@ def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool,
         dropped += len(g.trajectories) - len(valid)
         rewards_G = [t.reward.total for t in valid if t.reward is not None]
         rewards.extend(rewards_G)
-        if not any(_passed(t) for t in valid):
+        if not any(passed_tests(t) for t in valid):
             no_pass += 1
             if skip_without_pass:
                 continue

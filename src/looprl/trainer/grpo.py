@@ -37,6 +37,7 @@ from typing import Any
 from looprl.protocols import Engine, WeightStore
 from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import GroupResult, RolloutRunner
+from looprl.trainer.batch import passed_tests
 from looprl.trainer.checkpoint import Resumed, latest_checkpoint, load_checkpoint, save_checkpoint
 from looprl.trainer.step import GRPOStep
 from looprl.types import Group, Task
@@ -293,8 +294,7 @@ class GRPOLoop:
             "tasks": [g.task_id for g in groups],
             **{f"train/{k}": v for k, v in step_metrics.items()},
             **reward_metrics(trajs),
-            "rollout/pass_rate": sum(t.reward.components.get("tests", 0.0) >= 1.0 for t in trajs
-                                     if t.reward) / max(len(trajs), 1),
+            "rollout/pass_rate": sum(passed_tests(t) for t in trajs) / max(len(trajs), 1),
             "rollout/tokens_per_s": self.stats.rollout_tokens / max(elapsed, 1e-9),
             "train/tokens_per_s": self.stats.train_tokens / max(self.stats.trainer_busy_s, 1e-9),
             "loop/trainer_idle_fraction": self.stats.idle_fraction,
