@@ -51,6 +51,23 @@ def test_groups_without_a_pass_are_counted_and_skipped_only_when_asked():
     assert sorted(float(a) for mb in b.micro_batches for a in mb.advantages_B) == [-0.5, 0.5]
 
 
+def test_flat_failures_give_a_groups_failures_one_reward():
+    # one pass (1.0) and two failures that differ only by shaping: quitting (-0.2), trying (-0.8)
+    g1 = group([trajectory([segment([1], [2])], 1.0), trajectory([segment([1], [3])], -0.2),
+                trajectory([segment([1], [4])], -0.8)], "g1")
+    g2 = group([trajectory([segment([1], [5])], -0.2), trajectory([segment([1], [6])], -0.8)], "g2")
+
+    def advantages(b):
+        return sorted(round(float(a), 6) for mb in b.micro_batches for a in mb.advantages_B)
+
+    assert advantages(build_batch([g1])) == [-0.8, -0.2, 1.0]  # quitting beats trying
+    flat = build_batch([g1, g2], flat_failures=True)
+    assert advantages(flat) == [-0.5, -0.5, 1.0]
+    # the all-fail group has no signal left; the logged mean reward is the real one
+    assert flat.zero_variance_groups == 1 and flat.num_sequences == 3
+    assert flat.mean_reward == pytest.approx((1.0 - 0.2 - 0.8 - 0.2 - 0.8) / 5)
+
+
 def test_micro_batches_respect_the_token_budget_and_pack_by_length():
     lengths = [30, 5, 28, 6, 29, 4, 7, 31]
     g = group([trajectory([segment([1], [2] * (n - 1))], float(i)) for i, n in enumerate(lengths)])

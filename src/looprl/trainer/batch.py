@@ -82,8 +82,20 @@ def passed_tests(t: Trajectory) -> bool:
     return t.reward is not None and t.reward.components.get("tests", 0.0) >= 1.0
 
 
-def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool,
-          skip_without_pass: bool = False) -> tuple[list[_Row], int, int, list[float], int]:
+def flatten_failures(valid: Sequence[Trajectory], rewards_G: Sequence[float]) -> list[float]:
+    """``rewards_G`` with every failed trajectory's reward replaced by the mean over the failed
+    ones: the shaping terms (length, broken calls, giving up) then rank passing trajectories
+    only, and a cheap failure (quitting) gains nothing over a costly one inside a group."""
+    fails = [r for t, r in zip(valid, rewards_G, strict=True) if not passed_tests(t)]
+    if not fails:
+        return list(rewards_G)
+    m = sum(fails) / len(fails)
+    return [r if passed_tests(t) else m for t, r in zip(valid, rewards_G, strict=True)]
+
+
+def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool, *,
+          skip_without_pass: bool = False,
+          flat_failures: bool = False) -> tuple[list[_Row], int, int, list[float], int]:
     rows: list[_Row] = []
     zero_var = dropped = no_pass = 0
     rewards: list[float] = []
@@ -96,6 +108,8 @@ def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool,
             no_pass += 1
             if skip_without_pass:
                 continue
+        if flat_failures:
+            rewards_G = flatten_failures(valid, rewards_G)
         if is_zero_variance(rewards_G) or len(valid) < 2:
             zero_var += 1
             if skip_zero_variance:
@@ -203,12 +217,15 @@ def pack_segments(segments: Sequence[Segment], advantages_N: Sequence[float], *,
 
 def build_batch(groups: Sequence[Group], *, std_norm: str = "never", micro_batch_tokens: int = 4096,
                 skip_zero_variance: bool = True, pad_id: int = 0,
-                share_prefix: bool = True, skip_without_pass: bool = False) -> TrainBatch:
+                share_prefix: bool = True, skip_without_pass: bool = False,
+                flat_failures: bool = False) -> TrainBatch:
     """Pack ``groups`` into micro-batches of at most ``micro_batch_tokens`` tokens of forward
     (a shared prefix counted once: module docstring). ``skip_without_pass`` leaves out groups
-    where no trajectory passed the tests (``GRPOConfig.skip_groups_without_pass``)."""
-    rows, zero_var, dropped, rewards, no_pass = _rows(groups, std_norm, skip_zero_variance,
-                                                      skip_without_pass)
+    where no trajectory passed the tests (``GRPOConfig.skip_groups_without_pass``);
+    ``flat_failures`` gives a group's failed trajectories one reward (``flatten_failures``)."""
+    rows, zero_var, dropped, rewards, no_pass = _rows(
+        groups, std_norm, skip_zero_variance, skip_without_pass=skip_without_pass,
+        flat_failures=flat_failures)
     mbs = pack_segments([r.segment for r in rows], [r.advantage for r in rows],
                         micro_batch_tokens=micro_batch_tokens, pad_id=pad_id,
                         share_prefix=share_prefix)

@@ -73,6 +73,10 @@ class GRPOConfig:
     """Skip groups where no trajectory passed the tests: their advantages come from the shaping
     terms alone, which for a weak policy teach failing cheaply (quitting) over trying (stop 18:
     held-out pass@1 +8.3 points with it, quitting without it)."""
+    flat_failures: bool = False
+    """Every failed trajectory of a group gets the mean reward of the group's failures, so the
+    shaping terms rank passing trajectories only: inside a group with a pass, quitting (cheap)
+    no longer out-scores a failed attempt. A group with no pass then has no signal."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast (faster at batch >= 16 on CPUs with AMX)."""
 
@@ -280,7 +284,8 @@ class GRPOStep:
                            micro_batch_tokens=self.cfg.micro_batch_tokens,
                            skip_zero_variance=self.cfg.skip_zero_variance, pad_id=self.pad_id,
                            share_prefix=shares_prefixes(self.model),
-                           skip_without_pass=self.cfg.skip_groups_without_pass)
+                           skip_without_pass=self.cfg.skip_groups_without_pass,
+                           flat_failures=self.cfg.flat_failures)
 
     def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
         return train_step(self.model, self.ref_model, self.optimizer, batch, self.cfg,
