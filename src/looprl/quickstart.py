@@ -18,6 +18,7 @@ import json
 import random
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,9 +191,7 @@ def split_by_function(tasks: list[Task], fraction: float, max_held: int, seed: i
 
     funcs = sorted({func(t) for t in tasks})
     random.Random(seed).shuffle(funcs)
-    per: dict[str, int] = {}
-    for t in tasks:
-        per[func(t)] = per.get(func(t), 0) + 1
+    per = Counter(func(t) for t in tasks)
     out: set[str] = set()
     n = 0
     for f in funcs[: max(1, int(len(funcs) * fraction))]:

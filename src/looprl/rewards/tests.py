@@ -228,11 +228,16 @@ async def _restore_tests(sb: Sandbox, task: Task, diff: str) -> None:
             await sb.exec(f"rm -rf -- {shlex.quote(p)}", timeout_s=30)
 
 
+def _targets(task: Task) -> list[str]:
+    """The tests a grade runs: ``fail_to_pass`` then ``pass_to_pass``, each once."""
+    return list(dict.fromkeys((*task.grader.fail_to_pass, *task.grader.pass_to_pass)))
+
+
 async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
     """Grade ``diff`` in ``sb``, a fresh sandbox over ``task.repo`` (consumed: its files change)."""
     t0 = time.monotonic()
     g = task.grader
-    targets = list(dict.fromkeys((*g.fail_to_pass, *g.pass_to_pass)))
+    targets = _targets(task)
     if not targets:
         raise RewardError(f"task {task.id} has no fail_to_pass/pass_to_pass tests; rebuild it")
     if diff.strip():
@@ -277,8 +282,7 @@ async def grade(task: Task, diff: str, *, cache: bool = True) -> GradeResult:
         if not diff.strip():
             raise
         await grade(task, "", cache=cache)  # raises (infrastructure) if the base cannot run either
-        targets = dict.fromkeys((*task.grader.fail_to_pass, *task.grader.pass_to_pass))
-        g = GradeResult(0.0, dict.fromkeys(targets, "error"), bool(edited_test_paths(task, diff)),
+        g = GradeResult(0.0, dict.fromkeys(_targets(task), "error"), bool(edited_test_paths(task, diff)),
                         e.wall_s, output_tail=e.output_tail, broke_test_run=True)
     if cache and not g.timed_out:
         _grade_cache[key] = g

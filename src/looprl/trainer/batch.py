@@ -82,15 +82,19 @@ def passed_tests(t: Trajectory) -> bool:
     return t.reward is not None and t.reward.components.get("tests", 0.0) >= 1.0
 
 
-def flatten_failures(valid: Sequence[Trajectory], rewards_G: Sequence[float]) -> list[float]:
+def flatten_failures(rewards_G: Sequence[float], passed_G: Sequence[bool]) -> list[float]:
     """``rewards_G`` with every failed trajectory's reward replaced by the mean over the failed
     ones: the shaping terms (length, broken calls, giving up) then rank passing trajectories
-    only, and a cheap failure (quitting) gains nothing over a costly one inside a group."""
-    fails = [r for t, r in zip(valid, rewards_G, strict=True) if not passed_tests(t)]
+    only, and a cheap failure (quitting) gains nothing over a costly one inside a group.
+
+    >>> flatten_failures([1.0, -0.2, -0.8], [True, False, False])
+    [1.0, -0.5, -0.5]
+    """
+    fails = [r for r, ok in zip(rewards_G, passed_G, strict=True) if not ok]
     if not fails:
         return list(rewards_G)
     m = sum(fails) / len(fails)
-    return [r if passed_tests(t) else m for t, r in zip(valid, rewards_G, strict=True)]
+    return [r if ok else m for r, ok in zip(rewards_G, passed_G, strict=True)]
 
 
 def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool, *,
@@ -104,12 +108,13 @@ def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool, *,
         dropped += len(g.trajectories) - len(valid)
         rewards_G = [t.reward.total for t in valid if t.reward is not None]
         rewards.extend(rewards_G)
-        if not any(passed_tests(t) for t in valid):
+        passed_G = [passed_tests(t) for t in valid]
+        if not any(passed_G):
             no_pass += 1
             if skip_without_pass:
                 continue
         if flat_failures:
-            rewards_G = flatten_failures(valid, rewards_G)
+            rewards_G = flatten_failures(rewards_G, passed_G)
         if is_zero_variance(rewards_G) or len(valid) < 2:
             zero_var += 1
             if skip_zero_variance:
