@@ -258,3 +258,36 @@ def test_only_recent_bases_are_kept_warm(base_repo: Path, tmp_path: Path) -> Non
         await pool.close()
         assert _own_dirs() == before
     run(go())
+
+
+def test_idle_sandboxes_are_bounded_over_many_bases(base_repo: Path, tmp_path: Path) -> None:
+    """RL leases each task's base once: the idle cache must not keep every base's sandboxes
+    (each is mounts and a tmpfs; hundreds of them slowed every mount on the host)."""
+    import shutil
+
+    bases = []
+    for i in range(6):
+        b = tmp_path / f"base{i}"
+        shutil.copytree(base_repo, b)
+        bases.append(b)
+
+    async def go():
+        dirs_before = _own_dirs()
+        pool = SandboxPool(max_running=4, warm=0, blank=0, max_idle=3)
+        for b in bases:  # two leases at once per base, as a group's rollouts are
+            async with pool.lease(b) as x, pool.lease(b) as y:
+                assert (await x.exec("true")).ok and (await y.exec("true")).ok
+        await asyncio.gather(*pool._closing)
+        m = pool.metrics()
+        assert m.idle == 3, m
+        assert len(_own_dirs() - dirs_before) == 3, "evicted sandboxes leave no workspace"
+        hits = m.warm_hits_total
+        async with pool.lease(bases[-1]) as sb:  # the latest base is still idle: a hit
+            assert pool.metrics().warm_hits_total == hits + 1
+            assert await sb.diff() == ""
+        async with pool.lease(bases[0]) as sb:  # the oldest was evicted: a new sandbox
+            assert pool.metrics().warm_hits_total == hits + 1
+        await pool.close()
+        assert _own_dirs() == dirs_before
+
+    run(go())

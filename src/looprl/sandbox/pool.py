@@ -5,7 +5,8 @@ Each lease has a timeout after which its sandbox is closed and further use raise
 ``SandboxError`` (infrastructure: never the model's fault).
 
 A lease is served, fastest first, by: an ``idle`` sandbox (returned by an earlier lease and reset:
-a fresh overlay upper, no files, processes or /tmp carried over), a ``warm`` one (created ahead,
+a fresh overlay upper, no files, processes or /tmp carried over; at most ``max_idle`` are kept in
+all, over every base, the least recently used base's closed first), a ``warm`` one (created ahead,
 never leased, its first command's launcher already prepared), a ``blank`` one (``bwrap.Blank``:
 uid, root, the workspace's upper layer, the venv of the pool's latest lease and the first
 command's bwrap, started ahead for no base in particular; the lease mounts the workspace over its
@@ -163,11 +164,11 @@ class SandboxPool:
     """A bounded pool of sandboxes; ``lease`` waits in a queue when ``max_running`` are out."""
 
     def __init__(self, max_running: int = 16, *, limits: SandboxLimits | None = None,
-                 lease_timeout_s: float = 3600.0, max_idle: int = 8, warm: int = 2,
+                 lease_timeout_s: float = 3600.0, max_idle: int = 16, warm: int = 2,
                  warm_keys: int = 4, blank: int = 2):
-        if max_running < 1 or warm < 0 or warm_keys < 1 or blank < 0:
-            raise ValueError("SandboxPool needs max_running >= 1, warm >= 0, warm_keys >= 1 and "
-                             "blank >= 0")
+        if max_running < 1 or max_idle < 0 or warm < 0 or warm_keys < 1 or blank < 0:
+            raise ValueError("SandboxPool needs max_running >= 1, max_idle >= 0, warm >= 0, "
+                             "warm_keys >= 1 and blank >= 0")
         self.max_running = max_running
         self.limits = limits or SandboxLimits()
         self.lease_timeout_s = lease_timeout_s
@@ -188,6 +189,9 @@ class SandboxPool:
         self._slots: asyncio.Semaphore | None = None
         self._busy: dict[str, PooledSandbox] = {}
         self._idle: dict[tuple[str, str | None], list[BwrapSandbox]] = {}
+        """Per (base, venv), most recently returned last: reset sandboxes, ``max_idle`` in all
+        (each holds mounts and a tmpfs: an unbounded cache over one-off bases, as RL's single
+        epoch leases them, grew the host's mount table until every mount got slow)."""
         self._queued = 0
         self._leases = self._expired = self._errors = self._execs = 0
         self._latency_s: deque[float] = deque(maxlen=2048)
@@ -307,9 +311,7 @@ class SandboxPool:
             if task is not None:
                 task.cancel()
             for sb in self._warm.pop(old):
-                closing = asyncio.ensure_future(sb.close())
-                self._closing.add(closing)
-                closing.add_done_callback(self._closing.discard)
+                self._close_later(sb)
 
     def _refill(self, key: tuple[str, str | None]) -> None:
         self._refill_blanks()
@@ -348,19 +350,39 @@ class SandboxPool:
         leased._timer.cancel()
         self._busy.pop(leased.id, None)
         try:
-            idle = self._idle.setdefault(leased.key, [])
             reusable = not (leased.expired or leased.broken or self._closed or not leased.key[0])
-            if reusable and len(idle) < self.max_idle:
+            if reusable and self.max_idle:
                 try:
                     await leased.inner.reset()
-                    idle.append(leased.inner)
-                    return
                 except (SandboxError, OSError):
                     pass
+                else:
+                    if not self._closed:  # close() may have run during the reset
+                        self._idle[leased.key] = self._idle.pop(leased.key, []) + [leased.inner]
+                        self._evict_idle()
+                        return
             await leased.inner.close()
         finally:
             self._sem().release()
             self._refill(leased.key)
+
+    def _evict_idle(self) -> None:
+        """Close idle sandboxes beyond ``max_idle`` in all, least recently returned base first."""
+        extra = sum(len(v) for v in self._idle.values()) - self.max_idle
+        for key in list(self._idle):
+            group = self._idle[key]
+            while group and extra > 0:
+                self._close_later(group.pop(0))
+                extra -= 1
+            if not group:
+                del self._idle[key]
+            if extra <= 0:
+                return
+
+    def _close_later(self, sb: BwrapSandbox) -> None:
+        closing = asyncio.ensure_future(sb.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     @contextlib.asynccontextmanager
     async def lease(self, base_dir: str | os.PathLike[str], venv: str | None = None, *,
