@@ -122,3 +122,40 @@ def test_validation_grades_the_untouched_task_with_its_real_grader(example_snaps
 
 async def _const(x):
     return x
+
+
+def test_a_rejecting_build_keeps_repos_another_cached_set_lists(example_snapshot, monkeypatch,
+                                                               capsys):
+    """Task repos are shared by every build config of a package. Validation can pass in one
+    build and fail in another (timing); the failing build used to remove the repo the other's
+    cached set lists, so loading that set later failed on a missing file. A cached set whose
+    repos are gone anyway is rebuilt."""
+    import shutil
+
+    from looprl.tasks import build
+
+    src = Path(example_snapshot.repo, "src/minicalc/core.py").read_text()
+    flip = next(m for m in mutate.candidates(src, "src/minicalc/core.py", ("compare_flip",))
+                if m.functions == ("clamp",))
+
+    async def screened():
+        async with Screener(example_snapshot, BuildConfig(workers=1)) as sc:
+            return await sc.screen(flip)
+
+    good = asyncio.run(screened())
+    bad = Screened(flip, good.pass_to_pass[:1], good.pass_to_pass[1:], {})  # fails validation
+    cfg_a = BuildConfig(max_tasks=1, validate="patch", seed=97)
+    monkeypatch.setattr(build, "screen_package", lambda *a, **k: _const([good]))
+    [task] = asyncio.run(abuild_package_tasks(example_snapshot, cfg_a, None))
+    monkeypatch.setattr(build, "screen_package", lambda *a, **k: _const([bad]))
+    cfg_b = BuildConfig(max_tasks=1, validate="patch", seed=96)
+    assert asyncio.run(abuild_package_tasks(example_snapshot, cfg_b, None)) == []
+    assert Path(task.repo).is_dir(), "the other config's cached task lost its repo"
+    assert [t.id for t in asyncio.run(abuild_package_tasks(example_snapshot, cfg_a, None))] == [
+        task.id]
+
+    shutil.rmtree(Path(task.repo).parent)  # gone by hand: the cached set is rebuilt
+    monkeypatch.setattr(build, "screen_package", lambda *a, **k: _const([good]))
+    again = asyncio.run(abuild_package_tasks(example_snapshot, cfg_a, None))
+    assert [t.id for t in again] == [task.id] and Path(again[0].repo).is_dir()
+    assert "task repos listed in" in capsys.readouterr().err

@@ -117,6 +117,25 @@ def _name_re(name: str) -> re.Pattern[str]:
     return re.compile(rf"\b{re.escape(name)}\b")
 
 
+def listed_task_ids(root: Path) -> set[str]:
+    """Ids of the tasks that any cached task set under ``root`` lists. Task repos are shared by
+    every build config of a package (a task id is its mutation), so a build that rejects a
+    mutation (validation timing differs from run to run) must not remove a repo another
+    config's cached set still uses."""
+    ids: set[str] = set()
+    for f in sorted(root.glob("tasks-*.jsonl")) if root.is_dir() else ():
+        for line in f.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                ids.add(str(json.loads(line)["id"]))
+    return ids
+
+
+def remove_task_repo(root: Path, task_id: str, keep: set[str]) -> None:
+    """Remove ``root/<task_id>`` unless a cached task set lists it (``keep``)."""
+    if task_id not in keep:
+        shutil.rmtree(root / task_id, ignore_errors=True)
+
+
 class Screener:
     """Screens mutations by grading each untouched task: the mutated task repo is written, then
     the grader runs (fresh sandbox, tests restored) the tests that can notice the mutation.
@@ -130,6 +149,7 @@ class Screener:
     def __init__(self, snap: PackageSnapshot, cfg: BuildConfig, root: Path | None = None):
         self.snap, self.cfg = snap, cfg
         self.root = root or package_root(snap)
+        self.keep = listed_task_ids(self.root)
         repo = Path(snap.repo)
         self.originals = {p: (repo / p).read_text(encoding="utf-8") for p in snap.source_files}
         self.passing_by_file: dict[str, list[str]] = {}
@@ -171,7 +191,7 @@ class Screener:
 
     def discard(self, s: Screened) -> None:
         """Remove the repo screening wrote for ``s`` (it will not become a task)."""
-        shutil.rmtree(self.root / task_id_of(self.snap, s.mutation), ignore_errors=True)
+        remove_task_repo(self.root, task_id_of(self.snap, s.mutation), self.keep)
 
     def covering_tests(self, mut: mutate.Mutation) -> list[str]:
         """Recorded passing tests that called a mutated function (needs the call map)."""
@@ -232,7 +252,7 @@ class Screener:
                 failed = set(f2p)
                 p2p = tuple(t for t in (*targets, *others) if t not in failed)
                 return Screened(mut, f2p, p2p, _failure_messages(output, f2p))
-        shutil.rmtree(repo.parent, ignore_errors=True)
+        remove_task_repo(self.root, repo.parent.name, self.keep)
         return None
 
 
@@ -556,14 +576,21 @@ async def abuild_package_tasks(snap: PackageSnapshot, cfg: BuildConfig,
     cache = root / f"tasks-{cfg.key()}.jsonl"
     if cache.is_file():  # a task id once listed twice (one mutation reached twice) counts once
         cached = [Task.from_json(line) for line in cache.read_text().splitlines() if line.strip()]
-        return list({t.id: t for t in cached}.values())
+        gone = [t.id for t in cached if not Path(t.repo).is_dir()]
+        if not gone:
+            return list({t.id: t for t in cached}.values())
+        print(f"note: {len(gone)} task repos listed in {cache} are gone (e.g. {gone[0]}: "
+              "removed outside looprl, or by an older looprl's build); rebuilding the set",
+              file=sys.stderr)
+        cache.unlink()
+    keep = listed_task_ids(root)
     screened = await screen_package(snap, cfg, progress)
     originals = {p: (Path(snap.repo) / p).read_text(encoding="utf-8") for p in snap.source_files}
     with stage("write_tasks"):
         made = [make_task(snap, s, root, originals) for s in screened]
     tasks = await validate_all(made, cfg.validate, cfg.workers, progress)
     for t in set(t.id for t in made) - set(t.id for t in tasks):
-        shutil.rmtree(root / t, ignore_errors=True)  # not solvable as recorded: not a task
+        remove_task_repo(root, t, keep)  # not solvable as recorded: not a task (here)
     for t in tasks:
         t.metadata["validated"] = cfg.validate
         if cfg.validate != "none":
