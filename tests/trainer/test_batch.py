@@ -68,6 +68,22 @@ def test_flat_failures_give_a_groups_failures_one_reward():
     assert flat.mean_reward == pytest.approx((1.0 - 0.2 - 0.8 - 0.2 - 0.8) / 5)
 
 
+def test_negative_scale_shrinks_only_negative_advantages():
+    from looprl.errors import ConfigError
+    from looprl.trainer.step import GRPOConfig
+
+    g = group([trajectory([segment([1], [2])], 1.0), trajectory([segment([1], [3])], -0.2),
+               trajectory([segment([1], [4])], -0.8)], "g")
+
+    def advantages(b):
+        return sorted(round(float(a), 6) for mb in b.micro_batches for a in mb.advantages_B)
+
+    assert advantages(build_batch([g], negative_scale=0.5)) == [-0.4, -0.1, 1.0]
+    assert advantages(build_batch([g], negative_scale=0.0)) == [0.0, 0.0, 1.0]
+    with pytest.raises(ConfigError, match="negative_advantage_scale"):
+        GRPOConfig(negative_advantage_scale=1.5)
+
+
 def test_micro_batches_respect_the_token_budget_and_pack_by_length():
     lengths = [30, 5, 28, 6, 29, 4, 7, 31]
     g = group([trajectory([segment([1], [2] * (n - 1))], float(i)) for i, n in enumerate(lengths)])

@@ -97,9 +97,18 @@ def flatten_failures(rewards_G: Sequence[float], passed_G: Sequence[bool]) -> li
     return [r if ok else m for r, ok in zip(rewards_G, passed_G, strict=True)]
 
 
+def scale_negatives(advantages_G: Sequence[float], scale: float) -> list[float]:
+    """Negative advantages times ``scale`` (``GRPOConfig.negative_advantage_scale``).
+
+    >>> scale_negatives([0.875, -0.125, -0.125], 0.5)
+    [0.875, -0.0625, -0.0625]
+    """
+    return [a * scale if a < 0 else a for a in advantages_G]
+
+
 def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool, *,
-          skip_without_pass: bool = False,
-          flat_failures: bool = False) -> tuple[list[_Row], int, int, list[float], int]:
+          skip_without_pass: bool = False, flat_failures: bool = False,
+          negative_scale: float = 1.0) -> tuple[list[_Row], int, int, list[float], int]:
     rows: list[_Row] = []
     zero_var = dropped = no_pass = 0
     rewards: list[float] = []
@@ -119,7 +128,10 @@ def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool, *,
             zero_var += 1
             if skip_zero_variance:
                 continue
-        for traj, adv in zip(valid, group_advantages(rewards_G, std_norm), strict=True):
+        advantages_G = group_advantages(rewards_G, std_norm)
+        if negative_scale != 1.0:
+            advantages_G = scale_negatives(advantages_G, negative_scale)
+        for traj, adv in zip(valid, advantages_G, strict=True):
             rows.extend(_Row(s, adv) for s in traj.segments if s.num_model_tokens > 0)
     return rows, zero_var, dropped, rewards, no_pass
 
@@ -223,14 +235,15 @@ def pack_segments(segments: Sequence[Segment], advantages_N: Sequence[float], *,
 def build_batch(groups: Sequence[Group], *, std_norm: str = "never", micro_batch_tokens: int = 4096,
                 skip_zero_variance: bool = True, pad_id: int = 0,
                 share_prefix: bool = True, skip_without_pass: bool = False,
-                flat_failures: bool = False) -> TrainBatch:
+                flat_failures: bool = False, negative_scale: float = 1.0) -> TrainBatch:
     """Pack ``groups`` into micro-batches of at most ``micro_batch_tokens`` tokens of forward
     (a shared prefix counted once: module docstring). ``skip_without_pass`` leaves out groups
     where no trajectory passed the tests (``GRPOConfig.skip_groups_without_pass``);
-    ``flat_failures`` gives a group's failed trajectories one reward (``flatten_failures``)."""
+    ``flat_failures`` gives a group's failed trajectories one reward (``flatten_failures``);
+    ``negative_scale`` multiplies negative advantages (``scale_negatives``)."""
     rows, zero_var, dropped, rewards, no_pass = _rows(
         groups, std_norm, skip_zero_variance, skip_without_pass=skip_without_pass,
-        flat_failures=flat_failures)
+        flat_failures=flat_failures, negative_scale=negative_scale)
     mbs = pack_segments([r.segment for r in rows], [r.advantage for r in rows],
                         micro_batch_tokens=micro_batch_tokens, pad_id=pad_id,
                         share_prefix=share_prefix)
