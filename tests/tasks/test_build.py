@@ -89,21 +89,27 @@ def test_screening_rejects_mutations_no_test_notices(example_snapshot):
 
 
 
+def _screened_clamp_flip(snap) -> Screened:
+    """The screened compare_flip mutation of ``clamp`` (caught by its tests)."""
+    src = Path(snap.repo, "src/minicalc/core.py").read_text()
+    flip = next(m for m in mutate.candidates(src, "src/minicalc/core.py", ("compare_flip",))
+                if m.functions == ("clamp",))
+
+    async def screened():
+        async with Screener(snap, BuildConfig(workers=1)) as sc:
+            return await sc.screen(flip)
+
+    return asyncio.run(screened())
+
+
 def test_validation_grades_the_untouched_task_with_its_real_grader(example_snapshot, monkeypatch):
     """Screening's run differs from the grader's (test order, --maxfail); an order-dependent
     suite can make a mutation look caught in screening and pass in grading. Such a task is
     dropped: here a screened mutation whose fail_to_pass is a test that passes untouched."""
     from looprl.tasks import build
 
-    src = Path(example_snapshot.repo, "src/minicalc/core.py").read_text()
-    flip = next(m for m in mutate.candidates(src, "src/minicalc/core.py", ("compare_flip",))
-                if m.functions == ("clamp",))
-
-    async def screened():
-        async with Screener(example_snapshot, BuildConfig(workers=1)) as sc:
-            return await sc.screen(flip)
-
-    good = asyncio.run(screened())
+    good = _screened_clamp_flip(example_snapshot)
+    flip = good.mutation
     assert isinstance(good, Screened)
     # the same mutation claimed to break a test it does not break (order-dependence, simulated)
     bad = Screened(flip, good.pass_to_pass[:1], good.pass_to_pass[1:], {})
@@ -134,15 +140,8 @@ def test_a_rejecting_build_keeps_repos_another_cached_set_lists(example_snapshot
 
     from looprl.tasks import build
 
-    src = Path(example_snapshot.repo, "src/minicalc/core.py").read_text()
-    flip = next(m for m in mutate.candidates(src, "src/minicalc/core.py", ("compare_flip",))
-                if m.functions == ("clamp",))
-
-    async def screened():
-        async with Screener(example_snapshot, BuildConfig(workers=1)) as sc:
-            return await sc.screen(flip)
-
-    good = asyncio.run(screened())
+    good = _screened_clamp_flip(example_snapshot)
+    flip = good.mutation
     bad = Screened(flip, good.pass_to_pass[:1], good.pass_to_pass[1:], {})  # fails validation
     cfg_a = BuildConfig(max_tasks=1, validate="patch", seed=97)
     monkeypatch.setattr(build, "screen_package", lambda *a, **k: _const([good]))
