@@ -51,18 +51,20 @@ def test_groups_without_a_pass_are_counted_and_skipped_only_when_asked():
     assert sorted(float(a) for mb in b.micro_batches for a in mb.advantages_B) == [-0.5, 0.5]
 
 
+def _advantages(b):
+    """A batch's advantages, one per row, sorted."""
+    return sorted(round(float(a), 6) for mb in b.micro_batches for a in mb.advantages_B)
+
+
 def test_flat_failures_give_a_groups_failures_one_reward():
     # one pass (1.0) and two failures that differ only by shaping: quitting (-0.2), trying (-0.8)
     g1 = group([trajectory([segment([1], [2])], 1.0), trajectory([segment([1], [3])], -0.2),
                 trajectory([segment([1], [4])], -0.8)], "g1")
     g2 = group([trajectory([segment([1], [5])], -0.2), trajectory([segment([1], [6])], -0.8)], "g2")
 
-    def advantages(b):
-        return sorted(round(float(a), 6) for mb in b.micro_batches for a in mb.advantages_B)
-
-    assert advantages(build_batch([g1])) == [-0.8, -0.2, 1.0]  # quitting beats trying
+    assert _advantages(build_batch([g1])) == [-0.8, -0.2, 1.0]  # quitting beats trying
     flat = build_batch([g1, g2], flat_failures=True)
-    assert advantages(flat) == [-0.5, -0.5, 1.0]
+    assert _advantages(flat) == [-0.5, -0.5, 1.0]
     # the all-fail group has no signal left; the logged mean reward is the real one
     assert flat.zero_variance_groups == 1 and flat.num_sequences == 3
     assert flat.mean_reward == pytest.approx((1.0 - 0.2 - 0.8 - 0.2 - 0.8) / 5)
@@ -75,11 +77,8 @@ def test_negative_scale_shrinks_only_negative_advantages():
     g = group([trajectory([segment([1], [2])], 1.0), trajectory([segment([1], [3])], -0.2),
                trajectory([segment([1], [4])], -0.8)], "g")
 
-    def advantages(b):
-        return sorted(round(float(a), 6) for mb in b.micro_batches for a in mb.advantages_B)
-
-    assert advantages(build_batch([g], negative_scale=0.5)) == [-0.4, -0.1, 1.0]
-    assert advantages(build_batch([g], negative_scale=0.0)) == [0.0, 0.0, 1.0]
+    assert _advantages(build_batch([g], negative_scale=0.5)) == [-0.4, -0.1, 1.0]
+    assert _advantages(build_batch([g], negative_scale=0.0)) == [0.0, 0.0, 1.0]
     with pytest.raises(ConfigError, match="negative_advantage_scale"):
         GRPOConfig(negative_advantage_scale=1.5)
 

@@ -128,9 +128,7 @@ def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool, *,
             zero_var += 1
             if skip_zero_variance:
                 continue
-        advantages_G = group_advantages(rewards_G, std_norm)
-        if negative_scale != 1.0:
-            advantages_G = scale_negatives(advantages_G, negative_scale)
+        advantages_G = scale_negatives(group_advantages(rewards_G, std_norm), negative_scale)
         for traj, adv in zip(valid, advantages_G, strict=True):
             rows.extend(_Row(s, adv) for s in traj.segments if s.num_model_tokens > 0)
     return rows, zero_var, dropped, rewards, no_pass
