@@ -69,6 +69,22 @@ def test_plain_command_lines_skip_the_shell(cmd: str, direct: bool, venv: str) -
     assert bwrap_mod.command_argv(cmd, venv, {"PATH": "/usr/bin"})[:2] == ["/bin/sh", "-c"]
 
 
+def test_program_lookup_agrees_with_shutil_which(tmp_path: Path) -> None:
+    dirs = [tmp_path / n for n in ("a", "b", "c", "d")]
+    for d in dirs:
+        d.mkdir()
+    (dirs[0] / "tool").mkdir()  # a directory named like it: skipped
+    (dirs[1] / "tool").write_text("#!/bin/sh\n")  # not executable: skipped
+    for d in dirs[2:]:
+        (d / "tool").write_text("#!/bin/sh\n")
+        (d / "tool").chmod(0o755)
+    os.symlink(dirs[3] / "tool", dirs[1] / "link")  # a link to an executable: found
+    path = ":".join(map(str, dirs))
+    for name in ("tool", "link", "missing"):
+        assert bwrap_mod._which(name, path) == shutil.which(name, path=path), name
+    assert bwrap_mod._which("tool", path) == f"{dirs[2]}/tool"
+
+
 def test_direct_and_shell_commands_agree(base_repo: Path, venv: str) -> None:
     """The same command line run directly and through the shell (a quoted word forces it):
     same output and exit code; a missing program is the command's failure (127), not ours."""

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from looprl.errors import SandboxError
-from looprl.sandbox.workspace import create_workspace, fork, janitor, mounts_under, sandbox_root
+from looprl.sandbox.workspace import (
+    create_workspace,
+    fork,
+    janitor,
+    mounts_under,
+    realpath,
+    sandbox_root,
+)
 
 from .conftest import tree_hash
 
@@ -154,3 +161,14 @@ def test_janitor_removes_what_a_killed_process_left(base_repo: Path) -> None:
     removed = janitor()
     assert ws_dir in removed and layer in removed
     assert not ws_dir.exists() and not layer.exists() and not mounts_under(ws_dir)
+
+
+def test_realpath_agrees_with_os_path_realpath(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    os.symlink("real/deep", tmp_path / "rel")
+    monkeypatch.chdir(tmp_path)
+    for p in ("link/deep", "rel", "real/./deep/..", "link/../real", "missing/x", "link/missing"):
+        assert realpath(tmp_path / p) == os.path.realpath(tmp_path / p), p
+        assert realpath(p) == os.path.realpath(p), p  # relative to the working directory

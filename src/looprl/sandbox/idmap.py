@@ -170,9 +170,12 @@ def _make_userns(uid: int) -> int:
 UID_POOL = UidPool()
 
 
-def idmapped_clone(src: str | os.PathLike[str], dst: Path, uid: int) -> None:
-    """Bind ``src`` at ``dst`` (created) with host root's files shown as owned by ``uid``."""
-    dst.mkdir(exist_ok=True)
+def idmapped_clone(src: str | os.PathLike[str], dst: str | os.PathLike[str], uid: int, *,
+                   made: bool = False) -> None:
+    """Bind ``src`` at ``dst`` (created, unless ``made``: it exists) with host root's files
+    shown as owned by ``uid``."""
+    if not made:
+        Path(dst).mkdir(exist_ok=True)
     _clone(src, dst, _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, UID_POOL.userns_fd(uid)), 0,
            f"idmapping {src}")
 
@@ -184,8 +187,8 @@ def bind_clone(src: str | os.PathLike[str], dst: Path, *, readonly: bool) -> Non
     _clone(src, dst, _MountAttr(flags, 0, 0, 0), _AT_RECURSIVE, f"attributes of {src}")
 
 
-def _clone(src: str | os.PathLike[str], dst: Path, attr: _MountAttr, recursive: int,
-           what: str) -> None:
+def _clone(src: str | os.PathLike[str], dst: str | os.PathLike[str], attr: _MountAttr,
+           recursive: int, what: str) -> None:
     fd = _check(_libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(src),
                               _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | recursive),
                 f"open_tree {src}")

@@ -217,14 +217,12 @@ def launcher_argv(path: str, procs_files: list[str], rlimits: list[tuple[int, in
 
 
 def encode_argv(argv: list[str]) -> bytes:
-    """The command line as the launcher reads it: each argument NUL-terminated."""
-    out = bytearray()
+    """The command line as the launcher reads it: each argument NUL-terminated (encoded as
+    ``os.fsencode`` does)."""
     for a in argv:
-        b = os.fsencode(a)
-        if b"\0" in b:
+        if "\0" in a:
             raise ToolError(f"command contains a NUL byte: {a[:80]!r}; remove it")
-        out += b + b"\0"
-    return bytes(out)
+    return os.fsencode("\0".join(argv) + "\0") if argv else b""
 
 
 def check_env(env: Mapping[str, str]) -> None:
@@ -286,6 +284,9 @@ class Prepared:
         finally:
             for fd in keep:
                 os.close(fd)
+        for f in (proc.stdout, proc.stderr):  # read by ``pump``/``drain``: never block on them
+            assert f is not None
+            os.set_blocking(f.fileno(), False)
         return cls(proc, cg, None if pipe is None else os.fdopen(pipe[1], "wb", buffering=0),
                    None if status is None else status[0], seccomp_fd)
 
@@ -437,7 +438,7 @@ async def pump(f: BinaryIO, sink: Capped) -> None:
     """Drain a pipe into ``sink`` until EOF, on the running loop (no thread)."""
     loop = asyncio.get_running_loop()
     fd = f.fileno()
-    os.set_blocking(fd, False)
+    os.set_blocking(fd, False)  # (``Prepared.spawn`` made its pipes so already)
     eof = loop.create_future()
 
     def readable() -> None:

@@ -49,7 +49,7 @@ from looprl.sandbox.bwrap import (
     make_blank,
     new_sandbox,
 )
-from looprl.sandbox.workspace import Snapshot
+from looprl.sandbox.workspace import Snapshot, realpath
 from looprl.types import ExecResult, FileEntry
 
 
@@ -230,7 +230,7 @@ class SandboxPool:
 
     async def _make(self, base_dir: str | os.PathLike[str], venv: str | None,
                     snapshot: Snapshot | None) -> tuple[BwrapSandbox, tuple[str, str | None]]:
-        key = (os.path.realpath(base_dir), venv)
+        key = (realpath(base_dir), venv)
         if snapshot is not None:
             return await self._new((snapshot.base, venv), snapshot, self._take_blank()), ("", None)
         self._touch(key)
@@ -246,7 +246,7 @@ class SandboxPool:
         self._blank_venv = key[1]
         try:
             return await new_sandbox(key[0], key[1], limits=self.limits, snapshot=snapshot,
-                                     blank=blank)
+                                     blank=blank, resolved=True)
         except OSError as e:
             raise SandboxError(f"could not create a workspace over {key[0]}: {e}") from e
 
@@ -294,7 +294,7 @@ class SandboxPool:
         if self._closed:
             raise SandboxError("sandbox pool is closed")
         check_bwrap()
-        key = (os.path.realpath(base_dir), venv)
+        key = (realpath(base_dir), venv)
         self._touch(key)
         self._refill(key)
         task = self._fillers.get(key)

@@ -26,7 +26,6 @@ attached (``rootable`` is False): such sandboxes use bwrap's own mounts instead 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shutil
@@ -107,11 +106,13 @@ class SandboxRoot:
         dst = str(self.dir)  # (plain strings: this runs in every lease)
         for part in target.split("/")[1:]:  # (normal, absolute: ``rootable``)
             dst += "/" + part
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(dst, 0o755)
-            if not stat.S_ISDIR(os.lstat(dst).st_mode):  # never through a symlink out of the root
-                raise SandboxError(f"mount point {target} in the sandbox root runs through a "
-                                   f"symlink or file ({os.path.relpath(dst, self.dir)})")
+            try:
+                os.mkdir(dst, 0o755)  # made now: root's, and no one else can replace it
+            except FileExistsError:  # never through a symlink out of the root
+                if not stat.S_ISDIR(os.lstat(dst).st_mode):
+                    raise SandboxError(f"mount point {target} in the sandbox root runs through a "
+                                       f"symlink or file ({os.path.relpath(dst, self.dir)})") \
+                        from None
         try:
             bind_clone(source, dst, readonly=readonly)
         except OSError as e:

@@ -68,6 +68,24 @@ def sandbox_root() -> Path:
     return _resolved(p)
 
 
+def realpath(path: str | os.PathLike[str]) -> str:
+    """``os.path.realpath(path)``; for a path that exists, as the kernel resolves it (open with
+    O_PATH, read the fd's link): three syscalls, ~5x faster than resolving each component."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        real = ""
+    finally:
+        os.close(fd)
+    # ("... (deleted)": removed meanwhile; not absolute: not a path, e.g. without /proc)
+    return real if real.startswith("/") and not real.endswith(" (deleted)") else \
+        os.path.realpath(path)
+
+
 @functools.lru_cache(maxsize=16)
 def _resolved(p: Path) -> Path:
     """``p`` with symlinks resolved, once per configured root: paths made under the root are
@@ -286,13 +304,14 @@ class Workspace:
             return
         if not staged:
             _stage_rw(self.dir, self.disk_mb, self.uid)
+        d = str(self.dir)  # (plain strings: this runs in every lease)
         lowers = [*self.layers, str(self.base)]
         if self.uid is not None:
             # lower layers are seen through an idmap (root's files -> self.uid)
-            for i, lower in enumerate(lowers):
-                idmapped_clone(lower, self.dir / f"lower{i}", self.uid)
-                lowers[i] = str(self.dir / f"lower{i}")
-        opts = f"lowerdir={':'.join(lowers)},upperdir={self.upper},workdir={self._rw / 'work'}"
+            for i, lower in enumerate(lowers):  # (a staged dir has lower0 made)
+                lowers[i] = f"{d}/lower{i}"
+                idmapped_clone(lower, lowers[i], self.uid, made=staged and i == 0)
+        opts = f"lowerdir={':'.join(lowers)},upperdir={d}/rw/upper,workdir={d}/rw/work"
         try:  # self-contained uppers, so a frozen upper is a valid lower layer elsewhere
             _mount("overlay", self.path, "overlay", opts + ",redirect_dir=off,index=off,metacopy=off")
         except OSError:
@@ -389,6 +408,8 @@ def stage_workspace(disk_mb: int, uid: int | None) -> Path:
     d.mkdir()
     try:
         (d / "merged").mkdir()
+        if uid is not None:
+            (d / "lower0").mkdir()  # where the base's idmapped view goes (~0.07 ms at a lease)
         _stage_rw(d, disk_mb, uid)
     except BaseException:
         _remove_tree(d)
@@ -408,15 +429,17 @@ def _cp_a(src: Path, dst: Path) -> None:
 def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None = None,
                      disk_mb: int = 1024, backend: CowBackend | None = None,
                      uid: int | None = None, staged: Path | None = None,
-                     resolved: bool = False) -> Workspace:
+                     resolved: bool = False, vetted: bool = False) -> Workspace:
     """A fresh workspace over ``base`` (or over ``snapshot``'s state). With ``uid``, the view
     shows host root's files as owned by that unprivileged uid (see ``idmap.py``). ``staged``:
     from ``stage_workspace(disk_mb, uid)`` (taken over; dropped if the overlay cannot be used).
-    ``resolved``: ``base`` is already ``os.path.realpath``'d (the lease path resolves it once)."""
+    ``resolved``: ``base`` is already ``os.path.realpath``'d (the lease path resolves it once).
+    ``vetted``: ``overlay_capable(base)`` was just True (a directory, all root's: not checked
+    again)."""
     _ensure_janitor()
     try:
         base_p = Path(base if resolved else os.path.realpath(base))
-        return _create_workspace(base_p, snapshot, disk_mb, backend, uid, staged)
+        return _create_workspace(base_p, snapshot, disk_mb, backend, uid, staged, vetted)
     except BaseException:
         if staged is not None and staged.exists():
             _remove_tree(staged)
@@ -425,8 +448,8 @@ def create_workspace(base: str | os.PathLike[str], *, snapshot: Snapshot | None 
 
 def _create_workspace(base_p: Path, snapshot: Snapshot | None, disk_mb: int,
                       backend: CowBackend | None, uid: int | None,
-                      staged: Path | None) -> Workspace:
-    if not base_p.is_dir():
+                      staged: Path | None, vetted: bool = False) -> Workspace:
+    if not vetted and not base_p.is_dir():
         raise SandboxError(f"base directory {base_p} does not exist or is not a directory; pass the "
                            "path of the task's repository snapshot")
     if snapshot is not None:
@@ -434,7 +457,7 @@ def _create_workspace(base_p: Path, snapshot: Snapshot | None, disk_mb: int,
         backend = snapshot.cow_backend
     if backend is None:
         backend = "overlay" if _overlay_ok() else "copy"
-    if backend == "overlay" and uid is not None and snapshot is None:
+    if backend == "overlay" and uid is not None and snapshot is None and not vetted:
         stranger = _stranger(base_p)
         if stranger:  # an idmap shows only root's files as the sandbox's: copy + chown instead
             log.warning("base %s has files not owned by root (e.g. %s): sandboxes over it use "
