@@ -93,6 +93,8 @@ def test_direct_and_shell_commands_agree(base_repo: Path, venv: str) -> None:
         try:
             for plain, quoted in [("ls -a --color=never", "'ls' -a --color=never"),
                                   ("python -c pass", "'python' -c pass"),
+                                  # in the venv and in /usr/bin: the venv's (PATH order)
+                                  ("python3 -m sysconfig", "'python3' -m sysconfig"),
                                   ("env", "'env'"),
                                   ("false", "'false'"), ("true\nfalse", "'true'\nfalse")]:
                 a, b = await sb.exec(plain), await sb.exec(quoted)

@@ -19,7 +19,8 @@ still count as root for sysctls, device-node ownership and RLIMIT_NPROC. It gets
 - a wall-clock timeout that kills the whole tree: the process group and every pid of the cgroup
   are SIGKILLed, and ``--die-with-parent`` + the pid namespace take the rest down with bwrap;
 - a plain command line (words of ordinary characters, e.g. ``python -m pytest -q``) is executed
-  directly, its program found on the sandbox's PATH on the host side (``command_argv``); anything
+  directly, its program found on the sandbox's PATH (by the launcher inside the sandbox, or on
+  the host side where bwrap builds the tree: ``command_argv``); anything
   else — quotes, pipes, redirections, globs, variables, builtins — runs as ``/bin/sh -c CMD``;
 - output capped to head + tail with a ``[... N bytes truncated ...]`` marker;
 - a seccomp filter (``seccomp.py``): loading kernel code, mounting, namespaces, io_uring, bpf,
@@ -219,7 +220,8 @@ _SHELL_WORDS = frozenset(
 """Keywords and builtins of the shell: such a command always runs through ``/bin/sh -c``."""
 
 
-def command_argv(cmd: str, venv: str | None, env: Mapping[str, str] | None) -> list[str]:
+def command_argv(cmd: str, venv: str | None, env: Mapping[str, str] | None, *,
+                 lookup: bool = True) -> list[str]:
     """How ``cmd`` is executed: its own words, the program resolved to an absolute path, when it
     is a plain command line; otherwise ``/bin/sh -c cmd``. The direct path saves the shell's
     exec (~0.4 ms per command) and behaves as the shell would: it is taken only for words of
@@ -227,14 +229,19 @@ def command_argv(cmd: str, venv: str | None, env: Mapping[str, str] | None) -> l
     builtin (``true``/``false`` excepted: /usr/bin's behave alike), and the sandbox's default
     PATH (``env`` sets none), whose directories — the venv's bin and the system dirs — have the
     same contents on the host as inside. A program found nowhere goes to the shell too, which
-    reports it (``not found``, exit 127) as it always has; so does a program given by path."""
+    reports it (``not found``, exit 127) as it always has; so does a program given by path.
+    ``lookup=False``: the program's bare name is left for the ``-x`` launcher to look up inside
+    the sandbox, which falls back to the shell the same way (``launch.py``)."""
     words = re.split(r"[ \t]+", cmd.strip(" \t"))  # the shell's blanks; a newline is a separator
     if (words[0] in _SHELL_WORDS or not _PLAIN_WORD.fullmatch(words[0])
             or not all(_PLAIN_ARG.fullmatch(w) for w in words[1:])):
         return ["/bin/sh", "-c", cmd]
     # a path (maybe into the workspace, which differs inside) is the shell's to resolve
-    found = None if "/" in words[0] or (env and "PATH" in env) else _which(
-        words[0], default_path(venv))
+    if "/" in words[0] or (env and "PATH" in env):
+        return ["/bin/sh", "-c", cmd]
+    if not lookup:
+        return words
+    found = _which(words[0], default_path(venv))
     return ["/bin/sh", "-c", cmd] if found is None else [found, *words[1:]]
 
 
@@ -602,7 +609,7 @@ class BwrapSandbox:
         message: bytes | None = None
         if self.root is not None:
             message = encode_message(self.workdir, command_env(self.venv, env, self.workdir),
-                                     command_argv(cmd, self.venv, env))
+                                     command_argv(cmd, self.venv, env, lookup=False))
         else:
             binds = bind_args(self.workspace.path, self.workdir, self.venv,
                               staged=uid is not None)

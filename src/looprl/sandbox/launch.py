@@ -9,7 +9,9 @@ does all three in one exec, then reads the command line to run from a pipe and e
     looprl-launch [-c CGROUP_PROCS]... [-r RES:SOFT:HARD]... [-u UID] -w FD
     looprl-launch [-c ...]... [-r ...]... [-u UID] -- PROGRAM ARGS...      (exec it right away)
     looprl-launch -x -w FD [-s FD]   (the message is CWD, KEY=VALUE..., "", then the command
-                                      line; -s: run it as a child, write its exit status to FD)
+                                      line; -s: run it as a child, write its exit status to FD;
+                                      a program without a / is looked up on the message's PATH,
+                                      and run by /bin/sh -c when it is found nowhere)
 
 The last two together prepare a whole sandboxed command ahead: the launcher sets up and execs
 bwrap at once, and inside the sandbox a copy of it (``-x``) waits for the working directory,
@@ -165,6 +167,39 @@ int main(int argc, char **argv) {
     *args++ = NULL;
     if (!*args) { errno = EINVAL; die("no command in", "message"); }
     if (chdir(strs[0]) != 0) die("chdir", strs[0]);
+    if (!strchr(args[0], '/')) {           /* a bare name: look it up on the command's PATH */
+        const char *path = "";
+        for (char **e = env; *e; e++)
+            if (!strncmp(*e, "PATH=", 5)) path = *e + 5;
+        size_t nl = strlen(args[0]);
+        char full[4096];
+        for (const char *p = path; *p; ) {
+            const char *c = strchrnul(p, ':');
+            size_t dl = (size_t)(c - p);
+            if (dl && dl + nl + 2 <= sizeof full) {
+                memcpy(full, p, dl);
+                full[dl] = '/';
+                memcpy(full + dl + 1, args[0], nl + 1);
+                execve(full, args, env);   /* back only if it cannot run: try the next */
+            }
+            p = *c ? c + 1 : c;
+        }
+        /* found nowhere, or not runnable: the shell runs the line (plain words, so joining
+           them gives it back) and reports it as it always would ("not found", 127) */
+        size_t len = 1;
+        for (char **a = args; *a; a++) len += strlen(*a) + 1;
+        char *line = malloc(len), *q = line;
+        if (!line) die("out of memory", NULL);
+        for (char **a = args; *a; a++) {
+            size_t n = strlen(*a);
+            memcpy(q, *a, n);
+            q += n;
+            *q++ = a[1] ? ' ' : '\0';
+        }
+        char *sh[] = {"/bin/sh", "-c", line, NULL};
+        execve(sh[0], sh, env);
+        die("exec", sh[0]);
+    }
     execve(args[0], args, env);
     die("exec", args[0]);
 }
