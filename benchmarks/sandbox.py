@@ -29,6 +29,10 @@ The floor: a bare ``bwrap true`` (namespaces + /usr only) in the same run; ``cp 
 (``best_cold_ratio``) is the best speedup a design that starts bwrap on the spot can reach here.
 ``cp -a`` / the bare command (``ceiling_vs_cp``) is the ratio a create costing nothing would give
 if its first command cost what it costs unsandboxed, started from Python (asyncio subprocess).
+Most of CREATE is that first command's exec, not the sandbox: on the 2-vCPU VM of the project's
+notes a CPUID instruction traps to the hypervisor (~12 µs), and glibc's start-up runs dozens of
+them (cache-size probing), so any exec of a dynamically linked program costs ~1 ms there
+(``perf record`` of an exec loop: two thirds of its busy samples in ld.so's CPU probing).
 Per-command overhead is measured with a bare command and 20 ms pauses between sandboxed ones,
 during which the sandbox prepares the next command (``launch.py``: as root its whole bwrap), as
 it would while a model thinks.

@@ -439,7 +439,8 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
 
 async def _within(aw: Awaitable[T], timeout_s: float) -> T:
     """``await aw``, or ``asyncio.TimeoutError`` after ``timeout_s``: ``asyncio.timeout`` where
-    there is one (3.11+; ``wait_for`` wraps ``aw`` in a task of its own, ~40 µs a command)."""
+    there is one (3.11+; ``wait_for`` wraps ``aw`` in a task of its own, one more task and loop
+    pass in every command's path)."""
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(timeout_s):
             return await aw
