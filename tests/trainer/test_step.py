@@ -5,7 +5,14 @@ import torch
 
 from looprl.trainer.batch import build_batch
 from looprl.trainer.losses import LossInputs, LossParams, dr_grpo
-from looprl.trainer.step import GRPOConfig, GRPOStep, gather_logprobs, token_logprobs, train_step
+from looprl.trainer.step import (
+    GRPOConfig,
+    GRPOStep,
+    _cache_kw,
+    gather_logprobs,
+    token_logprobs,
+    train_step,
+)
 from looprl.types import Segment
 
 from .helpers import group, segment, tiny_llama, trajectory
@@ -128,6 +135,16 @@ def test_empty_batch_and_non_finite_gradient_skip_the_update():
     m = step.on_groups(nan)
     assert m.skipped_updates == 1 and m.updates == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_the_kv_cache_goes_by_the_name_the_model_takes():
+    class New:  # transformers >= 5.24
+        def forward(self, input_ids, cache=None, use_cache=None): ...
+
+    class Old:
+        def forward(self, input_ids, past_key_values=None, use_cache=None): ...
+
+    assert (_cache_kw(New), _cache_kw(Old)) == ("cache", "past_key_values")
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -19,6 +19,8 @@ logprobs is what the truncated importance weight corrects.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 import time
 from collections.abc import Sequence
@@ -177,15 +179,25 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
     B = tokens_B_T.shape[0]
     with ctx:
         pre = model(input_ids=tokens_B_T[:1, :P], use_cache=True)
-        cache = pre.past_key_values
+        kw = _cache_kw(type(model))
+        cache = pre[kw]
         cache.batch_repeat_interleave(B)
         rest = model(input_ids=tokens_B_T[:, P:], attention_mask=attention_mask_B_T,
-                     past_key_values=cache, use_cache=True).logits
+                     use_cache=True, **{kw: cache}).logits
     pre_logits = _tempered(pre.logits, temperature)
     lp_prefix = gather_logprobs(pre_logits[:, :-1], tokens_B_T[:1, 1:P]).expand(B, -1)
     lp_first = gather_logprobs(pre_logits[:, -1:].expand(B, -1, -1), tokens_B_T[:, P:P + 1])
     lp_rest = gather_logprobs(_tempered(rest[:, :-1], temperature), tokens_B_T[:, P + 1:])
     return F.pad(torch.cat([lp_prefix, lp_first, lp_rest], dim=1), (1, 0))
+
+
+@functools.lru_cache(maxsize=16)
+def _cache_kw(model_cls: type) -> str:
+    """The name of the KV cache in ``model_cls``'s forward and output: ``cache`` from
+    transformers 5.24 (``past_key_values`` there is deprecated, to be removed in 5.40), before
+    it ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model_cls.forward).parameters else \
+        "past_key_values"
 
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
