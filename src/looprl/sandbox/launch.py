@@ -470,10 +470,10 @@ def drain(f: BinaryIO, sink: Capped) -> None:
 
 
 async def pump(f: BinaryIO, sink: Capped) -> None:
-    """Drain a pipe into ``sink`` until EOF, on the running loop (no thread)."""
+    """Drain a non-blocking pipe (``Prepared.spawn`` makes them so) into ``sink`` until EOF, on
+    the running loop (no thread)."""
     loop = asyncio.get_running_loop()
     fd = f.fileno()
-    os.set_blocking(fd, False)  # (``Prepared.spawn`` made its pipes so already)
     eof = loop.create_future()
 
     def readable() -> None:
