@@ -25,6 +25,10 @@ class Sandbox(Protocol):
     ``ToolError``. Commands run with the workspace as the working directory, no network.
     """
 
+    tools_dir: str
+    """The directory, as commands inside see it, holding the harness's own programs (``ruff``):
+    tools that run a program over model-written files run it in the sandbox from there."""
+
     async def exec(self, cmd: str, *, timeout_s: float = 60.0,
                    env: Mapping[str, str] | None = None) -> ExecResult:
         """Run ``cmd`` with /bin/sh -c inside the sandbox."""

@@ -32,6 +32,8 @@ def _cap(text: str, limit: int) -> tuple[str, bool]:
 
 
 class DirSandbox:
+    tools_dir = VENV_BIN  # the harness's ruff: the venv's, as commands here run on the host
+
     def __init__(self, base_dir: str | Path, *, output_limit: int = 200_000) -> None:
         self.base = Path(base_dir)
         self._tmp = tempfile.mkdtemp(prefix="looprl-dirsb-")

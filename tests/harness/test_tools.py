@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from looprl.errors import ConfigError, ToolCallError, ToolError
+from looprl.errors import ConfigError, SandboxError, ToolCallError, ToolError
 from looprl.harness.tools import TOOLS, ToolContext, make_tools, validate_args
 from looprl.harness.tools.edit_file import EditFile
 from looprl.harness.tools.glob_files import Glob, glob_regex
@@ -124,8 +124,44 @@ def test_read_lints_on_changed_files(ctx, sandbox):
     asyncio.run(sandbox.write("pkg/bad.py", b"def f(:\n    return undefined_name\n"))
     out = run(ReadLints(), ctx, paths=["pkg"])
     assert out.startswith("pkg/bad.py:1:7 invalid-syntax") and out.endswith("in 2 files.")
-    with pytest.raises(ToolError, match="ruff is not installed"):
-        run(ReadLints(ruff_cmd="no-such-ruff"), ctx, paths=["pkg"])
+
+
+class Recorded:
+    """Sandbox seam double: the real sandbox, with its commands recorded (or a tools_dir that
+    holds no ruff)."""
+
+    def __init__(self, inner, tools_dir=None):
+        self.inner, self.cmds = inner, []
+        self.tools_dir = tools_dir or inner.tools_dir
+
+    async def exec(self, cmd, **kw):
+        self.cmds.append(cmd)
+        return await self.inner.exec(cmd, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_read_lints_runs_ruff_once_inside_the_sandbox(sandbox):
+    asyncio.run(sandbox.write("pkg/a b.py", b"import os\n"))
+    asyncio.run(sandbox.write("pkg/c.py", b"import sys\n"))
+    rec = Recorded(sandbox)
+    out = run(ReadLints(), ToolContext(sandbox=rec), paths=["pkg"])
+    assert out == ("pkg/a b.py:1:1 N999 Invalid module name: 'a b'\n"
+                   "pkg/a b.py:1:8 F401 `os` imported but unused\n"
+                   "pkg/c.py:1:8 F401 `sys` imported but unused\n3 diagnostics in 2 files.")
+    assert len(rec.cmds) == 1 and rec.cmds[0].startswith(f"{sandbox.tools_dir}/ruff check ")
+    # a sandbox without the harness's ruff is the setup's failure, not the model's
+    with pytest.raises(SandboxError, match="harness's ruff is not in this sandbox"):
+        run(ReadLints(), ToolContext(sandbox=Recorded(sandbox, "/no/such/dir")), paths=["pkg"])
+
+
+def test_read_lints_says_when_the_report_was_cut(sandbox):
+    asyncio.run(sandbox.write("pkg/many.py", b"".join(b"import m%d\n" % i for i in range(6000))))
+    out = run(ReadLints(), ToolContext(sandbox=sandbox), paths=["pkg/many.py"])
+    lines = out.splitlines()
+    assert lines[-1].startswith("At least ") and "too long to read whole" in lines[-1]
+    assert lines[0] == "pkg/many.py:1:8 F401 `m0` imported but unused" and len(lines) == 202
 
 
 def test_run_tests_summary(ctx, sandbox):
@@ -191,8 +227,8 @@ def test_validate_args_errors_name_the_signature():
 
 def test_make_tools_passes_only_accepted_resources():
     tools = make_tools(["run_tests", "read_lints", "finish"], test_command="pytest -x",
-                       ruff_cmd="/opt/ruff", index=object())
-    assert tools[0].test_command == "pytest -x" and tools[1].ruff_cmd == "/opt/ruff"
+                       max_rows=7, index=object())
+    assert tools[0].test_command == "pytest -x" and tools[1].max_rows == 7
     with pytest.raises(ConfigError, match="available"):
         make_tools(["read_file", "teleport"])
 

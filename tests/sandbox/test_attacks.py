@@ -298,21 +298,18 @@ for name, nr in {calls}:
 """
 
 
-@pytest.mark.skipif(seccomp.program() is None, reason="no syscall table for this machine")
-@pytest.mark.parametrize("path", ["rooted", "bwrap_per_command", "stock_tools"])
-def test_kernel_interfaces_fail_with_eperm(host: Host, path: str,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every denied call fails with EPERM on each way a command can be started (a sandbox's
-    prepared bwrap, bwrap per command, the stock-tool chain); an allowed one still works."""
-    import platform
+PATHS = ["rooted", "bwrap_per_command", "stock_tools"]
+"""The ways a command can be started: a sandbox's prepared bwrap over its root, bwrap per
+command, the stock-tool chain (no C launcher)."""
 
+
+def sh_by(h: Host, path: str, monkeypatch: pytest.MonkeyPatch, cmd: str,
+          timeout_s: float = 10) -> ExecResult:
+    """``sh`` with the command started the ``path`` way (skips where that way is unavailable)."""
     from looprl.sandbox import bwrap as bwrap_mod
     from looprl.sandbox.launch import launcher_path
 
-    table = seccomp._TABLES[platform.machine()][1]
-    calls = [(n, table[n]) for n in seccomp.DENIED if n in table]
-    calls.append(("getppid", {"x86_64": 110, "aarch64": 173}[platform.machine()]))
-    if path == "rooted" and not bwrap_mod.can_root([str(host.base)]):
+    if path == "rooted" and not bwrap_mod.can_root([str(h.base)]):
         pytest.skip("sandbox roots need root and a C compiler")
     if path != "rooted":
         monkeypatch.setattr(bwrap_mod, "can_root", lambda paths: False)
@@ -320,9 +317,41 @@ def test_kernel_interfaces_fail_with_eperm(host: Host, path: str,
         monkeypatch.setenv("LOOPRL_SANDBOX_LAUNCHER", "tools")
         launcher_path.cache_clear()
     try:
-        r = sh(host, py(SYSCALL_PROBE.format(calls=calls)), timeout_s=20)
+        return sh(h, cmd, timeout_s=timeout_s)
     finally:
         launcher_path.cache_clear()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_harness_tools_run_inside_and_cannot_be_replaced(host: Host, path: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness's ruff (what ``read_lints`` runs on model-written files) is in every sandbox,
+    runs there, and a command can neither replace it, append to it nor remove it (the guard
+    also checks the host's copy, in the venv's bin, is unchanged)."""
+    from looprl.sandbox.mounts import TOOLS_DIR, harness_tools
+
+    assert dict(harness_tools()).get("ruff"), "the test venv has ruff (a looprl dependency)"
+    ruff = f"{TOOLS_DIR}/ruff"
+    r = sh_by(host, path, monkeypatch,
+              f"{ruff} --version; cp /bin/true {ruff} || echo a; echo x >> {ruff} || echo b; "
+              f"mv /bin/true {ruff} || echo c; rm -f {ruff} || echo d; {ruff} --version")
+    version = subprocess.run([dict(harness_tools())["ruff"], "--version"], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert r.stdout.split() == [*version, "a", "b", "c", "d", *version], r
+
+
+@pytest.mark.skipif(seccomp.program() is None, reason="no syscall table for this machine")
+@pytest.mark.parametrize("path", PATHS)
+def test_kernel_interfaces_fail_with_eperm(host: Host, path: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every denied call fails with EPERM on each way a command can be started (a sandbox's
+    prepared bwrap, bwrap per command, the stock-tool chain); an allowed one still works."""
+    import platform
+
+    table = seccomp._TABLES[platform.machine()][1]
+    calls = [(n, table[n]) for n in seccomp.DENIED if n in table]
+    calls.append(("getppid", {"x86_64": 110, "aarch64": 173}[platform.machine()]))
+    r = sh_by(host, path, monkeypatch, py(SYSCALL_PROBE.format(calls=calls)), timeout_s=20)
     assert r.ok, r
     got = {line.split()[0]: (int(line.split()[1]), int(line.split()[2]))
            for line in r.stdout.splitlines()}

@@ -9,6 +9,8 @@ import httpx
 import pytest
 
 from looprl.errors import SandboxError, ToolError
+from looprl.harness.tools import ToolContext
+from looprl.harness.tools.read_lints import ReadLints
 from looprl.protocols import Sandbox
 from looprl.sandbox import RemoteSandbox, SandboxPool
 from looprl.sandbox.server import EnvServer
@@ -37,6 +39,9 @@ def test_remote_sandbox_is_a_sandbox(server: EnvServer, base_repo: Path, venv: s
             await sb.write("bin.dat", bytes(range(256)))
             assert await sb.read("bin.dat") == bytes(range(256))
             assert "pkg/calc.py" in {e.path for e in await sb.walk()}
+            await sb.write("pkg/extra.py", b"import os\n")  # the lint tool, run on the server
+            lints = await ReadLints().run({"paths": ["pkg/extra.py"]}, ToolContext(sandbox=sb))
+            assert lints == "pkg/extra.py:1:8 F401 `os` imported but unused\n1 diagnostic in 1 file."
             d = await sb.diff()
             assert "+    return a + b" in d and "Binary files /dev/null and b/bin.dat" in d
             r = await sb.exec("sleep 10", timeout_s=0.3)
@@ -66,7 +71,7 @@ def test_model_errors_are_tool_errors_and_infra_errors_are_sandbox_errors(
         finally:
             await sb.close()
         stale = RemoteSandbox(server.url, TOKEN, sb.id, httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {TOKEN}"}), str(base_repo), None)
+            headers={"Authorization": f"Bearer {TOKEN}"}), str(base_repo), None, sb.tools_dir)
         with pytest.raises(SandboxError, match="no live sandbox"):
             await stale.exec("true")  # the lease was returned: an infra error, not the model's
         await stale._client.aclose()

@@ -87,7 +87,7 @@ from looprl.sandbox.launch import (
     pump,
     tool_chain,
 )
-from looprl.sandbox.mounts import bind_args, system_binds, venv_paths  # noqa: F401
+from looprl.sandbox.mounts import TOOLS_DIR, bind_args, system_binds, venv_paths  # noqa: F401
 from looprl.sandbox.root import LAUNCH, SandboxRoot, rootable
 from looprl.sandbox.seccomp import filter_fd
 from looprl.sandbox.workspace import (
@@ -597,6 +597,8 @@ class BwrapSandbox:
             await self.prime()
         except SandboxError:
             pass  # the next command prepares its own and reports the failure
+
+    tools_dir = TOOLS_DIR
 
     @property
     def cow_backend(self) -> str:

@@ -1,5 +1,6 @@
 """The mounts of a sandboxed command, as bwrap arguments: the read-only system (/usr, the /bin and
-/lib* links, a small staged /etc), the workspace read-write and the task's venv read-only.
+/lib* links, a small staged /etc), the workspace read-write, the task's venv read-only, and the
+harness's own programs (``TOOLS_DIR``: ruff, which ``read_lints`` runs inside the sandbox).
 
     argv += [*system_binds(), *bind_args(workspace_dir, workdir, venv, staged=True)]
 """
@@ -11,6 +12,7 @@ import functools
 import hashlib
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from looprl.errors import SandboxError
@@ -99,14 +101,40 @@ def _venv_paths(venv: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+TOOLS_DIR = "/.looprl/bin"
+"""Where a sandbox's commands find the harness's own programs (``harness_tools``), read-only, the
+same whatever the task's environment holds: tools that run a program on model-written files run
+it there, inside the sandbox (``read_lints``), not on the host."""
+
+
+@functools.lru_cache(maxsize=1)
+def harness_tools() -> tuple[tuple[str, str], ...]:
+    """(name, host path) of the harness's programs every sandbox gets at ``TOOLS_DIR``: ruff, the
+    one next to this Python (the harness's venv) or else on PATH; none when it is not installed
+    (``read_lints`` then says so)."""
+    local = Path(sys.executable).parent / "ruff"
+    ruff = str(local) if local.is_file() else shutil.which("ruff")
+    return (("ruff", os.path.realpath(ruff)),) if ruff else ()
+
+
+def tool_binds(staged: bool) -> list[str]:
+    """bwrap arguments putting ``harness_tools`` at ``TOOLS_DIR`` (``staged``: see ``bind_args``)."""
+    args: list[str] = []
+    for name, host in harness_tools():
+        src = f"{_staged(os.path.dirname(host))}/{os.path.basename(host)}" if staged else host
+        args += ["--ro-bind", src, f"{TOOLS_DIR}/{name}"]
+    return args
+
+
 def bind_args(host_dir: Path, workdir: str, venv: str | None, staged: bool) -> list[str]:
-    """bwrap bind arguments: the workspace read-write, the venv and its prefix read-only.
-    ``staged``: the bwrap runs unprivileged, so read-only sources are first bind-mounted under
-    the sandbox root, where it can reach them (e.g. a venv under a 0700 /root)."""
+    """bwrap bind arguments: the workspace read-write, the venv and its prefix read-only, the
+    harness's programs (``tool_binds``). ``staged``: the bwrap runs unprivileged, so read-only
+    sources are first bind-mounted under the sandbox root, where it can reach them (e.g. a venv
+    under a 0700 /root)."""
     args = ["--bind", str(host_dir), workdir]
     for p in venv_paths(venv):
         args += ["--ro-bind", _staged(p) if staged else p, p]
-    return args
+    return [*args, *tool_binds(staged)]
 
 
 @functools.lru_cache(maxsize=256)

@@ -106,6 +106,10 @@ class PooledSandbox:
         self.released = False
         self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, timeout_s)
 
+    @property
+    def tools_dir(self) -> str:
+        return self.inner.tools_dir
+
     def _expire(self, timeout_s: float) -> None:
         self.expired = True
         self.pool._expired += 1

@@ -3,7 +3,8 @@
 Each sandbox owns a small tmpfs (``root-<pid>-<id>`` under the sandbox dir) that bwrap binds as
 ``/``. On the host it holds: the mount points of the read-only system (bwrap binds /usr, /etc,
 /proc and /dev over them per command), the /bin and /lib* symlinks, a size-capped /tmp of its
-own, a copy of the launcher (``/.looprl/launch``, see ``launch.py``), and — attached by the host
+own, a copy of the launcher (``/.looprl/launch``, see ``launch.py``), the harness's programs
+(``mounts.TOOLS_DIR``, read-only binds of the host's), and — attached by the host
 at the paths they have on the host — the workspace (read-write) and the task's venv and
 interpreter prefix (read-only). Files of the root itself are host root's: the sandbox's uid
 can write only the workspace and /tmp.
@@ -36,7 +37,7 @@ from pathlib import Path
 from looprl.errors import SandboxError
 from looprl.sandbox.idmap import bind_clone
 from looprl.sandbox.launch import launcher_path
-from looprl.sandbox.mounts import system_binds, system_layout
+from looprl.sandbox.mounts import TOOLS_DIR, harness_tools, system_binds, system_layout
 from looprl.sandbox.workspace import _mount, _remove_tree, _umount, sandbox_root
 
 LAUNCH = "/.looprl/launch"
@@ -81,11 +82,20 @@ class SandboxRoot:
             for target, link in links:
                 os.symlink(target, self.dir / link.lstrip("/"))
             shutil.copy(launcher, self.dir / LAUNCH.lstrip("/"))
+            self._mount_tools()
             self._mount_tmp()
         except BaseException:
             self.close()
             raise
         self.attached: list[Path] = []
+
+    def _mount_tools(self) -> None:
+        """``harness_tools`` at ``TOOLS_DIR``: each a read-only bind of the host's file."""
+        tools = self.dir / TOOLS_DIR.lstrip("/")
+        tools.mkdir(mode=0o755)
+        for name, host in harness_tools():
+            (tools / name).touch(mode=0o755)
+            bind_clone(host, tools / name, readonly=True)
 
     def _mount_tmp(self) -> None:
         _mount("tmpfs", self.dir / "tmp", "tmpfs",

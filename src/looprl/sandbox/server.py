@@ -100,7 +100,7 @@ def create_app(pool: SandboxPool, token: str) -> FastAPI:
             if snap is None:
                 raise SandboxError(f"unknown snapshot {req.snapshot_id!r}")
         sb = await pool.acquire(req.base_dir, req.venv, snapshot=snap, timeout_s=req.timeout_s)
-        return {"id": sb.id, "cow_backend": sb.inner.cow_backend}
+        return {"id": sb.id, "cow_backend": sb.inner.cow_backend, "tools_dir": sb.tools_dir}
 
     @app.post("/v1/sandboxes/{sid}/exec", dependencies=guard)
     async def exec_(sid: str, req: ExecReq) -> dict[str, Any]:
@@ -157,9 +157,11 @@ class RemoteSandbox:
     """``looprl.protocols.Sandbox`` over HTTP; build with ``await RemoteSandbox.create(...)``."""
 
     def __init__(self, url: str, token: str, sandbox_id: str, client: httpx.AsyncClient,
-                 base_dir: str, venv: str | None):
+                 base_dir: str, venv: str | None, tools_dir: str):
         self.url, self.token, self.id = url.rstrip("/"), token, sandbox_id
         self.base_dir, self.venv = base_dir, venv
+        self.tools_dir = tools_dir
+        """The server's sandboxes' ``tools_dir`` (it says where, at the lease)."""
         self._client = client
 
     @classmethod
@@ -175,7 +177,7 @@ class RemoteSandbox:
         except BaseException:
             await client.aclose()
             raise
-        return cls(url, token, body["id"], client, str(base_dir), venv)
+        return cls(url, token, body["id"], client, str(base_dir), venv, body["tools_dir"])
 
     async def _req(self, method: str, route: str, body: dict[str, Any] | None = None,
                    timeout_s: float | None = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The harness tools: one file per tool, picked by name through ``TOOLS``.
 
-    tools = make_tools(DEFAULT_TOOLS, test_command="python -m pytest", ruff_cmd="ruff")
+    tools = make_tools(DEFAULT_TOOLS, test_command="python -m pytest")
 
 ``make_tools`` passes each tool only the per-task resources its constructor names (a search
 index, the task's test command, ...), so adding a tool is one import and one registry line.

@@ -3,26 +3,26 @@
 
     read_lints()  ->  "pkg/calc.py:1:8 F401 `os` imported but unused\n1 diagnostic in 1 file."
 
-File contents are read through the sandbox and linted by the harness's own ruff over stdin with
-``--isolated`` (ruff's default rules: syntax errors, undefined names, unused imports, ...). So the
-tool works in any sandbox, whether or not the task's environment has ruff, and its output does
-not depend on the repository's lint config or on where the harness runs. Ruff only parses the
-text; it never executes it. The ruff binary is a construction-time resource (``ruff_cmd``).
+Ruff runs inside the sandbox, as one command over all the files: the harness's own ruff, which
+every sandbox has at ``Sandbox.tools_dir`` (``sandbox/mounts.py``), with ``--isolated`` (ruff's
+default rules: syntax errors, undefined names, unused imports, ...). So the tool works in any
+sandbox, whether or not the task's environment has ruff; its output does not depend on the
+repository's lint config; and model-written files are handled by a program on the sandbox's
+side of the isolation, never on the host.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
+import shlex
 from typing import Any
 
-from looprl.errors import ToolError
-from looprl.harness.tools.base import ToolContext, check_path, obj_schema, read_bytes, walk_dir
+from looprl.errors import SandboxError, ToolError
+from looprl.harness.tools.base import ToolContext, check_path, obj_schema, walk_dir
+
+_ROW = re.compile(r"(\d+):(\d+): (?:([A-Z]+[0-9]+) (?:\[\*\] )?|([\w-]+): )(.*)")
+"""The rest of a ``--output-format=concise`` row after ``path:``: ``line:col: CODE [*] message``,
+or ``line:col: invalid-syntax: message`` (``SyntaxError:`` before ruff 0.9)."""
 
 
 def changed_python_files(diff: str) -> list[str]:
@@ -31,30 +31,30 @@ def changed_python_files(diff: str) -> list[str]:
     return sorted(p for p in paths if p.endswith(".py"))
 
 
-def default_ruff() -> str:
-    """The ruff next to this Python (the venv's), else the one on PATH."""
-    local = Path(sys.executable).parent / "ruff"
-    return str(local) if local.exists() else (shutil.which("ruff") or "ruff")
+def ruff_command(tools_dir: str, files: list[str]) -> str:
+    """The command line that lints ``files`` (workspace-relative) inside the sandbox."""
+    return shlex.join([f"{tools_dir}/ruff", "check", "--isolated", "--no-cache", "--exit-zero",
+                       "--quiet", "--output-format=concise", "--", *files])
 
 
-def ruff_diagnostics(ruff_cmd: str, path: str, data: bytes) -> list[tuple[str, int, int, str, str]]:
-    """(path, line, col, code, message) for one file's text, linted from stdin."""
-    try:
-        proc = subprocess.run(
-            [ruff_cmd, "check", "--isolated", "--no-cache", "--exit-zero", "--output-format=json",
-             "--stdin-filename", path, "-"], input=data, capture_output=True, timeout=60)
-    except FileNotFoundError:
-        raise ToolError(f"ruff is not installed for the harness ({ruff_cmd!r}); pip install ruff "
-                        "or pass ruff_cmd= to make_tools") from None
-    try:
-        diags = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        raise ToolError(f"ruff failed on {path}: {proc.stderr.decode(errors='replace')[:500]}") from None
+def parse_rows(stdout: str, files: list[str]) -> list[tuple[str, int, int, str, str]]:
+    """(path, line, col, code, message) rows of ruff's concise output for ``files``. A row is
+    matched by the file it starts with (paths may hold ':'); other lines are skipped.
+
+    >>> parse_rows("a.py:1:8: F401 [*] `os` imported but unused\\n", ["a.py"])
+    [('a.py', 1, 8, 'F401', '`os` imported but unused')]
+    >>> parse_rows("a:b.py:2:1: invalid-syntax: unexpected EOF\\n", ["a:b.py"])
+    [('a:b.py', 2, 1, 'invalid-syntax', 'unexpected EOF')]
+    """
+    by_len = sorted(files, key=len, reverse=True)
     out = []
-    for d in diags:
-        loc = d.get("location") or {}
-        out.append((path, int(loc.get("row", 0)), int(loc.get("column", 0)),
-                    d.get("code") or "syntax-error", " ".join(str(d.get("message", "")).split())))
+    for line in stdout.splitlines():
+        for f in by_len:
+            if line.startswith(f + ":") and (m := _ROW.fullmatch(line, len(f) + 1)):
+                code = m.group(3) or m.group(4)
+                code = "invalid-syntax" if code == "SyntaxError" else code
+                out.append((f, int(m.group(1)), int(m.group(2)), code, " ".join(m.group(5).split())))
+                break
     return out
 
 
@@ -68,10 +68,11 @@ class ReadLints:
     }, [])
     read_only = True
 
-    def __init__(self, ruff_cmd: str | None = None, max_files: int = 200, max_rows: int = 200) -> None:
-        self.ruff_cmd = ruff_cmd or default_ruff()
+    def __init__(self, max_files: int = 200, max_rows: int = 200,
+                 lint_timeout_s: float = 60.0) -> None:
         self.max_files = max_files
         self.max_rows = max_rows
+        self.timeout_s = lint_timeout_s
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         if "paths" in args:
@@ -84,10 +85,7 @@ class ReadLints:
                 return "No changed Python files to lint (pass paths to lint others)."
         if not files:
             return "No Python files in the given paths."
-        keys: list[tuple[str, int, int, str, str]] = []
-        for f in files[: self.max_files]:
-            data = await read_bytes(ctx.sandbox, f)
-            keys += await asyncio.to_thread(ruff_diagnostics, self.ruff_cmd, f, data)
+        keys, cut = await self._lint(ctx, files[: self.max_files])
         rows = [f"{p}:{line}:{col} {code} {msg}" for p, line, col, code, msg in sorted(set(keys))]
         skipped = (f" ({len(files) - self.max_files} more files not linted)"
                    if len(files) > self.max_files else "")
@@ -96,11 +94,30 @@ class ReadLints:
             return f"No lint errors in {n} file{'s' if n != 1 else ''}.{skipped}"
         n_files = len({k[0] for k in keys})
         total = len(rows)
-        summary = (f"{total} diagnostic{'s' if total != 1 else ''} in {n_files} "
-                   f"file{'s' if n_files != 1 else ''}.{skipped}")
+        summary = (f"{'At least ' if cut else ''}{total} diagnostic{'s' if total != 1 else ''} in "
+                   f"{n_files} file{'s' if n_files != 1 else ''}.{skipped}"
+                   + (" (ruff's report was too long to read whole; lint fewer paths for all of "
+                      "it)" if cut else ""))
         if total > self.max_rows:
             rows = rows[: self.max_rows] + [f"[... {total - self.max_rows} more]"]
         return "\n".join(rows + [summary])
+
+    async def _lint(self, ctx: ToolContext,
+                    files: list[str]) -> tuple[list[tuple[str, int, int, str, str]], bool]:
+        """The rows for ``files``, and whether the sandbox cut ruff's report (its output cap)."""
+        ruff = f"{ctx.sandbox.tools_dir}/ruff"
+        res = await ctx.sandbox.exec(ruff_command(ctx.sandbox.tools_dir, files),
+                                     timeout_s=self.timeout_s)
+        if res.timed_out:
+            raise ToolError(f"ruff took over {self.timeout_s:g} s on {len(files)} files; lint "
+                            "fewer paths at a time")
+        if res.exit_code in (126, 127):  # the harness's setup, not the model's call
+            raise SandboxError(f"the harness's ruff is not in this sandbox ({ruff}: "
+                               f"{res.stderr.strip()[:300]}); pip install ruff where the sandbox "
+                               "server runs")
+        if res.exit_code != 0:
+            raise ToolError(f"ruff failed (exit {res.exit_code}): {res.stderr.strip()[:500]}")
+        return parse_rows(res.stdout, files), res.truncated
 
     async def _expand(self, ctx: ToolContext, paths: list[str]) -> list[str]:
         """Files as given; directories to the .py files below them."""
