@@ -29,10 +29,13 @@ The floor: a bare ``bwrap true`` (namespaces + /usr only) in the same run; ``cp 
 (``best_cold_ratio``) is the best speedup a design that starts bwrap on the spot can reach here.
 ``cp -a`` / the bare command (``ceiling_vs_cp``) is the ratio a create costing nothing would give
 if its first command cost what it costs unsandboxed, started from Python (asyncio subprocess).
-Most of CREATE is that first command's exec, not the sandbox: on the 2-vCPU VM of the project's
-notes a CPUID instruction traps to the hypervisor (~12 µs), and glibc's start-up runs dozens of
-them (cache-size probing), so any exec of a dynamically linked program costs ~1 ms there
-(``perf record`` of an exec loop: two thirds of its busy samples in ld.so's CPU probing).
+Most of CREATE is that first command's exec, not the sandbox: on the 2-vCPU VMs of the project's
+notes a CPUID instruction traps to the hypervisor (~12 µs on an Intel host, ~4 µs on an AMD EPYC
+one), and glibc's start-up runs dozens of them (cache-size probing), so any exec of a dynamically
+linked program costs 0.7-1 ms there (``perf record`` of an exec loop on the Intel VM: two thirds
+of its busy samples in ld.so's CPU probing). ``cp -a`` of the same tree took 70-77 ms on the
+Intel VM and 102-134 ms on the AMD one, so the ratios differ between hosts: the summary names
+the CPU.
 Per-command overhead is measured with a bare command and 20 ms pauses between sandboxed ones,
 during which the sandbox prepares the next command (``launch.py``: as root its whole bwrap), as
 it would while a model thinks.
@@ -76,6 +79,16 @@ def build_base(root: Path) -> tuple[Path, int, float]:
     (base / "pyproject.toml").write_text('[project]\nname = "bench-repo"\nversion = "0"\n')
     files = [p for p in base.rglob("*") if p.is_file()]
     return base, len(files), sum(p.stat().st_size for p in files) / 2**20
+
+
+def cpu_model() -> str:
+    """The CPU's model name: ratios against ``cp -a`` differ between hosts (see above)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), "unknown CPU")
+    except OSError:
+        return "unknown CPU"
 
 
 def p50(xs: list[float]) -> float:
@@ -293,7 +306,8 @@ async def main() -> None:
           f"cp -a / bare = {cp_ms / bare_ms:.1f}x")
     print(f"  concurrent leases          {ok}/{args.concurrent} ok in {wall:.1f} s, "
           f"peak memory (server + sandboxes) {peak:.0f} MB")
-    print(f"  load average               {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"  load average               {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+          f"({cpu_model()})")
     print(f"create_p50_ms={create_ms:.1f} cp_p50_ms={cp_ms:.1f} speedup_vs_cp={cp_ms / create_ms:.1f} "
           f"cold_create_p50_ms={cold_ms:.1f} speedup_cold_vs_cp={cp_ms / cold_ms:.1f} "
           f"cp_disk_p50_ms={cp_disk_ms:.1f} "
