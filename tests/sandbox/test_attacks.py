@@ -334,7 +334,8 @@ def test_harness_tools_run_inside_and_cannot_be_replaced(host: Host, path: str,
     ruff = f"{TOOLS_DIR}/ruff"
     r = sh_by(host, path, monkeypatch,
               f"{ruff} --version; cp /bin/true {ruff} || echo a; echo x >> {ruff} || echo b; "
-              f"mv /bin/true {ruff} || echo c; rm -f {ruff} || echo d; {ruff} --version")
+              f"cp /bin/true /tmp/t && mv /tmp/t {ruff} || echo c; rm -f {ruff} || echo d; "
+              f"{ruff} --version")
     version = subprocess.run([dict(harness_tools())["ruff"], "--version"], capture_output=True,
                              text=True, check=True).stdout.split()
     assert r.stdout.split() == [*version, "a", "b", "c", "d", *version], r
