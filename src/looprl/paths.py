@@ -4,6 +4,8 @@ packages, built task sets, the default model, search indexes and the local weigh
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 
@@ -18,3 +20,10 @@ def sub(name: str) -> Path:
     p = home() / name
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def installed_program(name: str) -> str | None:
+    """A program of looprl's own environment: the one next to this interpreter (the venv's
+    ``bin``), else the one on PATH, else None."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.is_file() else shutil.which(name)

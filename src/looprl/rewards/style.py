@@ -22,15 +22,14 @@ import functools
 import json
 import math
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from looprl.errors import ConfigError, RewardError
+from looprl.paths import installed_program
 from looprl.rewards.diffs import apply_patch, lines_changed, parse_diff
 from looprl.types import Task, Trajectory
 
@@ -68,10 +67,7 @@ class StyleConfig:
 
 def ruff_binary() -> str:
     """The ruff executable of this environment (next to the interpreter), else the one on PATH."""
-    here = Path(sys.executable).parent / "ruff"
-    if here.exists():
-        return str(here)
-    found = shutil.which("ruff")
+    found = installed_program("ruff")
     if found is None:
         raise RewardError("ruff is not installed; `pip install ruff` (it is a looprl dependency) "
                           "or drop 'style_lint' from rewards.terms")
@@ -159,7 +155,7 @@ def style_lint_penalty(task: Task, trajectory: Trajectory,
                        cfg: StyleConfig = StyleConfig()) -> float | None:
     """Reward term ``style_lint``: a small negative term per new ruff diagnostic.
 
-    >>> import tempfile
+    >>> import shutil, tempfile
     >>> from looprl.types import Counters, Grader, StopReason
     >>> repo = tempfile.mkdtemp()
     >>> _ = Path(repo, "m.py").write_text("x = 1\\n")

@@ -12,10 +12,10 @@ import functools
 import hashlib
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from looprl.errors import SandboxError
+from looprl.paths import installed_program
 from looprl.sandbox.workspace import _mount_bind, _remove_tree, sandbox_root
 
 _ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime",
@@ -112,8 +112,7 @@ def harness_tools() -> tuple[tuple[str, str], ...]:
     """(name, host path) of the harness's programs every sandbox gets at ``TOOLS_DIR``: ruff, the
     one next to this Python (the harness's venv) or else on PATH; none when it is not installed
     (``read_lints`` then says so)."""
-    local = Path(sys.executable).parent / "ruff"
-    ruff = str(local) if local.is_file() else shutil.which("ruff")
+    ruff = installed_program("ruff")
     return (("ruff", os.path.realpath(ruff)),) if ruff else ()
 
 

@@ -31,9 +31,10 @@ def changed_python_files(diff: str) -> list[str]:
     return sorted(p for p in paths if p.endswith(".py"))
 
 
-def ruff_command(tools_dir: str, files: list[str]) -> str:
-    """The command line that lints ``files`` (workspace-relative) inside the sandbox."""
-    return shlex.join([f"{tools_dir}/ruff", "check", "--isolated", "--no-cache", "--exit-zero",
+def ruff_command(ruff: str, files: list[str]) -> str:
+    """The command line that lints ``files`` (workspace-relative) with ``ruff`` (its path inside
+    the sandbox)."""
+    return shlex.join([ruff, "check", "--isolated", "--no-cache", "--exit-zero",
                        "--quiet", "--output-format=concise", "--", *files])
 
 
@@ -106,8 +107,7 @@ class ReadLints:
                     files: list[str]) -> tuple[list[tuple[str, int, int, str, str]], bool]:
         """The rows for ``files``, and whether the sandbox cut ruff's report (its output cap)."""
         ruff = f"{ctx.sandbox.tools_dir}/ruff"
-        res = await ctx.sandbox.exec(ruff_command(ctx.sandbox.tools_dir, files),
-                                     timeout_s=self.timeout_s)
+        res = await ctx.sandbox.exec(ruff_command(ruff, files), timeout_s=self.timeout_s)
         if res.timed_out:
             raise ToolError(f"ruff took over {self.timeout_s:g} s on {len(files)} files; lint "
                             "fewer paths at a time")
