@@ -1,0 +1,285 @@
+"""Speculative decoding for TorchEngine: draft with the model's MTP heads, accept exactly.
+
+    drafter = Drafter(model, heads)                       # heads: looprl.models.mtp.MTPHeads
+    draft = drafter.draft(hidden_B_H, last_B, temps_B, top_ps_B, u_B_K)
+    out = fwd.decode([[t, *d] for t, d in zip(last_B, draft.tokens_B_K)], pos_B)   # verify
+    acc = accept(out.logits_B_T_V, draft, temps_B, top_ps_B, u_accept_B_K, u_final_B)
+    acc.accepted_B, acc.tokens_B_T, acc.logprobs_B_T       # row b emits tokens_B_T[b, :accepted+1]
+
+Exactness. Draft token d_i was drawn from the head's distribution q_i; the target distribution
+p_i is the one plain decoding samples from (temperature-scaled, top-p truncated:
+``sampling_logprobs_B_V``) computed by the verify forward. d_i is accepted with probability
+min(1, p_i(d_i) / q_i(d_i)); at the first rejection the token is drawn from max(p_i - q_i, 0)
+renormalised, and if every draft is accepted one more token comes from p_{k+1}. Every emitted
+token then follows p exactly, whatever q is (Leviathan et al. 2023, Chen et al. 2023); q only
+decides how many tokens a verify step yields. Greedy rows (temperature 0) are the limit where p
+and q are point masses: a draft is accepted iff it is the target's argmax, the rejected position
+emits that argmax, so the tokens are those of plain greedy decoding. The logprob recorded for
+each token is the target's, as plain decoding records it.
+
+Randomness: each row draws its 2k+1 uniforms per step from its request's generator, so a seeded
+request is reproducible under a fixed draft length ("on", "off"); tokens differ between draft
+lengths (same distribution, different coupling), and "auto" picks lengths by measured speed.
+
+``SpecController`` decides the draft length per batch size (``"auto"``): it measures the cost
+per emitted token of plain steps and of each draft length 1..k, uses the cheapest, and
+re-measures the others now and then (acceptance moves as the weights move).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from looprl.errors import ConfigError
+from looprl.inference.sampling import sampling_logprobs_B_V
+from looprl.models.mtp import MTPHeads
+
+MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Drafted tokens of a batch and the distributions they were drawn from."""
+
+    tokens_B_K: torch.Tensor  # long
+    probs_B_K_V: torch.Tensor | None
+    """q, fp32 (greedy rows draft the argmax and ignore it); None when every row is greedy."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The outcome of verifying a draft: row b emits ``tokens_B_T[b, :accepted_B[b] + 1]``."""
+
+    accepted_B: list[int]
+    tokens_B_T: list[list[int]]
+    logprobs_B_T: list[list[float]]
+
+
+def _inverse_cdf(probs_B_V: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
+    """One token per row from (unnormalised) probabilities and uniforms in [0, 1). The first
+    index whose cdf exceeds u x total: never a token of probability 0 (its cdf equals the one
+    before it), and u < 1 keeps the index inside the vocabulary."""
+    cdf = probs_B_V.cumsum(dim=-1)
+    return torch.searchsorted(cdf, (u_B * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+
+
+class Drafter:
+    """Runs the MTP head chain of ``model`` at decode time (one row per running request)."""
+
+    def __init__(self, model: nn.Module, heads: MTPHeads) -> None:
+        self.heads = heads
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+
+    @property
+    def max_draft(self) -> int:
+        return self.heads.num_heads
+
+    @torch.inference_mode()
+    def draft(self, hidden_B_H: torch.Tensor, last_B: list[int], temps_B: torch.Tensor,
+              top_ps_B: torch.Tensor, u_B_K: torch.Tensor) -> Draft:
+        """k tokens per row after ``last_B`` (sampled, not yet fed), whose target distribution
+        came from the main model's hidden state ``hidden_B_H``."""
+        greedy = temps_B <= 0
+        all_greedy = bool(greedy.all())
+        mixed = not all_greedy and bool(greedy.any())
+        state, tok = hidden_B_H, torch.tensor(last_B)
+        toks, probs = [], []
+        for j in range(u_B_K.shape[1]):
+            head = self.heads.heads[j]
+            state = head(state, self.embed(tok))
+            logits = self.lm_head(head.lm_input(state)).float()
+            if all_greedy:
+                tok = logits.argmax(dim=-1)
+            else:
+                q = sampling_logprobs_B_V(logits, temps_B, top_ps_B).exp()
+                tok = _inverse_cdf(q, u_B_K[:, j])
+                if mixed:
+                    tok = torch.where(greedy, logits.argmax(dim=-1), tok)
+                probs.append(q)
+            toks.append(tok)
+        return Draft(torch.stack(toks, 1), torch.stack(probs, 1) if probs else None)
+
+
+def accept(logits_B_T_V: torch.Tensor, draft: Draft, temps_B: torch.Tensor, top_ps_B: torch.Tensor,
+           u_accept_B_K: torch.Tensor, u_final_B: torch.Tensor) -> Accepted:
+    """Rejection sampling of the drafts against the verify forward's logits (T = K + 1); see the
+    module docstring."""
+    B, T, V = logits_B_T_V.shape
+    K = T - 1
+    logp = sampling_logprobs_B_V(logits_B_T_V.reshape(B * T, V), temps_B.repeat_interleave(T),
+                                 top_ps_B.repeat_interleave(T)).view(B, T, V)
+    d = draft.tokens_B_K
+    arg_B_T = logits_B_T_V.argmax(dim=-1)
+    rows = torch.arange(B)
+    if draft.probs_B_K_V is None:  # every row greedy: accept the drafts that are the argmax
+        a_B = (d == arg_B_T[:, :K]).long().cumprod(dim=1).sum(dim=1)
+        final = arg_B_T[rows, a_B]
+    else:
+        greedy = temps_B <= 0
+        q = draft.probs_B_K_V
+        p = logp.exp()
+        pd = p[:, :K].gather(2, d.unsqueeze(2)).squeeze(2)
+        qd = q.gather(2, d.unsqueeze(2)).squeeze(2)
+        # accept with probability min(1, p/q); a draft q gave no mass (round-off) is rejected
+        ok = (u_accept_B_K * qd < pd) & (qd > 0)
+        ok = torch.where(greedy.unsqueeze(1), d == arg_B_T[:, :K], ok)
+        a_B = ok.long().cumprod(dim=1).sum(dim=1)
+        p_sel = p[rows, a_B]
+        resid = (p_sel - torch.cat([q, torch.zeros(B, 1, V)], dim=1)[rows, a_B]).clamp(min=0)
+        # all-accepted rows: q is 0 there, the residual is p. A rejection where p <= q everywhere
+        # has probability 0; round-off can still get there, and then p is the right law.
+        resid = torch.where(resid.sum(dim=-1, keepdim=True) > 0, resid, p_sel)
+        final = torch.where(greedy, arg_B_T[rows, a_B], _inverse_cdf(resid, u_final_B))
+    toks_B_T = torch.cat([d, torch.zeros(B, 1, dtype=torch.long)], dim=1)
+    toks_B_T[rows, a_B] = final
+    lps_B_T = logp.gather(2, toks_B_T.unsqueeze(2)).squeeze(2)
+    a = a_B.tolist()
+    toks, lps = toks_B_T.tolist(), lps_B_T.tolist()
+    return Accepted(a, [t[:n + 1] for t, n in zip(toks, a, strict=True)],
+                    [lp[:n + 1] for lp, n in zip(lps, a, strict=True)])
+
+
+@dataclass
+class _Arm:
+    """Seconds one emitted token costs with a given draft length in one bucket: the mean over
+    the current measuring window (warm-up, or a re-measurement, which replaces what was known),
+    an EMA while the length is in use."""
+
+    s_per_token: float = math.nan
+    steps: int = 0
+    window: int | None = 0
+
+    def add(self, seconds: float, tokens: int, alpha: float) -> None:
+        x = seconds / max(tokens, 1)
+        if self.window is not None:
+            self.window += 1
+            self.s_per_token = x if self.window == 1 else self.s_per_token + (x - self.s_per_token) / self.window
+        else:
+            self.s_per_token = (1 - alpha) * self.s_per_token + alpha * x
+        self.steps += 1
+
+
+@dataclass
+class _Bucket:
+    arms: list[_Arm]
+    """Index = draft length (0 = plain steps)."""
+    best: int | None = None
+    since_probe: int = 0
+    probe: int = 0
+    """The next draft length to re-measure (round robin over the others)."""
+
+
+@dataclass
+class SpecCounters:
+    """What speculation did (summed over the engine's life)."""
+
+    spec_steps: int = 0
+    plain_steps: int = 0
+    verified_rows: int = 0
+    """Row-steps that verified a draft."""
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    spec_emitted: int = 0
+    """Tokens emitted by speculative steps (accepted drafts + one per verified row)."""
+    switches: int = 0
+    """Times ``auto`` changed the draft length it uses for a batch-size bucket."""
+
+
+class SpecController:
+    """How many tokens a step drafts per row, by batch-size bucket (1, 2-3, 4-7, 8-15, ...).
+
+    ``on``: always all the heads' (k); ``off``: none. ``auto``: each draft length 0..k is
+    measured (``warmup`` steps each), then the one with the lowest EMA cost per emitted token is
+    used; every ``probe_every`` steps one other length is re-measured for ``probe_steps`` steps
+    (round robin), since acceptance moves with the weights and cost with the context length.
+    """
+
+    def __init__(self, mode: str, max_draft: int, *, warmup: int = 3, probe_every: int = 32,
+                 probe_steps: int = 3, alpha: float = 0.15) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"engine speculative={mode!r}; choose one of {MODES}")
+        if mode == "on" and max_draft < 1:
+            raise ConfigError("engine speculative='on' needs MTP heads on the model: load a model dir "
+                              "with mtp_heads.safetensors (looprl.models.mtp) or use 'auto'/'off'")
+        self.mode, self.max_draft = mode, max_draft
+        self.warmup, self.probe_every, self.probe_steps, self.alpha = warmup, probe_every, probe_steps, alpha
+        self.buckets: dict[int, _Bucket] = {}
+        self.counters = SpecCounters()
+
+    @staticmethod
+    def bucket(batch: int) -> int:
+        return batch.bit_length()
+
+    def _bucket(self, batch: int) -> _Bucket:
+        key = self.bucket(batch)
+        if key not in self.buckets:
+            self.buckets[key] = _Bucket([_Arm() for _ in range(self.max_draft + 1)])
+        return self.buckets[key]
+
+    def draft_len(self, batch: int) -> int:
+        """Tokens to draft per row for a step of ``batch`` rows (0: a plain step)."""
+        if self.mode == "off" or self.max_draft < 1:
+            return 0
+        if self.mode == "on":
+            return self.max_draft
+        b = self._bucket(batch)
+        cold = [k for k, arm in enumerate(b.arms) if arm.steps < self.warmup]
+        if cold:  # measure every length first, in turn
+            return min(cold, key=lambda k: (b.arms[k].steps, k))
+        best = min(range(len(b.arms)), key=lambda k: b.arms[k].s_per_token)
+        if b.best is not None and best != b.best:
+            self.counters.switches += 1
+        b.best = best
+        b.since_probe += 1
+        if b.since_probe <= self.probe_every:
+            for arm in b.arms:
+                arm.window = None  # measuring windows are over: EMAs from here
+            return best
+        others = [k for k in range(len(b.arms)) if k != best]
+        k = others[b.probe % len(others)]
+        if b.since_probe == self.probe_every + 1:
+            b.arms[k].window = 0  # a fresh measurement replaces the stale one
+        if b.since_probe >= self.probe_every + self.probe_steps:
+            b.since_probe = 0
+            b.probe += 1
+        return k
+
+    def record(self, batch: int, draft_len: int, tokens: int, seconds: float, *, accepted: int = 0) -> None:
+        """A step of ``batch`` rows that drafted ``draft_len`` tokens per row emitted ``tokens``
+        (``accepted`` of them drafts) in ``seconds``."""
+        c = self.counters
+        self._bucket(batch).arms[draft_len].add(seconds, tokens, self.alpha)
+        if draft_len:
+            c.spec_steps += 1
+            c.verified_rows += batch
+            c.drafted_tokens += batch * draft_len
+            c.accepted_tokens += accepted
+            c.spec_emitted += tokens
+        else:
+            c.plain_steps += 1
+
+    def metrics(self) -> dict[str, float]:
+        """Acceptance rate of drafted tokens, tokens per verify step (per row), the measured
+        speed-up of the best draft length over plain steps (step-weighted over buckets where both
+        ran; NaN if none), the share of steps that drafted, and ``auto``'s switches."""
+        c = self.counters
+        num = den = 0.0
+        for b in self.buckets.values():
+            spec = [a for a in b.arms[1:] if a.steps]
+            if spec and b.arms[0].steps:
+                w = sum(a.steps for a in b.arms)
+                num += w * b.arms[0].s_per_token / min(a.s_per_token for a in spec)
+                den += w
+        total = c.spec_steps + c.plain_steps
+        return {
+            "spec/acceptance": c.accepted_tokens / c.drafted_tokens if c.drafted_tokens else math.nan,
+            "spec/tokens_per_verify": c.spec_emitted / c.verified_rows if c.verified_rows else math.nan,
+            "spec/speedup": num / den if den else math.nan,
+            "spec/on_fraction": c.spec_steps / total if total else 0.0,
+            "spec/switches": float(c.switches),
+        }
