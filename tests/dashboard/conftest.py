@@ -1,12 +1,16 @@
-"""Shared builders for dashboard tests: a run directory whose ``metrics.jsonl`` the real
-``GRPOLoop`` wrote (real GRPO steps on a tiny random Llama), a feedback store, a uvicorn helper."""
+"""Shared builders for dashboard tests: a run directory whose ``metrics.jsonl`` and
+``trajectories/train.jsonl`` the real ``GRPOLoop`` wrote (real GRPO steps on a tiny random Llama,
+one of them skipped for lack of reward variance), a trajectory the real agent loop made and the
+real scorer graded, a feedback store, a uvicorn helper."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,17 +19,26 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from looprl.config import load_config, save_config
 from looprl.feedback.store import FeedbackStore
+from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.format import ChatFormat
+from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.tools import make_tools
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
+from looprl.train.config import TrainConfig
 from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.types import Grader, Task, Trajectory
 from tests.feedback.conftest import make_traj
+from tests.harness.dir_sandbox import DirSandbox
 from tests.trainer.helpers import group, segment, tiny_llama, trajectory
 
 STEPS = 3
+SKIPPED_STEP = 2
+"""Its groups have no reward variance: the step trains on no token."""
 
 
 class RecordingEngine:
@@ -38,24 +51,28 @@ class RecordingEngine:
 
 
 def _groups(step: int) -> list:
-    """Two groups per step; one trajectory of each passes, so every group has reward variance."""
+    """Two groups per step; one trajectory of each passes (reward variance), except at
+    ``SKIPPED_STEP`` where both fail alike (nothing to learn: the step trains on no token)."""
     out = []
     for g in range(2):
         gid = f"s{step}g{g}"
-        out.append(group([trajectory([segment([1, 2, 3], [4 + step, 5, 6])], 1.0, gid),
-                          trajectory([segment([1, 2, 3], [7, 8 + g])], -0.5, gid)], gid))
+        good = -0.5 if step + 1 == SKIPPED_STEP else 1.0
+        out.append(group([trajectory([segment([1, 2, 3], [4 + step, 5, 6], version=step)], good, gid),
+                          trajectory([segment([1, 2, 3], [7, 8 + g], version=step)], -0.5, gid)],
+                         gid))
     return out
 
 
-def write_grpo_run(run_dir: Path, steps: int = STEPS) -> Path:
+def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = None) -> Path:
     """Train ``steps`` real GRPO steps through ``GRPOLoop._train`` -> ``_log`` (the exact code that
-    writes ``metrics.jsonl`` in a run); the rollout side is skipped: groups are hand-made."""
+    writes ``metrics.jsonl`` and the trained trajectories in a run); the rollout side is skipped:
+    groups are hand-made."""
     tok = build_tokenizer(None)
     model = tiny_llama()
     step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=8), pad_id=0)
     runner = RolloutRunner(RecordingEngine(), ChatFormat(tok), None, make_scorer())
-    loop = GRPOLoop(step, RecordingEngine(), runner, TaskSampler([]), LoopConfig(groups_per_step=2),
-                    run_dir=run_dir)
+    loop = GRPOLoop(step, RecordingEngine(), runner, TaskSampler([]),
+                    cfg or LoopConfig(groups_per_step=2), run_dir=run_dir)
     loop._t0 = time.monotonic()  # run() sets this; we drive the trainer side directly
 
     async def train() -> None:
@@ -67,14 +84,81 @@ def write_grpo_run(run_dir: Path, steps: int = STEPS) -> Path:
     return run_dir
 
 
+CALC = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
+TEST_CALC = ("from pkg.calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+             "def test_sub():\n    assert sub(3, 2) == 1\n")
+
+
+def call(name: str, **arguments: object) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+class UpdatedMidRollout(ScriptedPolicy):
+    """The scripted engine double, given new weights (v1 -> v2) after its third turn, as the
+    async loop does to a trajectory in flight."""
+
+    async def generate(self, prompt_ids, params, **kw):
+        gen = await super().generate(prompt_ids, params, **kw)
+        if len(self.prompts) == 3:
+            await self.update_weights({}, self.policy_version + 1)
+        return gen
+
+
+def agent_trajectory(root: Path) -> Trajectory:
+    """The real agent loop fixing a real repo (a broken call on the way), graded by the real
+    scorer (hidden tests in a bubblewrap sandbox)."""
+    repo = root / "calc"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "calc.py").write_text(CALC)
+    (repo / "tests" / "test_calc.py").write_text(TEST_CALC)
+    task = Task(id="calc-1", repo=str(repo), prompt="add() subtracts; make it add.", venv=sys.prefix,
+                grader=Grader("python -m pytest", fail_to_pass=("tests/test_calc.py::test_add",),
+                              pass_to_pass=("tests/test_calc.py::test_sub",),
+                              test_files=("tests/test_calc.py",)))
+    tok = build_tokenizer(None)
+    turns = ["Let me find add. " + call("grep", pattern="def add"),
+             call("read_file", path="pkg/calc.py"),
+             '<tool_call>{"name": "edit_file", "arguments": "oops"}</tool_call>',
+             "It subtracts. <script>alert(1)</script> " + call(
+                 "edit_file", path="pkg/calc.py", old_string="def add(a, b):\n    return a - b",
+                 new_string="def add(a, b):\n    return a + b"),
+             call("finish", summary="add() now adds")]
+    policy = UpdatedMidRollout(tok, turns)
+    policy._version = 1
+
+    async def go() -> Trajectory:
+        sb = DirSandbox(repo)
+        try:
+            t = await run_agent(task, sb, policy, ChatFormat(tok), make_tools(),
+                                AgentConfig(max_turns=8), group_id="calc-1@g", trajectory_id="calc-1@g/0")
+        finally:
+            await sb.close()
+        return dataclasses.replace(t, reward=await make_scorer()(task, t))
+
+    return asyncio.run(go())
+
+
 @pytest.fixture(scope="session")
 def grpo_run(tmp_path_factory) -> Path:
-    run = write_grpo_run(tmp_path_factory.mktemp("runs") / "alpha")
-    (run / "report.md").write_text("# looprl quickstart — alpha\n\nheldout_pass1_sft=0.2 "
-                                   "heldout_pass1_rl=0.4\n")
-    for name, p in (("eval_sft.json", 0.2), ("eval_rl.json", 0.4)):
-        (run / name).write_text(json.dumps({"policy": name[5:7], "metrics": {
-            "pass@1": p, "mean_output_tokens": 120.0, "mean_tool_calls": 3.0}}))
+    """A run directory as ``looprl train`` leaves it: config, metrics, trained trajectories,
+    evaluations with their trajectories, report.md with its chart."""
+    root = tmp_path_factory.mktemp("runs")
+    run = write_grpo_run(root / "alpha")
+    save_config(load_config(TrainConfig, None, ["name=alpha", "tasks.train_file=tasks.jsonl"]),
+                run / "config.json")
+    traj = agent_trajectory(root)
+    build_tokenizer(None).save_pretrained(run / "model_rl")  # what the viewer decodes tokens with
+    (run / "trajectories" / "eval_rl.jsonl").write_text(traj.to_json() + "\n")
+    (run / "report.md").write_text(
+        "# looprl train — alpha\n\nTasks: **1** held-out.\n\n| metric | start | RL |\n"
+        "|---|---|---|\n| pass@1 | 0.200 | 0.400 |\n\n![reward curve](reward_curve.png)\n\n"
+        "heldout_pass1_sft=0.2 heldout_pass1_rl=0.4\n")
+    for name, p in (("eval_start.json", 0.2), ("eval_rl.json", 0.4)):
+        (run / name).write_text(json.dumps({"policy": name[5:-5], "n_tasks": 1, "metrics": {
+            "pass@1": p, "mean_output_tokens": 120.0, "mean_tool_calls": 3.0},
+            "per_task": {"calc-1": {"n": 5, "correct": round(5 * p), "pass@1": p}}}))
     return run
 
 

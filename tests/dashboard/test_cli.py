@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from pathlib import Path
 
@@ -22,15 +23,24 @@ def test_export_is_self_contained(grpo_run: Path, feedback_db: Path, tmp_path: P
                             "--min-sessions", "3", "--out", str(out)])
     assert r.exit_code == 0, r.output
     page = out.read_text()
-    assert "http://" not in page and "https://" not in page
-    # every resource is inline: no src/href pointing anywhere, no <link>/<script>
-    assert re.findall(r'(?:src|href)="(?!data:)[^"]*"', page) == []
-    assert "<script" not in page and "<link" not in page and "http-equiv" not in page
-    pngs = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(pngs) == 2 and all(base64.b64decode(p)[:4] == b"\x89PNG" for p in pngs)
+    # nothing is fetched: no src/href but data: URIs and in-page anchors, no <link>
+    assert re.findall(r'(?:src|href)="(?![#]|data:)[^"]*"', page) == []
+    assert "<link rel=\"stylesheet" not in page and 'data-refresh="0"' in page
+    # the chart library and the dashboard script are inline, and the CSP allows exactly them
+    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)
+    assert len(scripts) == 2 and "uPlot" in scripts[0]
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page).group(1)
+    for s in scripts:
+        digest = base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in csp
+    assert "default-src 'none'" in csp
+    # charts as data, report.md rendered with its picture inlined
+    assert page.count('<figure class="chart"') >= 10
+    m = re.search(r'<img alt="reward curve" src="data:image/png;base64,([^"]+)"', page)
+    assert m and base64.b64decode(m.group(1)) == (grpo_run / "reward_curve.png").read_bytes()
     last = rows(grpo_run)[-1]
     assert f'<div class="v">{fmt(last["reward/total_mean"])}</div>' in page
-    assert "report.md" in page and "feedback and A/B" in page
+    assert "feedback and A/B" in page and "resolved config" in page
 
 
 def test_serve_refuses_bad_invocations(grpo_run: Path):

@@ -1,4 +1,5 @@
-"""Loaders: real GRPOLoop metrics, damaged and missing inputs become messages, never exceptions."""
+"""Loaders: real GRPOLoop metrics and trajectories, skipped steps as gaps, damaged and missing
+inputs become messages, never exceptions."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import json
 from pathlib import Path
 
 from looprl.dashboard import data
-from looprl.dashboard.data import fetch_fleet, load_feedback, load_run
+from looprl.dashboard.data import (
+    TrajectoryIndex,
+    expand_runs,
+    fetch_fleet,
+    load_feedback,
+    load_run,
+    load_tokenizer,
+    metric_values,
+)
 
-from .conftest import STEPS, rows
+from .conftest import SKIPPED_STEP, STEPS, rows
 
 
 def test_doctests():
@@ -23,8 +32,67 @@ def test_run_from_real_grpo_loop(grpo_run: Path):
     assert run.last == rows(grpo_run)[-1]
     assert {"reward/total_mean", "rollout/pass_rate", "train/kl_mean", "loop/trainer_idle_fraction",
             "train/tokens_per_s"} <= set(run.last)
-    assert run.evals["SFT"]["metrics"]["pass@1"] == 0.2 and run.evals["RL"]["metrics"]["pass@1"] == 0.4
+    held_out = run.evals["held-out functions"]
+    assert held_out["start"]["metrics"]["pass@1"] == 0.2 and held_out["RL"]["metrics"]["pass@1"] == 0.4
     assert "alpha" in run.report_md
+    assert run.config["name"] == "alpha" and run.config["loop"]["loggers"] == ["tensorboard"]
+    assert run.trajectory_files == ("eval_rl", "train")
+
+
+def test_skipped_steps_are_gaps_not_zeros(grpo_run: Path):
+    run = load_run(grpo_run)
+    raw = rows(grpo_run)
+    assert raw[SKIPPED_STEP - 1]["train/tokens"] == 0  # what GRPOLoop logs for such a step
+    assert raw[SKIPPED_STEP - 1]["train/is_ratio_mean"] == 0.0
+    assert run.skipped_steps == [SKIPPED_STEP]
+    ratio = metric_values(run.rows, "train/is_ratio_mean")
+    assert ratio[SKIPPED_STEP - 1] is None
+    assert all(v is not None and v > 0 for i, v in enumerate(ratio) if i != SKIPPED_STEP - 1)
+    for key in ("train/loss", "train/grad_norm", "train/kl_mean"):
+        assert metric_values(run.rows, key)[SKIPPED_STEP - 1] is None
+    # the rollout side of that step was measured: its reward is a value
+    assert metric_values(run.rows, "reward/total_mean")[SKIPPED_STEP - 1] == raw[SKIPPED_STEP - 1][
+        "reward/total_mean"]
+    assert run.latest("train/loss") == (raw[-1]["train/loss"], STEPS)
+
+
+def test_trajectory_index_reads_what_the_loop_wrote(grpo_run: Path):
+    idx = TrajectoryIndex(grpo_run / "trajectories" / "train.jsonl")
+    items = idx.refresh()
+    assert len(items) == 4 * STEPS and idx.problems == []  # 2 groups x 2 trajectories a step
+    assert [s.step for s in items] == [s for s in range(1, STEPS + 1) for _ in range(4)]
+    assert sum(s.passed for s in items) == 2 * (STEPS - 1)  # none passes at the skipped step
+    assert {s.versions for s in items} == {(0,), (1,), (2,)}
+    t = idx.read(5)
+    assert t is not None and t.metadata["train_step"] == 2 and idx.read(99) is None
+    evals = TrajectoryIndex(grpo_run / "trajectories" / "eval_rl.jsonl").refresh()
+    (s,) = evals
+    assert s.task_id == "calc-1" and s.passed and s.flags == ("broken_tool_calls",)
+    assert s.versions == (1, 2) and s.broken_tool_calls == 1
+
+
+def test_trajectory_index_follows_a_growing_and_rewritten_file(grpo_run: Path, tmp_path: Path):
+    lines = (grpo_run / "trajectories" / "train.jsonl").read_text().splitlines(keepends=True)
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(lines[:2]) + lines[2][:50])  # a line being written
+    idx = TrajectoryIndex(path)
+    assert len(idx.refresh()) == 2
+    with open(path, "a") as f:
+        f.write(lines[2][50:] + "not json\n" + lines[3])
+    assert [s.n for s in idx.refresh()] == [0, 1, 2, 4]
+    assert "line 4 is not a trajectory" in idx.problems[0]
+    assert idx.read(4).id == json.loads(lines[3])["id"]
+    path.write_text(lines[0])  # a resume trimmed it
+    assert [s.id for s in idx.refresh()] == [json.loads(lines[0])["id"]] and idx.problems == []
+
+
+def test_runs_folder_lists_its_runs_and_tokenizer_lookup(grpo_run: Path, tmp_path: Path):
+    assert expand_runs([grpo_run.parent]) == [grpo_run]
+    assert expand_runs([grpo_run, tmp_path / "nope"]) == [grpo_run, tmp_path / "nope"]
+    tok = load_tokenizer(load_run(grpo_run))  # from the model the run saved
+    assert tok.decode(tok.encode("def add(a, b):").ids) == "def add(a, b):"
+    (tmp_path / "bare").mkdir()
+    assert load_tokenizer(load_run(tmp_path / "bare")) is None  # the viewer then shows ids
 
 
 def test_bad_lines_are_reported_and_skipped(run_copy: Path):
@@ -48,9 +116,11 @@ def test_missing_inputs(tmp_path: Path):
     assert "no metrics.jsonl" in fresh.problems[0]
     (tmp_path / "fresh" / "metrics.jsonl").write_text("")
     (tmp_path / "fresh" / "eval_rl.json").write_text("{oops")
+    (tmp_path / "fresh" / "config.json").write_text("[]")
     fresh = load_run(tmp_path / "fresh")
     assert any("eval_rl.json could not be read" in p for p in fresh.problems)
     assert any("empty" in p for p in fresh.problems)
+    assert any("config.json is not a JSON object" in p for p in fresh.problems)
 
 
 def test_feedback_store_is_never_created(tmp_path: Path):

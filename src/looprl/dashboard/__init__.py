@@ -6,6 +6,9 @@
 ``create_app(DashboardConfig(...))`` is the FastAPI app; ``export_html`` writes the static report.
 """
 
-from looprl.dashboard.app import DashboardConfig, create_app, export_html
+from looprl.lazy import lazy_exports
 
-__all__ = ["DashboardConfig", "create_app", "export_html"]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "app": ["DashboardConfig", "create_app", "export_html"],
+})

@@ -1,8 +1,10 @@
-"""``looprl dashboard``: watch training runs, the sandbox fleet and the A/B test in a browser.
+"""``looprl dashboard``: watch training runs, their trajectories, the sandbox fleet and the A/B
+test in a browser.
 
-    looprl dashboard --run runs/quickstart [--run runs/other] [--store feedback.db] \\
+    looprl dashboard --run runs [--store feedback.db] \\
         [--env-server http://127.0.0.1:8377 --env-token s3cret] [--port 8500] [--token T]
-    looprl dashboard export --run runs/quickstart --out report.html    # one self-contained file
+    looprl dashboard --run runs/qs1 --run runs/qs2        # these runs only
+    looprl dashboard export --run runs/qs1 --out report.html    # one self-contained file
 
 Serves on 127.0.0.1 by default; binding another address needs ``--token``.
 """
@@ -18,8 +20,11 @@ import typer
 app = typer.Typer(help="Training, fleet and feedback dashboards (web app or static HTML export).",
                   invoke_without_command=True)
 
-Runs = Annotated[list[Path] | None, typer.Option("--run", metavar="DIR", help="run directory (repeatable)")]
-Store = Annotated[Path | None, typer.Option("--store", metavar="FILE", help="feedback store (looprl serve --store)")]
+Runs = Annotated[list[Path] | None, typer.Option("--run", metavar="DIR",
+                                                  help="a run directory, or a folder of runs (repeatable)",
+                                                  exists=True, file_okay=False)]
+Store = Annotated[Path | None, typer.Option("--store", metavar="FILE", help="feedback store (looprl serve --store)",
+                                            exists=True, dir_okay=False)]
 EnvServer = Annotated[str | None, typer.Option("--env-server", metavar="URL", help="env server URL (looprl sandbox serve)")]
 EnvToken = Annotated[str | None, typer.Option("--env-token", envvar="LOOPRL_ENV_TOKEN",
                                               help="bearer token of the env server")]
@@ -43,11 +48,13 @@ def serve(
     env_server: EnvServer = None,
     env_token: EnvToken = None,
     host: Annotated[str, typer.Option(help="bind address (loopback by default)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port")] = 8500,
+    port: Annotated[int, typer.Option(help="port", min=0, max=65535)] = 8500,
     token: Annotated[str | None, typer.Option(envvar="LOOPRL_DASHBOARD_TOKEN",
                                               help="bearer token required by the dashboard")] = None,
     refresh: Annotated[int, typer.Option(help="page auto-refresh, seconds (0 = off)")] = 10,
     min_sessions: MinSessions = 100,
+    drain: Annotated[float, typer.Option(
+        help="on SIGTERM: seconds open requests may finish before the server exits")] = 10.0,
 ) -> None:
     """Serve the dashboard (without a sub-command)."""
     if ctx.invoked_subcommand is not None:
@@ -60,11 +67,13 @@ def serve(
     if not _is_loopback(host) and not token:
         raise typer.BadParameter(f"--host {host} is reachable from other machines: pass --token "
                                  "(or LOOPRL_DASHBOARD_TOKEN), or keep the default 127.0.0.1")
-    import uvicorn
+    if not drain > 0:
+        raise typer.BadParameter("--drain must be > 0 seconds")
+    from looprl.asgi import run as serve_app
 
     cfg = DashboardConfig(tuple(run or ()), store, env_server, env_token, token, refresh, min_sessions)
     typer.echo(f"looprl dashboard on http://{host}:{port}/" + ("?token=..." if token else ""))
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning")
+    serve_app(create_app(cfg), host=host, port=port, drain_s=drain)
 
 
 @app.command("export")
@@ -76,7 +85,7 @@ def export_cmd(
     env_token: EnvToken = None,
     min_sessions: MinSessions = 100,
 ) -> None:
-    """Write one self-contained HTML report (charts inlined; for CI artifacts)."""
+    """Write one self-contained HTML report (charts and their scripts inlined; for CI artifacts)."""
     from looprl.dashboard.app import DashboardConfig, export_html
 
     if not run and store is None and env_server is None:

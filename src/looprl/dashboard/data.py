@@ -1,18 +1,29 @@
 """What the dashboard shows, read from disk and the network into plain records — never raising.
 
-    run = load_run(Path("runs/quickstart"))      # metrics rows + problems found + report + evals
+    run = load_run(Path("runs/quickstart"))      # metrics rows, config, evals, report, problems
+    ys = metric_values(run.rows, "train/loss")   # one value per step; None = not measured
+    index = TrajectoryIndex(run.path / "trajectories" / "train.jsonl")   # incremental listing
+    traj = index.read(3)                         # the 4th trajectory of the file, as a record
     fleet = fetch_fleet("http://10.0.0.5:8377", token="s3cret")   # env server pool metrics
     fb = load_feedback(Path("feedback.db"))      # A/B report + cycles of a FeedbackStore
 
 Every loader turns a missing or malformed input into a human message on the record (``problems``
 or ``error``) so the page can say what is wrong and how to fix it; a page never fails because a
 run is still starting, a line is half-written or a server is down.
+
+Skipped steps: a GRPO step whose batch had nothing to learn from (every group without reward
+variance, ``train/zero_variance_groups``) trains on no token (``train/tokens == 0``); its loss,
+IS ratio, KL, grad norm, ... are not measurements (``trainer.loggers.TRAINED_ONLY``), so
+``metric_values`` gives None there (a gap in a chart), never the 0 the trainer writes.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +32,19 @@ import httpx
 
 from looprl.feedback.ab import ABReport
 from looprl.feedback.store import CycleRecord
+from looprl.trainer.loggers import TRAINED_ONLY, step_skipped
+from looprl.types import Trajectory
 
-EVAL_FILES = (("SFT", "eval_sft.json"), ("RL", "eval_rl.json"))
+EVAL_FILES: tuple[tuple[str, str, str], ...] = (
+    ("held-out functions", "start", "eval_start.json"),
+    ("held-out functions", "RL", "eval_rl.json"),
+    ("held-out packages", "start", "eval_start_packages.json"),
+    ("held-out packages", "RL", "eval_rl_packages.json"),
+)
+"""(evaluation, policy, file) written by ``looprl train`` (``looprl.train.run``)."""
+
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
+"""Files of a run directory the report may show (no SVG: it can carry script)."""
 
 
 @dataclass(frozen=True)
@@ -36,17 +58,54 @@ class RunData:
     problems: tuple[str, ...] = ()
     """Human messages: missing files, lines that are not JSON, ..."""
     report_md: str | None = None
-    evals: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """label (SFT / RL) -> parsed eval JSON."""
+    evals: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """evaluation (held-out functions / packages) -> policy (start / RL) -> parsed eval JSON."""
+    config: dict[str, Any] | None = None
+    """The resolved config (``config.json``)."""
+    trajectory_files: tuple[str, ...] = ()
+    """Names (without ``.jsonl``) of the files under ``trajectories/``: train, eval_start, ..."""
     mtime: float = 0.0
-    """Newest modification time of the files read (a cache key for charts)."""
+    """Newest modification time of the files read."""
 
     @property
     def last(self) -> dict[str, Any]:
         return self.rows[-1] if self.rows else {}
 
+    @property
+    def skipped_steps(self) -> list[int]:
+        return [int(r["step"]) for r in self.rows if step_skipped(r)]
 
-def numeric_keys(rows: tuple[dict[str, Any], ...]) -> list[str]:
+    def latest(self, key: str) -> tuple[float | None, int | None]:
+        """The newest measured value of ``key`` and its step (skipped steps do not count)."""
+        for r in reversed(self.rows):
+            v = metric_value(r, key)
+            if v is not None:
+                return v, int(r["step"])
+        return None, None
+
+
+def metric_value(row: dict[str, Any], key: str) -> float | None:
+    """A metric of one step, or None where it was not measured: absent, not a finite number, or
+    a trainer-side metric of a skipped step.
+
+    >>> row = {"step": 2, "train/tokens": 0.0, "train/loss": 0.0, "reward/total_mean": -0.1}
+    >>> metric_value(row, "train/loss"), metric_value(row, "reward/total_mean")
+    (None, -0.1)
+    """
+    v = row.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        return None
+    if key in TRAINED_ONLY and step_skipped(row):
+        return None
+    return float(v)
+
+
+def metric_values(rows: Sequence[dict[str, Any]], key: str) -> list[float | None]:
+    """``metric_value`` of every row (one entry per step)."""
+    return [metric_value(r, key) for r in rows]
+
+
+def numeric_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Keys holding a number in some row, in first-seen order."""
     keys: dict[str, None] = {}
     for r in rows:
@@ -90,26 +149,43 @@ def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, problems
 
 
-def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+def _read_json(path: Path, problems: list[str], fix: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        problems.append(f"{path.name} could not be read ({e}); regenerate it with the evaluation")
+        problems.append(f"{path.name} could not be read ({e}); {fix}")
         return None
     if not isinstance(obj, dict):
-        problems.append(f"{path.name} is not a JSON object; regenerate it with the evaluation")
+        problems.append(f"{path.name} is not a JSON object; {fix}")
         return None
     return obj
 
 
+def is_run_dir(path: Path) -> bool:
+    """``path`` holds a run (its config or its metrics), not a folder of runs."""
+    return (path / "config.json").is_file() or (path / "metrics.jsonl").is_file()
+
+
+def expand_runs(paths: Sequence[Path]) -> list[Path]:
+    """Run directories: each path that is a run, and the runs one level inside a path that is not
+    (``--run runs/`` lists every run there, new ones included on the next page load)."""
+    out: list[Path] = []
+    for p in paths:
+        inner = [] if is_run_dir(p) or not p.is_dir() else sorted(
+            (c for c in p.iterdir() if c.is_dir() and is_run_dir(c)),
+            key=lambda c: c.stat().st_mtime, reverse=True)
+        out += inner or [p]
+    return out
+
+
 def load_run(path: Path, name: str | None = None) -> RunData:
-    """Read a run directory (``metrics.jsonl``, ``report.md``, ``eval_*.json``), never raising."""
+    """Read a run directory (metrics, config, report, evaluations), never raising."""
     path = Path(path)
     name = name or path.name or str(path)
     problems: list[str] = []
     if not path.is_dir():
         return RunData(name, path, (), (f"run directory {path} does not exist; pass --run with a "
-                                         "directory written by `looprl quickstart` or GRPOLoop",))
+                                         "directory written by `looprl train`",))
     rows: list[dict[str, Any]] = []
     mtimes = [path.stat().st_mtime]
     metrics = path / "metrics.jsonl"
@@ -131,13 +207,160 @@ def load_run(path: Path, name: str | None = None) -> RunData:
             report = (path / "report.md").read_text(errors="replace")
         except OSError as e:
             problems.append(f"cannot read report.md: {e}")
-    evals = {}
-    for label, fname in EVAL_FILES:
+    evals: dict[str, dict[str, dict[str, Any]]] = {}
+    for group, policy, fname in EVAL_FILES:
         if (path / fname).is_file():
-            obj = _read_json(path / fname, problems)
+            obj = _read_json(path / fname, problems, "rerun the evaluation (looprl train --resume)")
             if obj is not None:
-                evals[label] = obj
-    return RunData(name, path, tuple(rows), tuple(problems), report, evals, max(mtimes))
+                evals.setdefault(group, {})[policy] = obj
+    config = None
+    if (path / "config.json").is_file():
+        config = _read_json(path / "config.json", problems,
+                            "it is the run's resolved config, written when the run starts")
+    trajs = path / "trajectories"
+    files = tuple(sorted(p.stem for p in trajs.glob("*.jsonl"))) if trajs.is_dir() else ()
+    return RunData(name, path, tuple(rows), tuple(problems), report, evals, config, files,
+                   max(mtimes))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config -> dotted keys (the ``-o a.b=c`` names).
+
+    >>> flatten({"grpo": {"lr": 1e-4, "loss": "dr_grpo"}, "name": "x"})
+    {'grpo.lr': 0.0001, 'grpo.loss': 'dr_grpo', 'name': 'x'}
+    """
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# -- trajectories ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrajSummary:
+    """One line of a trajectory file, as the list shows it."""
+
+    n: int
+    """Line number in the file (0-based): the trajectory's address."""
+    offset: int
+    task_id: str
+    id: str
+    step: int | None
+    """``metadata.train_step`` (trained trajectories)."""
+    reward: float | None
+    passed: bool
+    stop_reason: str
+    turns: int
+    tool_calls: int
+    broken_tool_calls: int
+    output_tokens: int
+    flags: tuple[str, ...]
+    versions: tuple[int, ...]
+    """The distinct policy versions that sampled its tokens."""
+
+
+class TrajectoryIndex:
+    """Byte offsets and summaries of a growing trajectory file, read incrementally.
+
+    Files are append-only while a run trains; a resume may rewrite ``train.jsonl`` shorter
+    (``GRPOLoop`` drops the lost steps' lines), which is noticed by its size or inode and the
+    index is rebuilt. A line not yet ended by a newline is left for the next refresh.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.items: list[TrajSummary] = []
+        self.problems: list[str] = []
+        self._end = 0
+        self._ino: int | None = None
+        self._lock = threading.Lock()
+
+    def refresh(self) -> list[TrajSummary]:
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+            except OSError as e:
+                self.problems = [f"cannot read {self.path}: {e}"]
+                return self.items
+            if st.st_ino != self._ino or st.st_size < self._end:
+                self.items, self.problems, self._end, self._ino = [], [], 0, st.st_ino
+            if st.st_size > self._end:
+                self._scan()
+            return self.items
+
+    def _scan(self) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self._end)
+            offset = self._end
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break  # being written
+                n = len(self.items) + len(self.problems)
+                try:
+                    self.items.append(_summary(n, offset, json.loads(raw)))
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    self.problems.append(f"{self.path.name} line {n + 1} is not a trajectory "
+                                         f"({type(e).__name__}: {e}); skipped")
+                offset += len(raw)
+            self._end = offset
+
+    def find(self, n: int) -> TrajSummary | None:
+        items = self.refresh()
+        lo, hi = 0, len(items)
+        while lo < hi:  # items are sorted by n (bad lines leave holes)
+            mid = (lo + hi) // 2
+            if items[mid].n < n:
+                lo = mid + 1
+            else:
+                hi = mid
+        return items[lo] if lo < len(items) and items[lo].n == n else None
+
+    def read(self, n: int) -> Trajectory | None:
+        """The trajectory on line ``n``, or None when there is none."""
+        s = self.find(n)
+        if s is None:
+            return None
+        with open(self.path, "rb") as f:
+            f.seek(s.offset)
+            return Trajectory.from_dict(json.loads(f.readline()))
+
+
+def _summary(n: int, offset: int, d: dict[str, Any]) -> TrajSummary:
+    from looprl.trainer.batch import passed_tests  # torch: only once trajectories are listed
+
+    t = Trajectory.from_dict(d)
+    versions = sorted({v for s in t.segments for v, m in zip(s.policy_version_T, s.loss_mask_T,
+                                                             strict=True) if m})
+    step = t.metadata.get("train_step")
+    return TrajSummary(
+        n, offset, t.task_id, t.id, int(step) if isinstance(step, (int, float)) else None,
+        t.reward.total if t.reward else None, passed_tests(t), t.stop_reason.value,
+        t.counters.turns, t.counters.tool_calls, t.counters.broken_tool_calls,
+        t.counters.output_tokens, t.reward.flags if t.reward else (), tuple(versions))
+
+
+def load_tokenizer(run: RunData) -> Any:
+    """The run's tokenizer (``tokenizers.Tokenizer``) for showing token ids as text, or None.
+
+    Looked for in the models the run saved (``model_rl``, ``model_start``, ...), then at the
+    configured ``model.path``."""
+    from tokenizers import Tokenizer
+
+    dirs = [run.path / d for d in ("model_rl", "model_start", "model_sft", "model_init")]
+    model_path = ((run.config or {}).get("model") or {}).get("path")
+    if isinstance(model_path, str) and model_path:
+        dirs.append(Path(model_path))
+    for d in dirs:
+        if (d / "tokenizer.json").is_file():
+            try:
+                return Tokenizer.from_file(str(d / "tokenizer.json"))
+            except Exception:  # noqa: BLE001 — a damaged file: try the next, else show ids
+                continue
+    return None
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ class OpenAIEngine:
         except httpx.HTTPError as e:
             raise PolicyError(f"inference server {url} unreachable: {type(e).__name__}: {e}; "
                               "check that it is running and base_url is right") from e
-        if resp.status_code == 400 and "context" in resp.text.lower():
+        if resp.status_code == 400 and _context_full(resp):
             raise ContextFullError(resp.text)
         return resp
 
@@ -148,6 +148,18 @@ class OpenAIEngine:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _context_full(resp: httpx.Response) -> bool:
+    """Whether a 400 says the prompt does not fit: OpenAI's error shape (ours, too) says so in
+    ``error.code``; other servers (vLLM's) only in their message."""
+    try:
+        err = resp.json().get("error")
+    except (ValueError, AttributeError):
+        err = None
+    if isinstance(err, dict) and "code" in err:
+        return err["code"] == "context_length_exceeded"
+    return "context" in resp.text.lower()
 
 
 def _finish(reason: str | None) -> str:

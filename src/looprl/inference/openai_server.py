@@ -1,125 +1,383 @@
-"""An OpenAI-compatible HTTP server over a TorchEngine (serve the default model, or any local
-Llama/Qwen2 checkpoint, to anything that speaks the OpenAI API).
+"""An OpenAI-compatible HTTP server over a TorchEngine: any looprl model (the default one, or any
+local Llama/Qwen2 checkpoint) behind the API that agent frameworks speak.
 
-    uvicorn-style:  looprl model serve ~/.cache/looprl/models/default --port 8000
-    in code:        app = create_app(engine, model_name="looprl-default")
+    looprl model serve ~/.cache/looprl/models/default --port 8000 --api-key s3cret
+    in code:  app = create_app(engine, model_name="looprl", api_key="s3cret")
+              asgi.run(app, host="127.0.0.1", port=8000, drain=app.state.drain, drain_s=30)
 
-Routes: ``GET /v1/models``; ``POST /v1/completions`` (``prompt`` as text or token ids; the choice
-carries ``token_ids`` and ``logprobs.token_logprobs``, as vLLM does with ``return_token_ids``);
-``POST /v1/chat/completions`` (messages rendered by the model's chat template). looprl extensions:
-request fields ``session_id`` / ``group_id`` (KV reuse), choice field ``policy_versions``, and
-``POST /looprl/update_weights`` (a safetensors body, ``X-Policy-Version`` header),
-``POST /looprl/release``, ``GET /looprl/version``.
+Routes: ``GET /health`` (no key; 503 while draining); ``GET /v1/models``;
+``POST /v1/completions`` (``prompt`` as text or token ids; the choice carries ``token_ids`` and
+``logprobs.token_logprobs``, as vLLM does with ``return_token_ids``); ``POST /v1/chat/completions``.
+looprl extensions: request fields ``session_id`` / ``group_id`` (KV reuse), choice fields
+``token_ids`` and ``policy_versions``, and ``POST /looprl/update_weights`` (a safetensors body,
+``X-Policy-Version`` header), ``POST /looprl/release``, ``GET /looprl/version``.
+
+Chat is the harness's format (``openai_chat``): the conversation is rendered token for token as
+the harness renders a trajectory (``role: "tool"`` results and assistant messages with
+``tool_calls`` included); the reply's ``<tool_call>`` blocks come back as ``message.tool_calls``
+with ``finish_reason="tool_calls"``; broken blocks stay in ``content``. ``stream=true`` sends
+Server-Sent Events in OpenAI's chunk shape (content deltas, tool-call deltas, the finish reason,
+``usage`` with ``stream_options.include_usage``, then ``data: [DONE]``), generated in chunks on
+one KV session (``streaming``). ``n`` choices are ``n`` generations that share the prompt's KV
+(one ``group_id``); a seeded request's choice ``i`` uses ``seed + i``.
+
+Requests are validated before anything runs (``openai_params.check_request``, the one place): a
+parameter out of range, of the wrong type, unknown, or one this server cannot honour (penalties,
+top-logprob alternatives, a forced or forbidden tool choice, JSON mode, images) is a 400 in
+OpenAI's error shape naming it (``error.param``); an unknown model name is a 404
+``model_not_found``, as OpenAI and vLLM answer; a prompt longer than the context is a 400
+``context_length_exceeded``.
+
+HTTP is ``looprl.asgi``'s: the API key (``Authorization: Bearer``) is checked from the headers
+before any body byte is read (401; ``/health`` is open), bodies are capped (413; a weight update
+may be as large as the model's weights), and on SIGTERM waiting requests answer 503 while running
+ones get the drain's seconds. What this does NOT protect against: anyone holding the key can
+sample and replace the weights (there is one key, no per-client identity or quotas, no TLS);
+without a key the server is open to whoever reaches its port (``looprl model serve`` then binds
+loopback only); see ``looprl.asgi`` for the HTTP-level limits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
-from pydantic import BaseModel
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
-from looprl.errors import ContextFullError
+from looprl.asgi import (
+    ClientGone,
+    Drain,
+    Draining,
+    Guard,
+    bearer,
+    unless_gone,
+    validation_message,
+)
+from looprl.errors import ContextFullError, PolicyError
+from looprl.harness.format import ChatFormat
+from looprl.inference.openai_chat import ReplyStream, conversation_ids, parse_reply
+from looprl.inference.openai_params import (
+    BadParam,
+    ChatRequest,
+    CompletionRequest,
+    ReleaseRequest,
+    chat_messages,
+    check_request,
+)
+from looprl.inference.streaming import stream_generate
 from looprl.inference.torch_engine import TorchEngine
 from looprl.types import Generation, SamplingParams
 
-
-class CompletionRequest(BaseModel):
-    model: str | None = None
-    prompt: str | list[int]
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    logprobs: int | None = None
-    return_token_ids: bool = True
-    session_id: str | None = None
-    group_id: str | None = None
+MAX_BODY = 16 << 20
+"""Bytes of a generation request: a full context of a long-context model, JSON-escaped."""
+API_KEY_ENV = "LOOPRL_API_KEY"
+"""Where ``looprl model serve`` reads the API key when ``--api-key`` is not given."""
 
 
-class ChatRequest(BaseModel):
-    model: str | None = None
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    logprobs: bool = False
-    session_id: str | None = None
-    group_id: str | None = None
+def _error_body(message: str, param: str | None, code: str | None = None,
+                kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _params(r: CompletionRequest | ChatRequest) -> SamplingParams:
+def _error(status: int, message: str, param: str | None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(_error_body(message, param, code), status_code=status)
+
+
+def _params(r: CompletionRequest | ChatRequest, choice: int, budget: int) -> SamplingParams:
+    """Choice ``i`` of a seeded request samples with ``seed + i`` (n choices, not n copies)."""
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
-    return SamplingParams(max_new_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p,
-                          stop=stop, seed=r.seed)
+    seed = None if r.seed is None else (r.seed + choice) % 2**63
+    return SamplingParams(max_new_tokens=budget, temperature=r.temperature, top_p=r.top_p,
+                          stop=stop, seed=seed)
 
 
-def _usage(n_prompt: int, g: Generation) -> dict[str, int]:
-    return {"prompt_tokens": n_prompt, "completion_tokens": len(g.token_ids),
-            "total_tokens": n_prompt + len(g.token_ids)}
+def _usage(n_prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": n_prompt, "completion_tokens": completion,
+            "total_tokens": n_prompt + completion}
 
 
-def create_app(engine: TorchEngine, model_name: str = "looprl") -> FastAPI:
-    """The FastAPI app; run it with uvicorn."""
+def _sse(obj: dict[str, Any] | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _call_prefix() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _weights_limit(engine: TorchEngine) -> int:
+    """A weight update's body limit: every tensor of the model, plus the safetensors header."""
+    tensors = engine.model.state_dict()
+    return sum(t.numel() * t.element_size() for t in tensors.values()) + 256 * len(tensors) + (1 << 20)
+
+
+async def _merge(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """Items of several async iterators as they come; the first error ends all of them."""
+    queue: asyncio.Queue[tuple[str | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(s: AsyncIterator[str]) -> None:
+        try:
+            async for item in s:
+                await queue.put((item, None))
+            await queue.put((None, None))
+        except Exception as e:  # noqa: BLE001 — handed to the consumer, which re-raises it
+            await queue.put((None, e))
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item, err = await queue.get()
+            if err is not None:
+                raise err
+            if item is None:
+                running -= 1
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str | None = None,
+               drain_s: float = 30.0) -> FastAPI:
+    """The FastAPI app (serve it with ``looprl.asgi.run(app, ..., drain=app.state.drain)``).
+    ``api_key``: the bearer key every route but ``/health`` needs (None: open)."""
     app = FastAPI(title="looprl OpenAI-compatible server")
     tok = engine.tokenizer
+    max_len = engine.max_len
+    vocab = int(getattr(engine.model.config, "vocab_size", 0) or len(tok))
+    try:
+        fmt: ChatFormat | None = ChatFormat(tok)
+    except ValueError:  # a base model's tokenizer without a chat template: completions only
+        fmt = None
+    drain = app.state.drain = Drain()
+    weights_limit = _weights_limit(engine)
+    app.add_middleware(
+        Guard, authorized=bearer(api_key) if api_key else None, open_paths={"/health"},
+        max_body=lambda path: weights_limit if path == "/looprl/update_weights" else MAX_BODY,
+        auth_hint=f"send 'Authorization: Bearer <key>' (the server's --api-key or {API_KEY_ENV})")
 
-    async def run(ids: list[int], r, params: SamplingParams) -> Generation:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        message, _detail = validation_message(errors)
+        loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
+        return _error(400, message, loc[0] if loc else None)
+
+    @app.exception_handler(BadParam)
+    async def _bad(_: Request, e: BadParam) -> JSONResponse:
+        return _error(e.status, str(e), e.param, e.code)
+
+    @app.exception_handler(Draining)
+    @app.exception_handler(ClientGone)  # nobody reads this one
+    async def _gone(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(_error_body("the server is shutting down; retry against another "
+                                        "server or after it restarts", None, "shutting_down",
+                                        "server_error"), status_code=503)
+
+    def budget(r: CompletionRequest | ChatRequest, ids: list[int], param: str) -> int:
+        """The tokens a choice may sample (after checking the prompt fits the context)."""
+        if len(ids) >= max_len:
+            raise BadParam(param, f"the prompt is {len(ids)} tokens; this model's context is "
+                           f"{max_len} tokens", code="context_length_exceeded")
+        asked = r.max_completion_tokens if isinstance(r, ChatRequest) else None
+        return asked or r.max_tokens or max_len - len(ids)
+
+    def group_of(r: CompletionRequest | ChatRequest, ids: list[int]) -> str | None:
+        """n choices share the prompt's KV: one group per prompt unless the client names one."""
+        if r.group_id is not None or r.n == 1:
+            return r.group_id
+        return "prompt-" + hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:24]
+
+    async def run(request: Request, ids: list[int], r: CompletionRequest | ChatRequest,
+                  param: str) -> list[Generation]:
+        n_new, group = budget(r, ids, param), group_of(r, ids)
+        work = asyncio.gather(*(engine.generate(ids, _params(r, i, n_new), session_id=r.session_id,
+                                                group_id=group) for i in range(r.n)))
         try:
-            return await engine.generate(ids, params, session_id=r.session_id, group_id=r.group_id)
-        except (ContextFullError, ValueError) as e:
-            raise HTTPException(status_code=400, detail=str(e)) from None
+            return list(await unless_gone(request, drain, work, grace_s=max(0.1, drain_s - 0.5)))
+        except ContextFullError as e:
+            raise BadParam(param, str(e), code="context_length_exceeded") from None
+        except ValueError as e:
+            raise BadParam(param, str(e)) from None
+
+    def streamed(events: AsyncIterator[str]) -> StreamingResponse:
+        """SSE of ``events``, then ``[DONE]``; a failure mid-stream is an error event (as OpenAI
+        sends one) instead of a cut connection."""
+        async def body() -> AsyncIterator[str]:
+            try:
+                async with contextlib.aclosing(events) as items:
+                    async for item in items:
+                        yield item
+            except (PolicyError, ContextFullError, ValueError) as e:
+                yield _sse(_error_body(f"{type(e).__name__}: {e}", None, "generation_failed",
+                                       "server_error"))
+                return
+            yield _sse("[DONE]")
+
+        if drain.started:
+            raise Draining
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    def stream_parts(r: CompletionRequest | ChatRequest, ids: list[int], i: int, n_new: int,
+                     group: str | None):
+        return stream_generate(engine, ids, _params(r, i, n_new), tokenizer=tok,
+                               session_id=r.session_id, group_id=group)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if drain.started:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": model_name,
+                             "policy_version": engine.policy_version})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "looprl"}]}
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "looprl", "max_model_len": max_len}]}
 
-    @app.post("/v1/completions")
-    async def completions(r: CompletionRequest) -> dict[str, Any]:
+    @app.post("/v1/completions", response_model=None)
+    async def completions(r: CompletionRequest, request: Request
+                          ) -> dict[str, Any] | StreamingResponse:
+        check_request(r, model_name=model_name, max_len=max_len)
         ids = list(r.prompt) if isinstance(r.prompt, list) else tok.encode(r.prompt)
-        g = await run(ids, r, _params(r))
-        choice: dict[str, Any] = {"index": 0, "text": g.text, "finish_reason": g.finish_reason,
-                                  "policy_versions": list(g.policy_versions), "logprobs": None}
-        if r.return_token_ids:
-            choice["token_ids"] = list(g.token_ids)
-        if r.logprobs is not None:
-            choice["logprobs"] = {"tokens": tok.convert_ids_to_tokens(list(g.token_ids)),
-                                  "token_logprobs": list(g.logprobs)}
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": model_name, "choices": [choice],
-                "usage": _usage(len(ids), g)}
+        if not ids or not all(0 <= i < vocab for i in ids):
+            raise BadParam("prompt", f"the prompt must be text or token ids between 0 and "
+                           f"{vocab - 1} (at least one)")
+        base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": model_name}
+        if r.stream:  # the prompt is checked before the stream starts: a 400, not an event
+            return streamed(completion_events(r, ids, base, budget(r, ids, "prompt")))
+        gens = await run(request, ids, r, "prompt")
+        choices = []
+        for i, g in enumerate(gens):
+            choice: dict[str, Any] = {"index": i, "text": g.text, "finish_reason": g.finish_reason,
+                                      "policy_versions": list(g.policy_versions), "logprobs": None}
+            if r.return_token_ids:
+                choice["token_ids"] = list(g.token_ids)
+            if r.logprobs is not None:
+                choice["logprobs"] = {"tokens": tok.convert_ids_to_tokens(list(g.token_ids)),
+                                      "token_logprobs": list(g.logprobs)}
+            choices.append(choice)
+        return {**base, "choices": choices,
+                "usage": _usage(len(ids), sum(len(g.token_ids) for g in gens))}
 
-    @app.post("/v1/chat/completions")
-    async def chat(r: ChatRequest) -> dict[str, Any]:
-        ids = tok.apply_chat_template(r.messages, tools=r.tools, add_generation_prompt=True,
-                                      tokenize=True, return_dict=False)
-        g = await run(list(ids), r, _params(r))
-        content = tok.decode(list(g.token_ids), skip_special_tokens=True)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": g.finish_reason,
-                                  "message": {"role": "assistant", "content": content},
-                                  "token_ids": list(g.token_ids),
-                                  "policy_versions": list(g.policy_versions), "logprobs": None}
-        if r.logprobs:
-            choice["logprobs"] = {"content": [
-                {"token": t, "logprob": lp, "token_id": i} for t, lp, i in
-                zip(tok.convert_ids_to_tokens(list(g.token_ids)), g.logprobs, g.token_ids, strict=True)]}
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                "created": int(time.time()), "model": model_name, "choices": [choice],
-                "usage": _usage(len(ids), g)}
+    async def completion_events(r: CompletionRequest, ids: list[int], base: dict[str, Any],
+                                n_new: int) -> AsyncIterator[str]:
+        group, done = group_of(r, ids), [0] * r.n
+
+        async def choice(i: int) -> AsyncIterator[str]:
+            out: list[int] = []
+            sent = ""
+            async with contextlib.aclosing(stream_parts(r, ids, i, n_new, group)) as parts:
+                async for part in parts:
+                    out += part.token_ids
+                    text = tok.decode(out, skip_special_tokens=False)
+                    if part.finish_reason is None:  # a UTF-8 character may still be arriving
+                        text = text.rstrip("\ufffd")
+                    c: dict[str, Any] = {"index": i, "text": text[len(sent):], "logprobs": None,
+                                         "finish_reason": part.finish_reason}
+                    sent = text
+                    if r.return_token_ids:
+                        c["token_ids"] = list(part.token_ids)
+                    if r.logprobs is not None:
+                        c["logprobs"] = {"tokens": tok.convert_ids_to_tokens(list(part.token_ids)),
+                                         "token_logprobs": list(part.logprobs)}
+                    done[i] = len(out)
+                    yield _sse({**base, "choices": [c]})
+
+        async for event in _merge([choice(i) for i in range(r.n)]):
+            yield event
+        if (r.stream_options or {}).get("include_usage"):
+            yield _sse({**base, "choices": [], "usage": _usage(len(ids), sum(done))})
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(r: ChatRequest, request: Request) -> dict[str, Any] | StreamingResponse:
+        check_request(r, model_name=model_name, max_len=max_len)
+        if fmt is None:
+            raise BadParam("messages", "this model's tokenizer has no chat template: use "
+                           "/v1/completions, or serve a chat checkpoint")
+        try:
+            ids = conversation_ids(fmt, chat_messages(r.messages), r.tools)
+        except Exception as e:  # noqa: BLE001 — the template rejects a malformed conversation
+            raise BadParam("messages", f"the chat template cannot render these messages: "
+                           f"{type(e).__name__}: {e}") from None
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": model_name}
+        if r.stream:  # the prompt is checked before the stream starts: a 400, not an event
+            return streamed(chat_events(r, ids, fmt, {**base, "object": "chat.completion.chunk"},
+                                        budget(r, ids, "messages")))
+        gens = await run(request, ids, r, "messages")
+        choices = []
+        for i, g in enumerate(gens):
+            reply = parse_reply(fmt, g.token_ids, _call_prefix(), g.finish_reason)
+            choice: dict[str, Any] = {"index": i, "finish_reason": reply.finish_reason,
+                                      "message": reply.message(), "token_ids": list(g.token_ids),
+                                      "policy_versions": list(g.policy_versions), "logprobs": None}
+            if r.logprobs:
+                choice["logprobs"] = {"content": [
+                    {"token": t, "logprob": lp, "token_id": t_id} for t, lp, t_id in
+                    zip(tok.convert_ids_to_tokens(list(g.token_ids)), g.logprobs, g.token_ids,
+                        strict=True)]}
+            choices.append(choice)
+        return {**base, "object": "chat.completion", "choices": choices,
+                "usage": _usage(len(ids), sum(len(g.token_ids) for g in gens))}
+
+    async def chat_events(r: ChatRequest, ids: list[int], fmt: ChatFormat, base: dict[str, Any],
+                          n_new: int) -> AsyncIterator[str]:
+        group, done = group_of(r, ids), [0] * r.n
+
+        def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> str:
+            return _sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": None,
+                                              "finish_reason": finish}]})
+
+        async def choice(i: int) -> AsyncIterator[str]:
+            live = ReplyStream(fmt, _call_prefix())
+            out: list[int] = []
+            yield chunk(i, {"role": "assistant", "content": ""})
+            async with contextlib.aclosing(stream_parts(r, ids, i, n_new, group)) as parts:
+                async for part in parts:
+                    out += part.token_ids
+                    done[i] = len(out)
+                    first = live.calls_sent
+                    if part.finish_reason is None:
+                        text, calls = live.feed(out)
+                    else:
+                        text, calls, reply = live.finish(out, part.finish_reason)
+                    if text:
+                        yield chunk(i, {"content": text})
+                    if calls:
+                        yield chunk(i, {"tool_calls": [{"index": first + k, **c.to_openai()}
+                                                       for k, c in enumerate(calls)]})
+                    if part.finish_reason is not None:
+                        yield chunk(i, {}, reply.finish_reason)
+
+        async for event in _merge([choice(i) for i in range(r.n)]):
+            yield event
+        if (r.stream_options or {}).get("include_usage"):
+            yield _sse({**base, "choices": [], "usage": _usage(len(ids), sum(done))})
 
     @app.post("/looprl/update_weights")
     async def update_weights(request: Request) -> dict[str, int]:
         version = request.headers.get("x-policy-version")
         if version is None or not version.lstrip("-").isdigit():
             raise HTTPException(400, "send the new version as an integer X-Policy-Version header")
-        state_dict = load_safetensors(await request.body())
+        try:
+            state_dict = load_safetensors(await request.body())
+        except (SafetensorError, ValueError) as e:
+            raise HTTPException(400, f"the body is not a safetensors file: {e}") from None
         try:
             await engine.update_weights(state_dict, int(version))
         except Exception as e:
@@ -127,8 +385,8 @@ def create_app(engine: TorchEngine, model_name: str = "looprl") -> FastAPI:
         return {"policy_version": engine.policy_version}
 
     @app.post("/looprl/release")
-    async def release(body: dict[str, str]) -> dict[str, bool]:
-        await engine.release(body["session_id"])
+    async def release(body: ReleaseRequest) -> dict[str, bool]:
+        await engine.release(body.session_id)
         return {"ok": True}
 
     @app.get("/looprl/version")

@@ -1,0 +1,59 @@
+"""A tiny Llama taught, in seconds, to answer given prompts with given turns: a real model (real
+weights, served by the real engine and server) whose greedy replies a test knows in advance.
+Untrained tiny models never write a well-formed tool call; this one does, so a test can drive a
+real client or agent harness through real tool-call round trips.
+
+    path = teach(tok, [(prompt_ids, turn_ids), ...], tmp_path / "m")   # overfit until exact
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from looprl.models.loading import save_model
+
+MARGIN = 1.0
+"""Logit lead of each taught token over the runner-up: greedy decoding through the engine's
+cached forward (other kernels, other rounding) picks the same tokens."""
+
+
+def teach(tok, examples: list[tuple[list[int], list[int]]], out_dir: Path, *,
+          max_positions: int = 4096, max_steps: int = 600, seed: int = 0) -> Path:
+    """Train until greedy decoding of every prompt gives exactly its turn (teacher-forced, every
+    turn token leads by ``MARGIN``; the turn ends with the end-of-turn token), then save."""
+    torch.manual_seed(seed)
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=eot))
+    width = max(len(p) + len(t) for p, t in examples)
+    ids_B_T = torch.full((len(examples), width), tok.pad_token_id)
+    labels_B_T = torch.full((len(examples), width), -100)
+    for b, (prompt, turn) in enumerate(examples):
+        assert turn and turn[-1] == eot, "each turn must end with the end-of-turn token"
+        seq = prompt + turn
+        ids_B_T[b, :len(seq)] = torch.tensor(seq)
+        labels_B_T[b, len(prompt):len(seq)] = torch.tensor(turn)
+    mask_B_T = (labels_B_T[:, 1:] != -100)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(max_steps):
+        logits_B_T_V = model(ids_B_T).logits[:, :-1]
+        target_B_T = labels_B_T[:, 1:]
+        loss = torch.nn.functional.cross_entropy(logits_B_T_V.transpose(1, 2), target_B_T,
+                                                 ignore_index=-100)
+        seen_B_T_V, at_B_T1 = logits_B_T_V.detach(), target_B_T.clamp(min=0)[..., None]
+        picked = seen_B_T_V.gather(-1, at_B_T1)[..., 0]
+        rival = seen_B_T_V.scatter(-1, at_B_T1, float("-inf"))
+        if bool((picked - rival.amax(-1))[mask_B_T].min() > MARGIN):
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    else:
+        raise AssertionError(f"not learnt in {max_steps} steps (loss {loss.item():.3f})")
+    model.generation_config.eos_token_id = eot
+    return save_model(model.eval(), tok, out_dir)
