@@ -150,7 +150,7 @@ async def rollout_group(task: Task, engine: TorchEngine, fmt: ChatFormat, cfg: C
 def grpo_update(model, optimizer, groups: list[Group], cfg: Config, pad_id: int) -> dict[str, float]:
     """Advantages within each group (reward - group mean, Dr. GRPO: no std scaling), then one
     optimizer step of the policy-gradient loss over every model-sampled token."""
-    batch = build_batch(groups, std_norm="never", skip_zero_variance=True, pad_id=pad_id)
+    batch = build_batch(groups, pad_id=pad_id)  # Dr. GRPO; zero-variance groups skipped
     if batch.empty:  # every group had equal rewards: nothing to learn from this step
         return {"loss": 0.0, "tokens": 0, "grad_norm": 0.0,
                 "zero_variance_groups": batch.zero_variance_groups}

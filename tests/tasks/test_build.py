@@ -158,3 +158,31 @@ def test_a_rejecting_build_keeps_repos_another_cached_set_lists(example_snapshot
     again = asyncio.run(abuild_package_tasks(example_snapshot, cfg_a, None))
     assert [t.id for t in again] == [task.id] and Path(again[0].repo).is_dir()
     assert "task repos listed in" in capsys.readouterr().err
+
+
+def test_a_count_budget_keeps_the_same_mutations_whatever_finishes_first(example_snapshot,
+                                                                          monkeypatch):
+    """With ``max_tries`` the candidates screened and kept depend on the config alone: two
+    screenings whose sandboxes finish in different orders keep the same mutations."""
+    import random
+
+    from looprl.tasks import build
+
+    real = build.Screener.screen
+    cfg = BuildConfig(max_tasks=3, mix={"mutation": 1.0}, max_tries=6, budget_s=600, seed=3)
+
+    def screened(delays: random.Random) -> list[str]:
+        async def slow_screen(self, m):
+            await asyncio.sleep(delays.random() * 0.3)  # finish order differs run to run
+            return await real(self, m)
+
+        monkeypatch.setattr(build.Screener, "screen", slow_screen)
+        out = asyncio.run(build.screen_package(example_snapshot, cfg))
+        keep = build.listed_task_ids(build.package_root(example_snapshot))
+        for s in out:  # screened only: their repos go, as a build that rejected them would
+            build.remove_task_repo(build.package_root(example_snapshot),
+                                   build.task_id_of(example_snapshot, s.mutation), keep)
+        return [s.mutation.id for s in out]
+
+    first, second = screened(random.Random(1)), screened(random.Random(2))
+    assert first and first == second

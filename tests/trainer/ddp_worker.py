@@ -1,12 +1,20 @@
-"""One GRPO step on a fixed batch, distributed or not; writes loss and parameters.
+"""Three GRPO steps on fixed batches, in one process or under torchrun; writes losses and weights.
 
-    python ddp_worker.py OUT                              # one process, the whole batch
-    torchrun --nproc_per_node 2 ddp_worker.py OUT         # each rank half the groups (gloo)
+    python ddp_worker.py OUT ddp                            # one process, every group
+    torchrun --nproc_per_node 2 ddp_worker.py OUT fsdp [ac] # each rank its share (gloo)
+
+Steps 1 and 2 train, a checkpoint is saved (``Sharding.save``), a model with other weights
+loads it (``Sharding.load``: weights and the SGD momentum) and trains step 3. The groups split
+unevenly over 2 ranks (3 per step, the odd one to rank 0), and in step 2 rank 1's only group
+has equal rewards (skipped): that rank trains on padding alone. ``ac`` turns on activation
+checkpointing. Rank 0 writes ``OUT.json`` (losses), ``OUT.init.safetensors`` and
+``OUT.safetensors`` (weights before and after), and the checkpoint under ``OUT.ckpt/``.
 """
 
 import json
 import os
 import sys
+from pathlib import Path
 
 import safetensors.torch
 import torch
@@ -17,38 +25,57 @@ from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import Counters, Group, RewardBreakdown, Segment, StopReason, Trajectory
 
 
-def groups() -> list[Group]:
+def groups(step: int) -> list[Group]:
     out = []
-    for g in range(4):
+    for g in range(3):
+        equal = step == 2 and g == 1  # rank 1's share of step 2
         trajs = []
-        for k, n in enumerate((3, 5 + g)):
-            ids = tuple([1, 2, 3] + [(7 * g + 5 * k + j) % 60 + 4 for j in range(n)])
+        for k, n in enumerate((3, 5 + g + step)):
+            ids = tuple([1, 2, 3] + [(7 * g + 5 * k + 3 * step + j) % 60 + 4 for j in range(n)])
             seg = Segment(ids, (0.0,) * 3 + (-3.0,) * n, (0,) * 3 + (1,) * n, (-1,) * 3 + (0,) * n)
+            reward = 1.0 if equal else float(k) + 0.1 * g
             trajs.append(Trajectory("t", f"g{g}", (seg,), (), Counters(), StopReason.FINISHED,
-                                    reward=RewardBreakdown.of({"tests": float(k) + 0.1 * g})))
-        out.append(Group("t", f"g{g}", tuple(trajs)))
+                                    reward=RewardBreakdown.of({"tests": reward})))
+        out.append(Group(f"t{step}-{g}", f"s{step}g{g}", tuple(trajs)))
     return out
 
 
+def model(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2))
+
+
+def make_step(m: LlamaForCausalLM, cfg: GRPOConfig, dist: ddp.DistInfo) -> GRPOStep:
+    step = GRPOStep(m, cfg, dist=dist)
+    # SGD keeps the update linear in the gradient (AdamW's first step is about lr * sign(g),
+    # which magnifies round-off where g is near 0); momentum gives the checkpoint a state
+    step.optimizer = torch.optim.SGD(step.model.parameters(), lr=1.0, momentum=0.9)
+    return step
+
+
 def main() -> None:
+    out, parallel = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     dist = ddp.init_from_env()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2))
-    raw = model
+    cfg = GRPOConfig(micro_batch_tokens=16, max_grad_norm=1e9, norm_tokens=8, parallel=parallel,
+                     activation_checkpointing="ac" in sys.argv[3:])
+    first = model(0)
     if dist.is_main:
-        safetensors.torch.save_model(raw, sys.argv[1] + ".init.safetensors")
-    model = ddp.wrap(model, dist)
-    cfg = GRPOConfig(micro_batch_tokens=16, max_grad_norm=1e9, norm_tokens=8)
-    step = GRPOStep(model, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=1.0))
-    metrics = ddp.all_reduce_mean(step.on_groups(ddp.shard(groups(), dist)).to_dict(), dist)
+        safetensors.torch.save_model(first, out + ".init.safetensors")
+    step = make_step(first, cfg, dist)
+    losses = [step.on_groups(groups(s)[dist.rank::dist.world_size]).loss for s in (1, 2)]
+    ckpt = step.sharding.save(Path(out + ".ckpt"), 2, step.optimizer)
+    ckpt = ddp.broadcast_object(ckpt, dist)
+    other = make_step(model(1), cfg, dist)  # other weights: the checkpoint must replace them
+    other.sharding.load(ckpt, other.optimizer)
+    losses.append(other.on_groups(groups(3)[dist.rank::dist.world_size]).loss)
+    weights = other.sharding.state_dict()
     if dist.is_main:
-        safetensors.torch.save_model(raw, sys.argv[1] + ".safetensors")
-        with open(sys.argv[1] + ".json", "w") as f:
-            json.dump({"loss": metrics["loss"], "world": dist.world_size,
-                       "micro_batches": metrics["micro_batches"]}, f)
+        safetensors.torch.save_file({k: v.contiguous() for k, v in weights.items()},
+                                    out + ".safetensors")
+        Path(out + ".json").write_text(json.dumps({"losses": losses, "world": dist.world_size}))
     ddp.cleanup()
     # Seen here about one run in four: a gloo worker hangs in interpreter teardown after
     # everything is written. Leave without teardown; the results are already on disk.

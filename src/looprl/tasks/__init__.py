@@ -16,10 +16,12 @@
     write_tasks(tasks, "tasks.jsonl")
 """
 
-from looprl.tasks.build import BuildConfig, build_package_tasks
-from looprl.tasks.releases import build_release_tasks
-from looprl.tasks.sources import PackageSnapshot, fetch_package
-from looprl.tasks.taskset import load_tasks, split_by_function, split_by_package, write_tasks
+from looprl.lazy import lazy_exports
 
-__all__ = ["BuildConfig", "PackageSnapshot", "build_package_tasks", "build_release_tasks",
-           "fetch_package", "load_tasks", "split_by_function", "split_by_package", "write_tasks"]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "build": ["BuildConfig", "build_package_tasks"],
+    "releases": ["build_release_tasks"],
+    "sources": ["PackageSnapshot", "fetch_package"],
+    "taskset": ["load_tasks", "split_by_function", "split_by_package", "write_tasks"],
+})

@@ -25,6 +25,7 @@ import ast
 import asyncio
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import py_compile
@@ -39,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from looprl import paths
+from looprl.config import FieldError, check_choice
 from looprl.errors import RewardError, SandboxError, TaskError, ToolError
 from looprl.rewards.diffs import lines_changed
 from looprl.rewards.tests import (
@@ -72,7 +74,12 @@ class BuildConfig:
     max_fail: int = 25
     """A mutation breaking more recorded tests than this is too blunt to be a good task."""
     budget_s: float = 90.0
-    """Wall-clock budget for screening one package (validation comes after)."""
+    """Wall-clock budget for screening one package (validation comes after). With
+    ``max_tries`` it is only a safety cap: a build it stops says so."""
+    max_tries: int = 0
+    """Candidates screened per package at most; 0 = no count limit (``budget_s`` decides, so
+    the task set depends on the machine's speed and load). With it, the same config builds the
+    same tasks on any machine."""
     workers: int = 2
     """Sandboxes screening in parallel (the machine has 2 cores)."""
     seed: int = 0
@@ -89,6 +96,19 @@ class BuildConfig:
     selection: str = "calls"
     """Tests run per mutation: 'calls' (those that called the mutated function in a traced
     baseline run) or 'names' (test modules whose tests mention it)."""
+
+    def __post_init__(self) -> None:
+        check_choice("validate", self.validate, ("oracle", "patch", "none"))
+        check_choice("selection", self.selection, ("calls", "names"))
+        for kind in self.kinds:
+            check_choice("kinds", kind, mutate.MUTATORS)
+        for source in self.mix:
+            check_choice("mix", source, ("mutation", "multi_site", "feature_deletion"))
+        for name in ("max_tasks", "workers", "max_tests"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"must be >= 1, got {getattr(self, name)!r}")
+        if not self.budget_s > 0:
+            raise FieldError("budget_s", f"must be > 0 seconds, got {self.budget_s!r}")
 
     def key(self) -> str:
         d = asdict(self)
@@ -376,56 +396,88 @@ def _ordered_candidates(screener: Screener, kinds: tuple[str, ...], rng: random.
     return firsts + rest
 
 
-async def _screen_until(screener: Screener, cands: list[mutate.Mutation], want: int,
-                        deadline: float, progress: Progress | None) -> list[Screened]:
-    """Screen candidates with ``workers`` in flight until ``want`` are kept or time runs out."""
-    kept: list[Screened] = []
-    it = iter(cands)
-    used_functions: dict[str, int] = {}
+@dataclass
+class _Screening:
+    """What a package's screening has spent: candidates screened and whether time ran out."""
 
-    async def worker() -> None:
-        for m in it:
-            if len(kept) >= want or time.monotonic() > deadline:
-                return
-            if used_functions.get(m.functions[0], 0) >= 2:
-                continue  # diversity: at most two tasks per function and kind family
-            s = await screener.screen(m)
+    tries: int = 0
+    timed_out: bool = False
+
+
+async def _screen_until(screener: Screener, cands: list[mutate.Mutation], want: int,
+                        deadline: float, max_tries: int | None, spent: _Screening,
+                        progress: Progress | None) -> list[Screened]:
+    """Screen candidates in order until ``want`` are kept, ``spent.tries`` reaches
+    ``max_tries`` or time runs out. Candidates go ``workers`` at a time and are kept in
+    candidate order, so which ones are kept never depends on which sandbox finished first."""
+    kept: list[Screened] = []
+    used_functions: dict[str, int] = {}  # diversity: at most two per function and kind family
+    fresh = (m for m in cands if used_functions.get(m.functions[0], 0) < 2)
+    while len(kept) < want and (max_tries is None or spent.tries < max_tries):
+        if time.monotonic() > deadline:
+            spent.timed_out = True
+            break
+        n = screener.cfg.workers if max_tries is None else min(screener.cfg.workers,
+                                                                max_tries - spent.tries)
+        chunk = list(itertools.islice(fresh, n))
+        if not chunk:
+            break
+        results = await asyncio.gather(*(screener.screen(m) for m in chunk))
+        spent.tries += len(chunk)
+        for m, s in zip(chunk, results, strict=True):
             if progress:
                 progress("tried", 1)
-            if s and len(kept) < want:
+            if s is None:
+                continue
+            if len(kept) < want and used_functions.get(m.functions[0], 0) < 2:
                 kept.append(s)
                 used_functions[m.functions[0]] = used_functions.get(m.functions[0], 0) + 1
                 if progress:
                     progress("screened", 1)
-            elif s:  # the other worker filled the quota meanwhile
+            else:  # its function's quota (or the want) was filled by one before it
                 screener.discard(s)
-
-    await asyncio.gather(*(worker() for _ in range(screener.cfg.workers)))
     return kept
 
 
 async def screen_package(snap: PackageSnapshot, cfg: BuildConfig,
                          progress: Progress | None = None) -> list[Screened]:
-    """Screened mutations of every kind planned in ``cfg.mix``."""
+    """Screened mutations of every kind planned in ``cfg.mix``. With ``max_tries``, each kind's
+    share of the candidates (multi-site tasks combine screened singles, so singles get their
+    share too) bounds it; without, its share of ``budget_s``."""
     plan = _plan(cfg)
     rng = random.Random(f"{snap.key}/{cfg.seed}")
-    deadline = time.monotonic() + cfg.budget_s
+    t0 = time.monotonic()
+    share = {k: v / sum(cfg.mix.values()) for k, v in cfg.mix.items() if k in plan}
+    # cumulative shares: singles, then feature deletions, then combinations of singles
+    cut_singles = 1.0 - share.get("feature_deletion", 0.0) - share.get("multi_site", 0.0)
+    cut_fd = 1.0 - share.get("multi_site", 0.0)
+
+    def caps(cut: float) -> tuple[float, int | None]:
+        tries = round(cfg.max_tries * cut) if cfg.max_tries else None
+        return (t0 + cfg.budget_s * (cut if not cfg.max_tries else 1.0)), tries
+
+    spent = _Screening()
     out: list[Screened] = []
     async with Screener(snap, cfg) as sc:
         # combos draw from every kept single (the mutation tasks too): few extra are needed
         singles_wanted = plan.get("mutation", 0) + min(4, plan.get("multi_site", 0))
         singles = await _screen_until(sc, _ordered_candidates(sc, tuple(cfg.kinds), rng),
-                                      singles_wanted, deadline - cfg.budget_s * 0.45, progress)
+                                      singles_wanted, *caps(cut_singles), spent, progress)
         out += singles[: plan.get("mutation", 0)]
         if plan.get("feature_deletion"):
             fd = _ordered_candidates(sc, ("feature_deletion",), rng)
-            out += await _screen_until(sc, fd, plan["feature_deletion"],
-                                       deadline - cfg.budget_s * 0.2, progress)
+            out += await _screen_until(sc, fd, plan["feature_deletion"], *caps(cut_fd), spent,
+                                       progress)
         if plan.get("multi_site") and len(singles) >= 2:
             out += await _screen_until(sc, _combos(singles, plan["multi_site"] * 3, rng),
-                                       plan["multi_site"], deadline, progress)
+                                       plan["multi_site"], *caps(1.0), spent, progress)
     for s in singles[plan.get("mutation", 0):]:  # screened only to be combined: not tasks
         sc.discard(s)
+    if cfg.max_tries and spent.timed_out:
+        print(f"note: screening {snap.name}=={snap.version} stopped at budget_s={cfg.budget_s:g} "
+              f"after {spent.tries} of max_tries={cfg.max_tries} candidates: the task set now "
+              "depends on this machine's speed; raise budget_s to make it reproducible",
+              file=sys.stderr)
     return out
 
 

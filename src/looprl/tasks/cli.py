@@ -3,6 +3,9 @@
     looprl tasks fetch inflection==0.5.1
     looprl tasks build inflection==0.5.1 toolz==1.2.0 --out tasks.jsonl --max-tasks 60
     looprl tasks show tasks.jsonl
+
+A package that cannot be fetched or built is reported and the others go on; the command then
+exits 1 (2, with one line, when nothing at all was built).
 """
 
 from __future__ import annotations
@@ -22,36 +25,61 @@ def fetch_cmd(specs: Annotated[list[str], typer.Argument(help="NAME==VERSION ...
     """Download, build a test venv, and record the passing tests of each package."""
     from looprl.tasks.sources import fetch_package
 
+    rejected = 0
     for spec in specs:
         try:
             s = fetch_package(spec)
         except TaskError as e:
             typer.echo(f"{spec}: rejected: {e}", err=True)
+            rejected += 1
             continue
         typer.echo(f"{s.key}: {len(s.passing_tests)} passing tests, {len(s.source_files)} source "
                    f"files, suite {s.suite_wall_s:.1f}s, repo {s.repo}")
+    if rejected:
+        raise typer.Exit(1)
 
 
 @app.command("build")
 def build_cmd(
     specs: Annotated[list[str], typer.Argument(help="NAME==VERSION ...")],
-    out: Annotated[Path, typer.Option("--out", help="JSONL task file to write")],
-    max_tasks: Annotated[int, typer.Option(help="mutation tasks per package (all mutation kinds)")] = 60,
-    releases: Annotated[int, typer.Option(help="earlier releases to diff against (0 = none)")] = 2,
+    out: Annotated[Path, typer.Option("--out", help="JSONL task file to write", dir_okay=False)],
+    max_tasks: Annotated[int, typer.Option(help="mutation tasks per package (all mutation kinds)",
+                                           min=1)] = 60,
+    releases: Annotated[int, typer.Option(help="earlier releases to diff against (0 = none)",
+                                          min=0)] = 2,
     validate: Annotated[str, typer.Option(help="oracle | patch | none")] = "oracle",
     budget_s: Annotated[float, typer.Option(help="screening budget per package, seconds")] = 90.0,
+    max_tries: Annotated[int, typer.Option(
+        help="candidate bugs screened per package at most: the same tasks on any machine "
+             "(0 = --budget-s alone decides)", min=0)] = 0,
+    kinds: Annotated[str, typer.Option(
+        help="mutation kinds: 'single' (all single-site kinds), 'local' (bugs whose fix can be "
+             "read off the changed line: what a small model can learn) or a comma list")
+    ] = "single",
+    mix: Annotated[str, typer.Option(
+        help="share of each source kind, e.g. mutation=1 or mutation=0.55,multi_site=0.2,"
+             "feature_deletion=0.25")] = "mutation=0.55,multi_site=0.2,feature_deletion=0.25",
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Build validated tasks from each package and print a summary table."""
     from rich.progress import Progress
 
+    from looprl.tasks import mutate
     from looprl.tasks.build import BuildConfig, build_package_tasks
     from looprl.tasks.releases import build_release_tasks
     from looprl.tasks.sources import fetch_package
     from looprl.tasks.taskset import print_table, write_tasks
 
-    cfg = BuildConfig(max_tasks=max_tasks, validate=validate, budget_s=budget_s, seed=seed)
-    all_tasks = []
+    named = {"single": mutate.SINGLE_KINDS, "local": mutate.LOCAL_KINDS}
+    kind_list = named.get(kinds) or tuple(k.strip() for k in kinds.split(",") if k.strip())
+    try:
+        shares = {k.strip(): float(v) for k, v in (p.split("=", 1) for p in mix.split(",") if p)}
+    except ValueError:
+        raise TaskError(f"--mix {mix!r}: write kind=share pairs separated by commas, e.g. "
+                        "mutation=0.6,feature_deletion=0.4") from None
+    cfg = BuildConfig(max_tasks=max_tasks, validate=validate, budget_s=budget_s,
+                      max_tries=max_tries, kinds=kind_list, mix=shares, seed=seed)
+    all_tasks, skipped = [], []
     with Progress() as bar:
         job = bar.add_task("packages", total=len(specs))
         for spec in specs:
@@ -69,15 +97,28 @@ def build_cmd(
                     all_tasks += build_release_tasks(snap, releases, cfg, tick)
             except TaskError as e:
                 bar.console.print(f"[red]{spec}: skipped: {e}")
+                skipped.append(spec)
             bar.advance(job)
+    if not all_tasks:
+        raise TaskError(f"no tasks built from {', '.join(specs)}"
+                        + (" (every package was skipped; reasons above)" if skipped else
+                           "; try more --budget-s or other packages"))
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_tasks(all_tasks, out)
     print_table(all_tasks)
     typer.echo(f"wrote {len(all_tasks)} tasks to {out}")
+    if skipped:
+        typer.echo(f"{len(skipped)} of {len(specs)} packages skipped: {', '.join(skipped)}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("show")
-def show_cmd(path: Annotated[Path, typer.Argument(help="JSONL task file")]) -> None:
+def show_cmd(path: Annotated[Path, typer.Argument(help="JSONL task file", exists=True,
+                                                   dir_okay=False)]) -> None:
     """Check a task file and print its summary table."""
     from looprl.tasks.taskset import load_tasks, print_table
 
-    print_table(load_tasks(path))
+    tasks = load_tasks(path)
+    if not tasks:
+        raise TaskError(f"{path} holds no tasks; build some with `looprl tasks build`")
+    print_table(tasks)

@@ -4,7 +4,7 @@
 
 A small model fails an agent task less for want of the fix than for want of copying: the name
 the user gave into a ``grep`` call, the path and line ``grep`` printed into a ``read_file`` call,
-the line ``read_file`` showed into ``edit_file``'s ``old_string`` (``trainer.diagnostics``
+the line ``read_file`` showed into ``edit_file``'s ``old_string`` (``bench.turns``
 measures each). A drill is one such step cut from a checked demo (``tasks.demos``) — the message
 holding the source and the assistant turn copying it, in the harness's chat format — with what is
 copied replaced, in both, by something random:

@@ -12,10 +12,10 @@ Arrow infers one schema for the whole file.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import random
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -79,8 +79,20 @@ def parse_task(d: object, where: str) -> Task:
         raise TaskError(f"{where}: malformed task: {e}") from None
 
 
+def _relative_to(t: Task, base: Path) -> Task:
+    """``t`` with a relative ``repo`` or ``venv`` taken relative to ``base`` (the task file's
+    directory), so a task file can sit beside the repositories it names."""
+    def fix(p: str | None) -> str | None:
+        if p is None or "://" in p or Path(p).is_absolute():
+            return p
+        return str((base / p).resolve())
+
+    return replace(t, repo=fix(t.repo) or t.repo, venv=fix(t.venv))
+
+
 def load_tasks(path: str | Path) -> list[Task]:
-    """Tasks of a JSONL file. Raises ``TaskError`` naming the line and field of a bad record."""
+    """Tasks of a JSONL file; relative ``repo`` and ``venv`` paths are relative to the file's
+    directory. Raises ``TaskError`` naming the line and field of a bad record."""
     p = Path(path)
     if not p.is_file():
         raise TaskError(f"task file {p} not found; build one with `looprl tasks build`")
@@ -92,7 +104,7 @@ def load_tasks(path: str | Path) -> list[Task]:
             d = json.loads(line)
         except json.JSONDecodeError as e:
             raise TaskError(f"{p}:{i}: not valid JSON ({e.msg} at column {e.colno})") from None
-        t = parse_task(d, f"{p}:{i}")
+        t = _relative_to(parse_task(d, f"{p}:{i}"), p.parent)
         if t.id in ids:
             raise TaskError(f"{p}:{i}: field 'id': duplicate task id {t.id!r}")
         ids.add(t.id)
@@ -116,15 +128,39 @@ def split_by_package(tasks: list[Task], held_out: set[str]) -> dict[str, list[Ta
     return out
 
 
-def split_by_function(tasks: list[Task], test_fraction: float = 0.2,
-                      seed: str = "0") -> dict[str, list[Task]]:
-    """Split so that no (package, function) appears in both train and test (hash-based)."""
+def split_by_function(tasks: list[Task], test_fraction: float = 0.2, seed: int = 0,
+                      max_test: int | None = None) -> dict[str, list[Task]]:
+    """Whole functions held out: no (package, functions) appears in both train and test.
+
+    The functions are shuffled by ``seed`` and held out in that order: a ``test_fraction`` of
+    them at most, and no more once ``max_test`` tasks are held out (the rest train).
+
+    >>> from looprl.types import Grader
+    >>> ts = [Task(f"t{i}", "/r", "p", Grader("pytest"), metadata={"functions": f"f{i % 10}"})
+    ...       for i in range(40)]
+    >>> s = split_by_function(ts, 0.5, max_test=8)
+    >>> len(s["test"]), len(s["train"]), {t.metadata["functions"] for t in s["train"]} & {
+    ...     t.metadata["functions"] for t in s["test"]}
+    (8, 32, set())
+    >>> len(split_by_function(ts, 0.5)["test"])  # half the functions
+    20
+    """
+    def key(t: Task) -> str:
+        return f"{t.metadata.get('package', '')}/{t.metadata.get('functions') or t.id}"
+
+    keys = sorted({key(t) for t in tasks})
+    random.Random(seed).shuffle(keys)
+    per = Counter(key(t) for t in tasks)
+    held: set[str] = set()
+    n = 0
+    for k in keys[: max(1, int(len(keys) * test_fraction))]:
+        if max_test is not None and n >= max_test:
+            break
+        held.add(k)
+        n += per[k]
     out: dict[str, list[Task]] = {"train": [], "test": []}
     for t in tasks:
-        funcs = str(t.metadata.get("functions") or t.id).split(",")
-        key = f"{seed}/{t.metadata.get('package')}/{funcs[0]}"
-        h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-        s = "test" if h < test_fraction else "train"
+        s = "test" if key(t) in held else "train"
         out[s].append(_with_split(t, s))
     return out
 

@@ -1,10 +1,11 @@
-"""Quickstart helpers that need no run (the run itself: README's first command)."""
+"""`looprl train` helpers that need no run (the run itself: README's first command)."""
 
 import dataclasses
 import math
 
 from looprl.harness.policies import oracle_turns
-from looprl.quickstart import loss_ends, select_code
+from looprl.train.report import loss_ends
+from looprl.train.tasks import select_code
 from looprl.types import Grader, Task
 
 

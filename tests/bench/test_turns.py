@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from looprl.bench.turns import turn_accuracy
 from looprl.models.tokenizer import build_tokenizer
-from looprl.trainer.diagnostics import turn_accuracy
 from looprl.trainer.sft import SFTConfig, sft
 from looprl.types import Segment
-
-from .helpers import tiny_llama, trajectory
+from tests.trainer.helpers import tiny_llama, trajectory
 
 GREP = '<tool_call>{"name": "grep", "arguments": {"pattern": "def f"}}</tool_call>'
 FINISH = '<tool_call>{"name": "finish", "arguments": {"summary": "ok"}}</tool_call>'
@@ -44,8 +43,9 @@ def test_a_model_fitted_to_the_demo_reproduces_every_turn():
     assert "| grep | 1 | 1.000 | 1.000 |" in acc.markdown()
 
 
-def test_quickstart_keeps_validation_demos_out_and_reports_them():
-    from looprl.quickstart import _turns_md, split_validation
+def test_train_keeps_validation_demos_out_and_reports_them():
+    from looprl.train.report import turns_markdown
+    from looprl.train.stages import split_validation
 
     tok = build_tokenizer(None)
     demos = [trajectory([demo(tok, f"fix f number {i}\n")], None) for i in range(10)]
@@ -53,5 +53,5 @@ def test_quickstart_keeps_validation_demos_out_and_reports_them():
     assert len(val) == 2 and len(train) == 8  # at most a fifth
     assert not {id(d) for d in train} & {id(d) for d in val}
     acc = turn_accuracy(tiny_llama(vocab=len(tok)), tok, val)
-    md = "\n".join(_turns_md({"init": acc, "sft": acc}))
+    md = "\n".join(turns_markdown({"init": acc, "sft": acc}))
     assert "| grep | 2 | 0.000 | 0.000 |" in md and "| all | 4 | 0.000 | 0.000 |" in md

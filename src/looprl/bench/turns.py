@@ -67,9 +67,19 @@ class TurnAccuracy:
             rows.append(f"| {name} | {s.turns} | {s.exact_rate:.3f} | {s.token_accuracy:.3f} |")
         return rows
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, dict[str, int]]:
         return {k: {"turns": s.turns, "exact": s.exact, "tokens": s.tokens, "correct": s.correct}
                 for k, s in self.by_tool.items()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, dict[str, int]]) -> TurnAccuracy:
+        """The inverse of ``to_json``.
+
+        >>> acc = TurnAccuracy({"grep": TurnStats(2, 1, 10, 9)})
+        >>> TurnAccuracy.from_json(acc.to_json()) == acc
+        True
+        """
+        return cls({k: TurnStats(**v) for k, v in d.items()})
 
 
 def _turn_tool(text: str) -> str:

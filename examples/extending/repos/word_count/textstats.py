@@ -1,0 +1,3 @@
+def word_count(text):
+    """Number of whitespace-separated words."""
+    return len(text.split(" "))

@@ -1,0 +1,204 @@
+"""The typed config of ``looprl train`` (and of ``looprl quickstart``, a preset of it).
+
+    cfg = load_config(TrainConfig, "configs/train_cpu.toml", ["loop.max_minutes=5"])
+
+One section per stage: ``tasks`` (where tasks come from and how they split), ``model`` (which
+model, on which device), ``demos`` + ``sft`` (the optional supervised warm start), ``grpo`` +
+``loop`` + ``rollout`` + ``reward`` (async GRPO), ``eval`` (held-out evaluation and the gate),
+``fleet`` (where rollouts run: in-process, or on a Ray cluster).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from looprl.bench.gate import GateSettings
+from looprl.config import FieldError, check_choice
+from looprl.errors import ConfigError
+from looprl.fleet.config import FleetConfig
+from looprl.harness.agent import AgentConfig
+from looprl.models.tiny import SIZES
+from looprl.plugins import find
+from looprl.rewards.composite import RewardConfig
+from looprl.rollout.runner import RolloutConfig
+from looprl.tasks.build import BuildConfig
+from looprl.tasks.mutate import LOCAL_KINDS, SINGLE_KINDS
+from looprl.trainer.grpo import LoopConfig
+from looprl.trainer.sft import SFTConfig
+from looprl.trainer.step import GRPOConfig
+
+
+@dataclass(frozen=True)
+class TasksSection:
+    """Where tasks come from: a task file (``looprl tasks build`` writes one, or write your own
+    in the ``Task`` schema) or real packages fetched from PyPI; and how they split."""
+
+    train_file: str = ""
+    """A task JSONL to train on. Empty = build tasks from ``train_packages``."""
+    seed: int = 0
+    """Seeds the task build, the held-out split and the held-out packages' sample: apart from
+    the run's seed, so runs with different seeds train and evaluate on the same tasks."""
+    heldout_file: str = ""
+    """A task JSONL to evaluate on. Empty = the held-out split of the train tasks: those whose
+    ``metadata.split`` is ``test`` if any are, else whole functions (``heldout_fraction``)."""
+    train_packages: list[str] = field(default_factory=list)
+    """NAME==VERSION specs whose tasks are trained on (fetched from PyPI, cached)."""
+    sources: list[str] = field(default_factory=list)
+    """Task source plugins (``looprl.plugins``, kind ``task_sources``: an entry point or
+    ``module:attr`` of a function ``(seed) -> list[Task]``) whose tasks join the train file's or
+    packages' (and are held out by function like them)."""
+    heldout_packages: list[str] = field(default_factory=list)
+    """Packages never trained on, evaluated beside the held-out functions of the train packages
+    (a seeded sample of ``max_heldout`` of their tasks at most)."""
+    max_tasks_per_package: int = 60
+    heldout_fraction: float = 0.3
+    """The share of functions held out for evaluation at most; functions stop being held out
+    once their tasks reach ``max_heldout`` (the rest train)."""
+    max_heldout: int = 100
+    """Held-out tasks of the train packages (or of ``train_file``) at most."""
+    budget_s: float = 90.0
+    """Screening budget per package (seconds): with ``max_tries`` only a safety cap."""
+    max_tries: int = 0
+    """Candidate bugs screened per package at most (``BuildConfig.max_tries``): the same config
+    then builds the same tasks on any machine; 0 = ``budget_s`` alone decides."""
+    kinds: list[str] = field(default_factory=lambda: list(SINGLE_KINDS))
+    """Mutation kinds (``looprl.tasks.mutate``); ``LOCAL_KINDS`` are the bugs whose fix can be
+    read off the mutated line, the ones a small model can learn."""
+    mix: dict[str, float] = field(default_factory=lambda: dict(BuildConfig().mix))
+    """Share of each source kind: mutation, multi_site, feature_deletion."""
+    selection: bool = False
+    """Prompts carry the user's editor selection: the buggy code with its path and lines, as
+    Cursor attaches selected code to a chat message (``prompts.with_selection``). It says where
+    the bug is, never what the fix is; the same for train, held-out and synthetic tasks."""
+
+    def __post_init__(self) -> None:
+        if not (self.train_file or self.train_packages or self.sources):
+            raise ConfigError("no tasks: set tasks.train_file (a task JSONL, e.g. from `looprl "
+                              "tasks build`), tasks.train_packages (NAME==VERSION specs) or "
+                              "tasks.sources (task source plugins)")
+        for name in self.sources:
+            find("task_sources", name, {})
+        if self.train_file and self.train_packages:
+            raise ConfigError("set tasks.train_file or tasks.train_packages, not both")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise FieldError("heldout_fraction", f"must be in (0, 1), got {self.heldout_fraction}")
+        if self.max_heldout < 1:
+            raise FieldError("max_heldout", f"must be >= 1, got {self.max_heldout}")
+        self.build_config(seed=0)  # kinds and mix are checked where they are used
+
+    def build_config(self, seed: int) -> BuildConfig:
+        """How ``looprl.tasks.build`` screens and validates each package's tasks."""
+        return BuildConfig(max_tasks=self.max_tasks_per_package, budget_s=self.budget_s,
+                           max_tries=self.max_tries, seed=seed, kinds=tuple(self.kinds),
+                           mix=dict(self.mix))
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    path: str = ""
+    """A local HF checkpoint to train (safetensors, a tokenizer with a chat template); empty =
+    init the default model."""
+    engine: str = "torch"
+    """Rollout engine: torch (in-process, CPU or GPU), vllm (GPU; ``pip install -e .[vllm]``) or
+    an engine plugin (``looprl.plugins``) built with ``model_path=`` the starting checkpoint."""
+    engine_options: dict[str, bool | int | float | str] = field(default_factory=dict)
+    """Keyword options of a non-torch engine, e.g. vLLM's ``gpu_memory_utilization = 0.4`` when
+    the trainer shares its GPU (``[model.engine_options]`` in a config)."""
+    device: str = "auto"
+    """Where the trainer and the torch engine run: auto (cuda when present), cpu, cuda, cuda:N."""
+    size: str = "small"
+    """A name in ``looprl.models.tiny.SIZES`` (default model only)."""
+    pretrain_steps: int = 0
+    """Next-token pretraining steps on installed Python source before SFT (default model only;
+    0 = skip)."""
+    drills: int = 0
+    """Copy drills (``looprl.tasks.drills``) per copying step of each SFT demo, added to the
+    pretraining text (0 = none; needs ``pretrain_steps``)."""
+    threads: int = 2
+    """torch's intra-op threads (tasks, pretraining, SFT, evaluation)."""
+    rl_threads: int = 1
+    """torch's threads during async RL, where decoding and a training step run at once in one
+    process (torch's thread count is per process). On 2 cores, 1 each beats 2 each contending."""
+
+    def __post_init__(self) -> None:
+        if self.engine != "torch":
+            from looprl.inference import ENGINES
+
+            try:
+                find("engines", self.engine, ENGINES)
+            except ConfigError as e:
+                raise FieldError("engine", f"has {e}") from None
+        check_choice("size", self.size, SIZES)
+        if not (self.device in ("auto", "cpu", "cuda") or
+                re.fullmatch(r"cuda:\d+", self.device)):
+            raise FieldError("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.drills < 0 or (self.drills and not self.pretrain_steps):
+            raise FieldError("drills", "(copy drills per demo step, added to pretraining) must "
+                             "be >= 0 and needs model.pretrain_steps > 0; set both or drills=0")
+        for name in ("threads", "rl_threads", "pretrain_steps"):
+            if getattr(self, name) < (0 if name == "pretrain_steps" else 1):
+                raise FieldError(name, f"must be >= {0 if name == 'pretrain_steps' else 1}, "
+                                       f"got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class DemosSection:
+    """SFT data: the oracle's checked trajectories on the train tasks, plus synthetic ones.
+    No demos = no SFT (RL starts from the model as it is)."""
+
+    oracle: bool = False
+    """Replay each train task's gold patch through the harness (``looprl.tasks.demos``) and
+    keep the checked trajectories as demos."""
+    synthetic: int = 0
+    """Synthetic bug-fix demos from packages installed in this venv (``looprl.tasks.synthetic``;
+    the task packages are excluded); 0 = none."""
+    kinds: list[str] = field(default_factory=lambda: list(LOCAL_KINDS))
+    """Mutation kinds of the synthetic demos."""
+    workers: int = 4
+    """Sandboxes making demos at once."""
+    validation: int = 32
+    """Demos kept out of SFT to measure teacher-forced per-tool turn accuracy before SFT, after
+    SFT and after RL (``looprl.bench.turns``): which turns the model can reproduce."""
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    """Held-out evaluation before and after RL, and the gate the RL checkpoint must pass."""
+
+    k: int = 1
+    """Samples per held-out task; pass@1 is their mean (more samples, a tighter interval)."""
+    concurrency: int = 16
+    """Evaluation samples in flight (decoded as one batch)."""
+    agent: AgentConfig = field(default_factory=lambda: AgentConfig(
+        max_turns=8, max_new_tokens=256, max_total_new_tokens=2048, context_window=8192,
+        temperature=1.0))
+    """Budgets of evaluation samples (pass@1 at temperature 1, as trained)."""
+    gate: GateSettings = field(default_factory=GateSettings)
+    """The bench gate (``looprl.bench.gate``): the RL checkpoint against the starting one."""
+
+    def __post_init__(self) -> None:
+        for name in ("k", "concurrency"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """RL of a coding agent, end to end: tasks -> model -> (SFT) -> async GRPO -> eval -> report."""
+
+    name: str = "train"
+    """Run directory name under the runs root (``--runs``, default ``runs/``)."""
+    seed: int = 0
+    tasks: TasksSection = field(default_factory=lambda: TasksSection(
+        train_packages=["inflection==0.5.1"]))
+    model: ModelSection = field(default_factory=ModelSection)
+    demos: DemosSection = field(default_factory=DemosSection)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalSection = field(default_factory=EvalSection)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    """Where rollouts and sandboxes run: this process, or the nodes of a Ray cluster."""

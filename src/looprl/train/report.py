@@ -1,0 +1,149 @@
+"""``runs/<name>/report.md`` of a ``looprl train`` run: what was trained, how it evaluated, and
+one machine-readable last line.
+
+    heldout_pass1_sft=… heldout_pass1_rl=… delta_ci_low=… delta_ci_high=… rl_minutes=…
+
+The held-out difference and its 95% interval are the bench gate's (``bench.gate.compare``:
+a paired bootstrap over tasks), so the report and the gate never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from looprl.bench.gate import Comparison, compare
+from looprl.bench.turns import TurnAccuracy
+from looprl.train.config import TrainConfig
+from looprl.train.stages import RLSummary
+from looprl.train.tasks import TaskSets
+
+console = Console()
+
+ROWS = (("pass@1", "pass@1"), ("mean output tokens", "mean_output_tokens"),
+        ("mean tool calls", "mean_tool_calls"), ("mean turns", "mean_turns"),
+        ("broken tool calls / call", "broken_tool_call_rate"))
+"""(label, key in a bench summary's ``metrics``) of the evaluation tables."""
+
+
+@dataclass(frozen=True)
+class Evals:
+    """Bench summaries (``bench.report.summarize``) of the starting and the trained checkpoint."""
+
+    start: dict[str, Any]
+    rl: dict[str, Any]
+    start_packages: dict[str, Any] | None = None
+    """On the held-out packages (None when the run has none)."""
+    rl_packages: dict[str, Any] | None = None
+
+    def gate(self, cfg: TrainConfig) -> Comparison:
+        g = cfg.eval.gate
+        return compare(self.start, self.rl, max_drop=g.max_drop, min_gain=g.min_gain,
+                       seed=cfg.seed)
+
+    def packages_gate(self, cfg: TrainConfig) -> Comparison | None:
+        if not (self.start_packages and self.rl_packages):
+            return None
+        return compare(self.start_packages, self.rl_packages, seed=cfg.seed)
+
+
+def loss_ends(losses: list[float]) -> tuple[float, float]:
+    """Mean loss of the first and of the last tenth of the steps (nan, nan: none)."""
+    if not losses:
+        return float("nan"), float("nan")
+    n = max(1, len(losses) // 10)
+    return sum(losses[:n]) / n, sum(losses[-n:]) / n
+
+
+def turns_markdown(turns: dict[str, TurnAccuracy]) -> list[str]:
+    """Per-tool exact-turn rates on the validation demos, one column per checkpoint."""
+    if not turns:
+        return []
+    labels = list(turns)
+    tools = sorted({k for acc in turns.values() for k in acc.by_tool})
+    n = {k: max(acc.by_tool[k].turns for acc in turns.values() if k in acc.by_tool) for k in tools}
+    lines = ["## Turn accuracy on validation demos", "",
+             "Share of the demos' assistant turns that greedy decoding reproduces exactly, given "
+             "the demo's own context (teacher-forced; `looprl.bench.turns`).", "",
+             "| turn | n | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    for k in tools:
+        lines.append(f"| {k} | {n[k]} | " + " | ".join(
+            f"{turns[lab].exact_rate(k):.3f}" for lab in labels) + " |")
+    lines.append("| all | " + str(turns[labels[0]].total.turns) + " | " + " | ".join(
+        f"{turns[lab].total.exact_rate:.3f}" for lab in labels) + " |")
+    return [*lines, ""]
+
+
+def _eval_table(title: str, a: dict[str, Any], b: dict[str, Any], cmp: Comparison,
+                start_label: str) -> list[str]:
+    table = Table("metric", start_label, "RL", title=title)
+    md = [f"| metric | {start_label} | RL |", "|---|---|---|"]
+    for label, key in ROWS:
+        x, y = a["metrics"].get(key, float("nan")), b["metrics"].get(key, float("nan"))
+        md.append(f"| {label} | {x:.3f} | {y:.3f} |")
+        table.add_row(label, f"{x:.3f}", f"{y:.3f}")
+    console.print(table)
+    p1 = cmp.diffs[0]
+    return [f"## {title}", "",
+            f"{cmp.n_tasks} tasks x {a.get('k', 1)} samples. pass@1 RL - {start_label}: "
+            f"{p1.diff:+.3f} (95% CI [{p1.lo:+.3f}, {p1.hi:+.3f}]).", "", *md, ""]
+
+
+def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, *,
+                 n_demos: int, sft: dict[str, Any] | None, rl: RLSummary,
+                 total_minutes: float, turns: dict[str, TurnAccuracy]) -> Path:
+    """Write ``report.md`` (and the evaluations as JSON) into ``run_dir``; returns its path."""
+    start_label = "SFT" if sft else "start"
+    gate = evals.gate(cfg)
+    pkg_gate = evals.packages_gate(cfg)
+    hist = rl.history
+    sources = cfg.tasks.train_file or ", ".join(cfg.tasks.train_packages)
+    lines = [
+        f"# looprl train — {cfg.name}", "",
+        f"Total {total_minutes:.1f} min; RL {rl.minutes:.1f} min, {rl.steps} steps, "
+        f"{rl.groups_trained} groups trained, {rl.groups_stale} stale, "
+        f"{rl.zero_variance_groups} zero-variance, trainer idle {rl.idle_fraction:.0%}.", "",
+        f"Tasks: {len(sets.train)} train, {len(sets.heldout)} held-out functions"
+        + (f", {len(sets.heldout_packages)} of held-out packages "
+           f"({', '.join(cfg.tasks.heldout_packages)})" if sets.heldout_packages else "")
+        + f" (from {sources}).",
+    ]
+    if cfg.tasks.train_packages:
+        lines.append(f"Task kinds: {', '.join(f'{k} {v:.0%}' for k, v in cfg.tasks.mix.items())}; "
+                     f"mutations: {', '.join(cfg.tasks.kinds)}.")
+    if cfg.tasks.selection:
+        lines.append("Prompts carry the user's editor selection (the buggy code with its path and "
+                     f"lines, never the fix) in {sum(bool(t.metadata.get('selection')) for t in sets.heldout)}"
+                     f" of {len(sets.heldout)} held-out tasks.")
+    if sft:
+        first, last = loss_ends(sft["losses"])
+        lines += [f"SFT: {n_demos} demos, {sft['steps']} steps, loss {first:.3f} → {last:.3f} "
+                  "(means of the first and last tenth of the steps; one step's loss swings with "
+                  "the demos it draws).", "", "![SFT loss](sft_loss.png)"]
+    lines += ["", *_eval_table("Held-out functions", evals.start, evals.rl, gate, start_label)]
+    if pkg_gate and evals.start_packages and evals.rl_packages:
+        lines += _eval_table("Held-out packages (never trained on)", evals.start_packages,
+                             evals.rl_packages, pkg_gate, start_label)
+    lines += [f"Gate ({'passed' if gate.passed else 'FAILED'}): {gate.reason}.", "",
+              *turns_markdown(turns),
+              "## Training", "", "![reward curve](reward_curve.png)", "",
+              f"First step reward {hist[0].get('reward/total_mean', 0):+.3f} → last "
+              f"{hist[-1].get('reward/total_mean', 0):+.3f}." if hist else "No RL step ran.", ""]
+    p1 = gate.diffs[0]
+    last = (f"heldout_pass1_sft={p1.a:.4f} heldout_pass1_rl={p1.b:.4f} delta_ci_low={p1.lo:.4f} "
+            f"delta_ci_high={p1.hi:.4f} rl_minutes={rl.minutes:.2f}")
+    if pkg_gate:
+        q = pkg_gate.diffs[0]
+        last += (f" packages_pass1_sft={q.a:.4f} packages_pass1_rl={q.b:.4f} "
+                 f"packages_ci_low={q.lo:.4f} packages_ci_high={q.hi:.4f}")
+    path = run_dir / "report.md"
+    path.write_text("\n".join([*lines, last]) + "\n")
+    if turns:
+        (run_dir / "turn_accuracy.json").write_text(json.dumps(
+            {lab: acc.to_json() for lab, acc in turns.items()}, indent=1))
+    return path

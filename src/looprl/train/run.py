@@ -1,0 +1,254 @@
+"""``looprl train``: the composition root that wires tasks, model, SFT, the rollout engine and
+runner, the GRPO loop, the weight store, evaluation and the report together.
+
+    looprl train -c configs/train_cpu.toml [-o key=value ...] [--resume]
+    run(load_config(TrainConfig, path, overrides), Path("runs"), resume=False)
+
+Stages, each with a progress bar, each leaving its result in ``runs/<name>/``:
+
+1. **tasks** — ``tasks/{train,heldout,heldout_packages}.jsonl`` (``looprl.train.tasks``);
+2. **model** — ``model.path`` or the default model (pretrained on source and the demos);
+3. **SFT** — on the demos, when there are any (``demos.oracle``, ``demos.synthetic``) →
+   ``model_sft/``; the validation demos' teacher-forced turn accuracy;
+4. **evaluation of the start** — ``eval_start.json`` (and ``eval_start_packages.json``);
+5. **async GRPO** — ``metrics.jsonl``, ``ckpt/``, ``weights/``, TensorBoard (``looprl.trainer.grpo``);
+6. **evaluation of the result** — ``model_rl/``, ``eval_rl.json``; the bench gate against the start;
+7. **report** — ``report.md``, ``dashboard.html``, PNGs.
+
+``--resume`` continues a run that was stopped or killed: a stage whose result is in the run
+directory is not run again, and RL continues from its newest checkpoint (``GRPOLoop.resume``).
+The run's saved ``config.json`` must match the config given, except for the loop's budgets.
+
+Several trainer processes (``looprl train --nproc N``, or ``torchrun ... -m looprl.cli train``
+across machines): rank 0 runs stages 1-4 alone while the others wait, then every rank runs async
+GRPO on its share of the train tasks with its own rollout engine, on ``cuda:LOCAL_RANK`` on a
+GPU machine, the step wrapped as ``grpo.parallel`` says (DDP or FSDP2, ``trainer.ddp``); rank 0
+publishes, checkpoints and logs, and runs stages 6-7 alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looprl.bench.turns import TurnAccuracy, turn_accuracy
+from looprl.config import save_config, to_dict
+from looprl.errors import ConfigError
+from looprl.models.loading import load_model
+from looprl.models.pretrain import save_loss_png
+from looprl.train import stages
+from looprl.train.config import TrainConfig
+from looprl.train.report import Evals, loss_ends, write_report
+from looprl.train.tasks import TaskSets, build_tasks
+from looprl.trainer import ddp
+from looprl.types import Trajectory
+
+console = stages.console
+
+RESUMABLE_CHANGES = ("loop.max_minutes", "loop.max_steps")
+"""Config fields a resumed run may change (the budget of a run stopped short)."""
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and all(isinstance(x, str) for x in v):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resumable(cfg: TrainConfig, run_dir: Path) -> None:
+    """A resumed run must be the run that was started: same config but for its budgets."""
+    saved_path = run_dir / "config.json"
+    if not saved_path.is_file():
+        raise ConfigError(f"--resume: {run_dir} holds no run (no config.json); start it "
+                          "without --resume")
+    saved = _flat(json.loads(saved_path.read_text()))
+    now = _flat(json.loads(json.dumps(to_dict(cfg), default=str)))
+    changed = sorted(k for k in set(saved) | set(now)
+                     if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
+    if changed:
+        raise ConfigError(f"--resume: the config differs from the run's saved config.json in "
+                          f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}; "
+                          f"resume with the same config (only {', '.join(RESUMABLE_CHANGES)} "
+                          "may change) or start a new run with another name")
+
+
+def _json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _cached_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _tasks(cfg: TrainConfig, run_dir: Path) -> TaskSets:
+    sets = TaskSets.load(run_dir)
+    if sets is None:
+        with stages.progress_bar() as bar:
+            job = bar.add_task("tasks", total=None)
+            sets = build_tasks(cfg.tasks,
+                               progress=lambda spec: bar.update(job, description=f"tasks: {spec}"))
+        sets.save(run_dir)
+    console.print(f"[bold]tasks[/]: {len(sets.train)} train, {len(sets.heldout)} held-out"
+                  + (f", {len(sets.heldout_packages)} in held-out packages"
+                     if sets.heldout_packages else ""))
+    return sets
+
+
+@dataclass(frozen=True)
+class Start:
+    """The model RL starts from (made by init, pretraining and SFT, or reloaded on resume)."""
+
+    model: Any
+    tok: Any
+    dir: Path
+    """Its checkpoint: what the start is evaluated on and the vLLM engine loads."""
+    demos: int
+    """Demos SFT trained on (0: no SFT)."""
+    sft: dict[str, Any] | None
+    """steps, losses and wall_s of SFT; None when there was none."""
+    validation: list[Trajectory]
+    """Demos kept out of SFT for the turn-accuracy diagnostic."""
+    turns: dict[str, dict[str, dict[str, int]]]
+    """Turn accuracies so far (``TurnAccuracy.to_json``), by checkpoint label."""
+
+
+def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.device) -> Start:
+    start_dir, record_path = run_dir / "model_start", run_dir / "start.json"
+    val_path = run_dir / "demos_validation.jsonl"
+    record = _cached_json(record_path)
+    if record is not None:  # resumed after this stage
+        loaded = load_model(start_dir)
+        val = [Trajectory.from_json(x) for x in val_path.read_text().splitlines() if x.strip()]
+        return Start(loaded.model.to(device), loaded.tokenizer, start_dir, record["demos"],
+                     record["sft"], val, record["turns"])
+    model_dir = stages.init_model(cfg, run_dir)
+    tok = load_model(model_dir).tokenizer
+    demos, val = stages.split_validation(stages.make_demos(sets.train, tok, cfg),
+                                         cfg.demos.validation, cfg.seed)
+    stages.pretrain_model(cfg, model_dir, demos, tok)
+    model = load_model(model_dir).model.to(device)
+    turns = {"init": turn_accuracy(model, tok, val).to_json()} if val else {}
+    sft_record = None
+    if demos:
+        from looprl.trainer.sft import sft
+
+        console.print(f"[bold]SFT[/] on {len(demos)} demos ({len(val)} kept for validation)")
+        res = sft(model, demos, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
+        if val:
+            acc = turn_accuracy(model, tok, val)
+            turns["sft"] = acc.to_json()
+            console.print("turn accuracy after SFT (exact greedy turns): " + ", ".join(
+                f"{k} {s.exact_rate:.2f}" for k, s in sorted(acc.by_tool.items())))
+        first, last = loss_ends(res.losses)
+        console.print(f"SFT: {res.steps} steps, {res.tokens:,} model tokens, loss "
+                      f"{first:.3f} -> {last:.3f} in {res.wall_s:.0f} s")
+        save_loss_png(res.losses, run_dir / "sft_loss.png", title="SFT",
+                      ylabel="NLL per model token")
+        sft_record = {"steps": res.steps, "losses": res.losses, "wall_s": res.wall_s}
+    # The start of RL, SFT or not, in the run directory: what --resume reloads and the
+    # start evaluation loads. Written before start.json, which marks the stage done.
+    stages.save_model(model, tok, start_dir)
+    val_path.write_text("".join(v.to_json() + "\n" for v in val))
+    _json(record_path, {"sft": sft_record, "demos": len(demos), "turns": turns})
+    return Start(model, tok, start_dir, len(demos), sft_record, val, turns)
+
+
+def _evaluate(cfg: TrainConfig, run_dir: Path, model_dir: Path, sets: TaskSets, label: str
+              ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The bench summaries of ``model_dir`` on the held-out functions and packages (cached in
+    ``eval_<label>.json`` / ``eval_<label>_packages.json``; their trajectories in
+    ``trajectories/eval_<label>*.jsonl``)."""
+    out = []
+    for suffix, tasks in (("", sets.heldout), ("_packages", sets.heldout_packages)):
+        path = run_dir / f"eval_{label}{suffix}.json"
+        rep = _cached_json(path)
+        if rep is None and tasks:
+            trajs = run_dir / "trajectories" / f"eval_{label}{suffix}.jsonl"
+            trajs.parent.mkdir(exist_ok=True)
+            trajs.unlink(missing_ok=True)  # a killed evaluation's are started over
+            rep = stages.evaluate(model_dir, tasks, cfg, label + suffix, trajs)
+            _json(path, rep)
+        out.append(rep)
+    return out[0], out[1]
+
+
+def run(cfg: TrainConfig, runs_root: Path = Path("runs"), *, resume: bool = False
+        ) -> Path | None:
+    """The whole run (module docstring); returns the report's path (None on the ranks but 0
+    under torchrun)."""
+    dist = ddp.init_from_env()
+    try:
+        return _run(cfg, runs_root, resume, dist)
+    finally:
+        ddp.cleanup()
+
+
+def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) -> Path | None:
+    run_dir = runs_root / cfg.name
+    ddp.per_rank(cfg.loop.groups_per_step, dist, "loop.groups_per_step")  # before hours of SFT
+    if dist.is_main:
+        if resume:
+            check_resumable(cfg, run_dir)
+        elif (run_dir / "config.json").is_file():
+            raise ConfigError(f"{run_dir} holds an earlier run; continue it with --resume, or "
+                              "pick another name (-o name=...)")
+    else:
+        console.quiet = True  # rank 0 reports
+    device = ddp.rank_device(stages.resolve_device(cfg.model.device), dist)
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.model.threads)
+    t_start = time.monotonic()
+
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.json")
+        sets = _tasks(cfg, run_dir)
+        start = _start_model(cfg, run_dir, sets, device)
+        start_eval, start_pkg = _evaluate(cfg, run_dir, start.dir, sets, "start")
+    # Under torchrun rank 0 alone makes the tasks, the start model and its evaluation; the
+    # other ranks wait here, then load what it saved.
+    ddp.barrier(dist)
+    if not dist.is_main:
+        sets = TaskSets.load(run_dir)
+        assert sets is not None, "rank 0 saved the tasks before the barrier"
+        start = _start_model(cfg, run_dir, sets, device)
+
+    rl_dir, rl_path = run_dir / "model_rl", run_dir / "rl.json"
+    done = _cached_json(rl_path)
+    if done is None:
+        summary, trained = stages.train_rl(cfg, start.model, start.tok, start.dir, sets.train,
+                                           run_dir, resume=resume, dist=dist)
+        if dist.is_main:
+            stages.save_model(trained, start.tok, rl_dir)
+            _json(rl_path, dataclasses.asdict(summary))  # marks RL done: --resume evaluates next
+    else:
+        summary = stages.RLSummary(**done)
+    if not dist.is_main:
+        return None
+    rl_eval, rl_pkg = _evaluate(cfg, run_dir, rl_dir, sets, "rl")
+    turns = {lab: TurnAccuracy.from_json(acc) for lab, acc in start.turns.items()}
+    if start.validation:
+        turns["rl"] = turn_accuracy(load_model(rl_dir).model, start.tok, start.validation)
+
+    report = write_report(run_dir, cfg, sets, Evals(start_eval, rl_eval, start_pkg, rl_pkg),
+                          n_demos=start.demos, sft=start.sft, rl=summary,
+                          total_minutes=(time.monotonic() - t_start) / 60, turns=turns)
+    from looprl.dashboard import DashboardConfig, export_html
+
+    page = export_html(DashboardConfig(runs=(run_dir,)), run_dir / "dashboard.html")
+    console.print(f"[bold green]report:[/] {report}  (charts: {page}; live: looprl dashboard "
+                  f"--run {run_dir})")
+    console.print(report.read_text().splitlines()[-1])
+    return report

@@ -1,0 +1,297 @@
+"""The stages of ``looprl train`` after the tasks: model, demos, SFT, evaluation, async GRPO.
+
+Each stage is a function of the config and what the stages before it made; ``looprl.train.run``
+calls them in order and saves what each made in the run directory, so ``--resume`` skips it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import random
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from looprl.errors import ConfigError
+from looprl.train.config import TrainConfig
+from looprl.trainer.ddp import ONE_PROCESS, DistInfo
+from looprl.types import Task, Trajectory
+
+console = Console()
+
+
+def progress_bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``model.device``: auto picks the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"model.device={name} but torch sees no CUDA device (torch "
+                          f"{torch.__version__}); use model.device=cpu or auto")
+    return dev
+
+
+def save_model(model: Any, tok: Any, dest: Path) -> Path:
+    """``save_pretrained`` into ``dest`` atomically: a run killed while saving leaves no
+    half-written checkpoint that ``--resume`` would take for a finished one."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
+    """The model this run trains: the checkpoint in ``model.path``, or a fresh copy of the
+    default model (pretrained later, by ``pretrain_model``, once the demos exist)."""
+    from looprl.models.tiny import default_model_dir
+
+    if cfg.model.path:  # a real checkpoint: train it as it is
+        path = Path(cfg.model.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.path={path} is not a HF checkpoint (no config.json); "
+                              "give a directory written by save_pretrained, or leave it empty "
+                              "for the default model")
+        return path
+    with console.status(f"the default model ({cfg.model.size}) and its tokenizer"):
+        cache = default_model_dir(cfg.model.size, cfg.seed)
+    dest = run_dir / "model_init"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(cache, dest)
+    return dest
+
+
+def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], tok: Any) -> None:
+    """``model.pretrain_steps`` of next-token pretraining of the default model on installed
+    Python source plus the whole transcripts of ``demos`` (tool output included: a loss on every
+    token, where SFT has one on the model's turns only), and ``model.drills`` copy drills per
+    copying step of ``demos``."""
+    if cfg.model.path or not cfg.model.pretrain_steps:
+        return
+    from looprl.models.pretrain import pretrain
+    from looprl.tasks.drills import copy_drills
+
+    drills = copy_drills(demos, tok, per_demo=cfg.model.drills, seed=cfg.seed) \
+        if cfg.model.drills and demos else []
+    if drills:
+        console.print(f"pretraining text: + {len(drills):,} copy drills from {len(demos)} demos")
+    transcripts = [list(seg.token_ids_T) for d in demos for seg in d.segments]
+    pretrain(model_dir, steps=cfg.model.pretrain_steps, transcripts=transcripts + drills,
+             bf16=True)
+
+
+def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
+    """The oracle's checked trajectories on the train tasks (``demos.oracle``), then
+    ``demos.synthetic`` more from installed packages, all with the tools RL and evaluation offer
+    (they are in the prompt)."""
+    from looprl.tasks.demos import oracle_demos
+    from looprl.tasks.synthetic import synthetic_repos, synthetic_tasks
+    from looprl.train.tasks import select_code
+
+    sources: list[tuple[Task, Any]] = [(t, None) for t in train] if cfg.demos.oracle else []
+    n_task_sources = len(sources)
+    if cfg.demos.synthetic:
+        task_pkgs = [s.split("==")[0] for s in cfg.tasks.train_packages + cfg.tasks.heldout_packages]
+        task_pkgs += sorted({str(t.metadata.get("package", "")) for t in train})
+        items = synthetic_tasks(synthetic_repos(exclude=task_pkgs), cfg.demos.synthetic,
+                                seed=cfg.seed, kinds=tuple(cfg.demos.kinds))
+        sources += [(select_code(i.task, i.files) if cfg.tasks.selection else i.task, i.files)
+                    for i in items]
+    if not sources:
+        return []
+    with progress_bar() as bar:
+        job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
+        demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
+                                         workers=cfg.demos.workers,
+                                         progress=lambda n: bar.advance(job, n)))
+    n_real = sum(1 for d in demos if not d.task_id.startswith("synthetic-"))
+    console.print(f"SFT demos: {n_real}/{n_task_sources} train tasks, "
+                  f"{len(demos) - n_real}/{len(sources) - n_task_sources} synthetic")
+    return demos
+
+
+def split_validation(demos: list[Trajectory], n: int, seed: int
+                     ) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(train, validation): ``n`` demos drawn at random, never more than a fifth of them."""
+    n = min(n, len(demos) // 5)
+    order = list(range(len(demos)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:n])
+    return ([d for i, d in enumerate(demos) if i not in held],
+            [d for i, d in enumerate(demos) if i in held])
+
+
+def evaluate(model_dir: Path, tasks: list[Task], cfg: TrainConfig, label: str,
+             trajectories: Path | None = None) -> dict:
+    """``eval.k`` samples per task of the checkpoint at ``model_dir``, graded by hidden tests
+    (every trajectory appended to ``trajectories``, a JSONL file, when given)."""
+    from looprl.bench.report import summarize
+    from looprl.bench.run import BenchSettings, run_bench
+
+    a = cfg.eval.agent
+    settings = BenchSettings(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
+                             max_total_new_tokens=a.max_total_new_tokens,
+                             context_window=a.context_window, temperature=a.temperature,
+                             concurrency=cfg.eval.concurrency, tools=tuple(cfg.rollout.tools))
+    k = cfg.eval.k
+    with progress_bar() as bar:
+        job = bar.add_task(f"held-out eval: {label}", total=len(tasks) * k)
+        samples = run_bench(tasks, f"model:{model_dir}", k=k, settings=settings,
+                            progress=lambda n: bar.advance(job, n), trajectories=trajectories)
+    return summarize(samples, k, policy=label)
+
+
+@contextlib.contextmanager
+def only_gpu(device: torch.device) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` names ``device``'s GPU alone inside the block, so an engine that
+    starts processes of its own (vLLM) starts them on this rank's GPU, not on GPU 0 (this
+    process's CUDA context is made already and keeps its devices)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = before.split(",") if before else [str(i) for i in range(torch.cuda.device_count())]
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[device.index or 0]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+@dataclass(frozen=True)
+class RLSummary:
+    """What the RL stage did (saved as ``rl.json``; the report reads it)."""
+
+    steps: int
+    groups_trained: int
+    groups_stale: int
+    zero_variance_groups: int
+    idle_fraction: float
+    """Share of the trainer's time spent waiting for groups."""
+    minutes: float
+    history: list[dict[str, Any]]
+    """The loop's per-step metrics rows (``metrics.jsonl``)."""
+
+    @classmethod
+    def of(cls, stats: Any, minutes: float) -> RLSummary:
+        return cls(stats.steps, stats.groups_trained, stats.groups_stale,
+                   stats.zero_variance_groups, stats.idle_fraction, minutes, stats.history)
+
+
+def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
+             run_dir: Path, *, resume: bool = False, dist: DistInfo = ONE_PROCESS
+             ) -> tuple[RLSummary, Any]:
+    """Async GRPO from ``model`` on ``train`` for ``loop.max_minutes``; returns what it did and,
+    on rank 0, the trained model (``model`` itself unless FSDP sharded it; None on the other
+    ranks). With ``resume``, the loop continues from the newest checkpoint in ``run_dir/ckpt``.
+    Under torchrun (``dist``) every rank rolls out its share of ``train`` with its own engine
+    (``trainer.grpo``); rank 0 publishes to the weight store."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.model.rl_threads)
+    try:
+        return _train_rl(cfg, model, tok, start_dir, train, run_dir, resume, dist)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
+              run_dir: Path, resume: bool, dist: DistInfo) -> tuple[RLSummary, Any]:
+    from looprl.inference import TorchEngine, make_engine
+    from looprl.trainer.grpo import GRPOLoop, TaskSampler
+    from looprl.trainer.step import GRPOStep
+    from looprl.weights.store import FsspecWeightStore
+
+    if cfg.fleet.backend == "ray":
+        engine = None  # each node's replica loads start_dir itself
+    elif cfg.model.engine == "torch":
+        engine = TorchEngine(copy.deepcopy(model).eval(), tok)
+    else:  # the engine loads the starting checkpoint itself (e.g. vLLM on a GPU)
+        with only_gpu(next(model.parameters()).device):
+            engine = make_engine(cfg.model.engine, model_path=str(start_dir),
+                                 **cfg.model.engine_options)
+    weights_url = cfg.fleet.weights_url or str(run_dir / "weights")
+    store = FsspecWeightStore(weights_url) if dist.is_main else None
+    # KL is measured against the model RL starts from (the SFT checkpoint), frozen
+    ref = copy.deepcopy(model).eval() if cfg.grpo.kl_coef else None
+    # under torchrun the step wraps the model (DDP, or FSDP in place): the copies come first
+    step = GRPOStep(model.train(), cfg.grpo, ref_model=ref, pad_id=tok.pad_token_id, dist=dist)
+    tasks = train[dist.rank::dist.world_size]  # this rank's share
+    t_rl = time.monotonic()
+
+    async def rl() -> Any:
+        runner, sink, close = await _rollouts(cfg, engine, tok, start_dir, run_dir, weights_url,
+                                              dist)
+        try:
+            loop = GRPOLoop(step, sink, runner, TaskSampler(tasks, cfg.seed), cfg.loop,
+                            store=store, run_dir=run_dir, config_to_save=cfg)
+            if resume and loop.resume() is not None:
+                console.print(f"resumed RL at step {loop.stats.steps} (weights v{loop.version})")
+            with progress_bar() as bar:
+                job = bar.add_task("async GRPO", total=None)
+
+                def tick(stats: Any) -> None:
+                    last = stats.history[-1]
+                    bar.update(job, completed=stats.steps, description=(
+                        f"GRPO step {stats.steps} reward {last.get('reward/total_mean', 0):+.3f} "
+                        f"pass {last.get('rollout/pass_rate', 0):.2f}"))
+                stats = await loop.run(progress=tick)
+            loop.checkpoint()
+            return stats
+        finally:
+            await close()
+
+    stats = asyncio.run(rl())
+    return RLSummary.of(stats, (time.monotonic() - t_rl) / 60), step.sharding.gathered()
+
+
+async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, run_dir: Path,
+                    weights_url: str, dist: DistInfo
+                    ) -> tuple[Any, Any, Callable[[], Awaitable[None]]]:
+    """The rollouts' runner, what takes each new policy version, and how to close them: ``engine``
+    and a sandbox pool in this process, or a Ray fleet (``fleet.backend = "ray"``: an engine
+    replica and an environment server on every node, ``looprl.fleet``)."""
+    from looprl.rollout.runner import RolloutRunner
+    from looprl.rollout.score import make_scorer
+
+    if cfg.fleet.backend == "ray":
+        if dist.world_size > 1:
+            raise ConfigError("fleet.backend=ray rolls out for one trainer process; run the "
+                              "trainer without torchrun, or use fleet.backend=inprocess")
+        from looprl.fleet.ray_fleet import MemberSpec, RayFleet
+
+        fleet = await RayFleet.start(cfg.fleet, MemberSpec(
+            str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine),
+            snapshot=run_dir / "fleet.json")
+        return RolloutRunner.over(fleet, cfg.rollout), fleet, fleet.close
+    from looprl.harness.format import ChatFormat
+    from looprl.sandbox import SandboxPool
+
+    pool = SandboxPool(max_running=cfg.rollout.max_in_flight)
+
+    async def close() -> None:
+        await pool.close()
+        if callable(getattr(engine, "close", None)):
+            engine.close()
+
+    return (RolloutRunner(engine, ChatFormat(tok), pool, make_scorer(cfg.reward), cfg.rollout),
+            engine, close)
