@@ -11,6 +11,9 @@ VENV="${2:-.venv}"
 NEED=""
 command -v bwrap >/dev/null 2>&1 || NEED="$NEED bubblewrap"
 command -v cc >/dev/null 2>&1 || NEED="$NEED gcc libc6-dev"
+# the dashboard's browser tests drive Debian's headless Chromium (Playwright's own browser
+# download is not used: it needs a host that may be unreachable)
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || NEED="$NEED chromium"
 if [ -n "$NEED" ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing system packages:$NEED"
@@ -41,6 +44,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip install -q "torch==2.13.0"
   fi
 fi
-echo "[setup] installing looprl and its dependencies"
-"$VENV/bin/python" -m pip install -q -e .
+echo "[setup] installing looprl and its dependencies (with the ray extra: the fleet and its tests;"\
+     "the test extra: playwright and wandb for the dashboard and logger tests)"
+"$VENV/bin/python" -m pip install -q -e ".[ray,test]"
 "$VENV/bin/python" -c "import looprl, torch; print('[setup] looprl ready, torch', torch.__version__)"

@@ -1,18 +1,26 @@
 """Typed configs: one dataclass per component, a docstring under every field.
 
 Experiments are TOML files under ``configs/``; any field can be overridden from the command line
-with a dotted path: ``-o trainer.lr=1e-5 -o rollout.group_size=4``. The resolved config is saved
+with a dotted path: ``-o grpo.lr=1e-5 -o rollout.group_size=4``. The resolved config is saved
 with every run and checkpoint (``save_config``).
 
-    cfg = load_config(QuickstartConfig, "configs/quickstart.toml", ["trainer.lr=1e-5"])
+    cfg = load_config(TrainConfig, "configs/quickstart.toml", ["grpo.lr=1e-5"])
+
+Everything is checked at load, before any work starts: unknown keys (the nearest valid one is
+named), values of the wrong type, and each dataclass's own rules (``__post_init__``). A dataclass
+refuses a value with ``FieldError(field, problem)`` (``check_choice`` for named choices), and the
+loader names the field by the dotted key the user wrote, whatever section the dataclass sits in.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,8 +31,62 @@ from looprl.errors import ConfigError
 C = TypeVar("C")
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+class FieldError(ConfigError):
+    """A config field holds a value its dataclass refuses. Raised from ``__post_init__`` with the
+    field's own name (``loss``); ``from_dict`` re-raises it with the full dotted key
+    (``grpo.loss``), so the message names the section the user actually wrote."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key} {problem}")
+        self.key = key
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # picklable despite two arguments
+        return type(self), (self.key, self.problem)
+
+
+def nearest(name: str, names: Iterable[str]) -> str | None:
+    """The closest of ``names`` to a misspelt ``name``, or None when none is close."""
+    found = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def check_choice(key: str, value: object, choices: Iterable[str]) -> None:
+    """Raise ``FieldError`` unless ``value`` is one of ``choices`` (naming them and the nearest).
+
+    >>> check_choice("loss", "drgrpo", ["dr_grpo", "grpo", "cispo"])
+    Traceback (most recent call last):
+    looprl.config.FieldError: loss must be one of cispo, dr_grpo, grpo; got 'drgrpo' (did you mean dr_grpo?)
+    """
+    options = sorted(choices)
+    if value in options:
+        return
+    near = nearest(str(value), options)
+    raise FieldError(key, f"must be one of {', '.join(options)}; got {value!r}"
+                          + (f" (did you mean {near}?)" if near else ""))
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "none"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "a table"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _json(value: str, tp: Any, where: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        raise ConfigError(f"{where}: expected {_type_name(tp)} written as JSON, got {value!r}"
+                          ) from None
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -39,22 +101,32 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             try:
                 return _coerce(value, a, where)
             except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{where}: {value!r} matches none of {args}: {errors}")
+                errors.append(e)
+        tables = [e for a, e in zip(args, errors, strict=True) if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and len(tables) == 1:
+            raise tables[0]  # a section's own error (a key inside it) says more than its type
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a table of fields, got {value!r}")
+            raise ConfigError(f"{where}: expected a table of fields ([{where}] in TOML), "
+                              f"got {value!r}")
         return from_dict(tp, value, where + ".")
     if origin in (list, tuple):
         if isinstance(value, str):
-            value = [v for v in value.split(",") if v] if not value.startswith("[") else json.loads(value)
+            value = [v for v in value.split(",") if v] if not value.startswith("[") else _json(
+                value, tp, where)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
         (inner, *_) = typing.get_args(tp) or (Any,)
         seq = [_coerce(v, inner, f"{where}[]") for v in value]
         return tuple(seq) if origin is tuple else seq
     if origin is dict:
         if isinstance(value, str):
-            value = json.loads(value)
-        return dict(value)
+            value = _json(value, tp, where)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        _, vt = typing.get_args(tp) or (Any, Any)
+        return {str(k): _coerce(v, vt, f"{where}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -62,13 +134,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value.lower() in ("true", "1", "yes", "on")
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
     if tp in (int, float, str):
-        try:
-            if tp is int and isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return tp(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
-    if typing.get_origin(tp) is typing.Literal:
+        return _scalar(value, tp, where)
+    if origin is typing.Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
             raise ConfigError(f"{where}: expected one of {allowed}, got {value!r}")
@@ -76,16 +143,43 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def _scalar(value: Any, tp: type, where: str) -> Any:
+    """``value`` as an int, float or str; tables, lists, booleans-as-numbers and NaN refused."""
+    bad = isinstance(value, (dict, list, tuple)) or (tp is not str and isinstance(value, bool))
+    try:
+        if bad or (tp is int and isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        out = tp(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+    if tp is float and math.isnan(out):  # NaN passes no range check: it would run unnoticed
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    return out
+
+
 def from_dict(cls: type[C], data: dict[str, Any], where: str = "") -> C:
     """Build config ``cls`` from a nested dict, rejecting unknown keys with the valid ones listed."""
-    hints = _field_types(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(data) - names
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = [k for k in data if k not in names]
     if unknown:
-        raise ConfigError(f"unknown config key(s) {sorted(f'{where}{k}' for k in unknown)}; "
-                          f"valid keys{' under ' + where.rstrip('.') if where else ''}: {sorted(names)}")
+        near = [f"{where}{n}" for n in (nearest(k, names) for k in unknown) if n]
+        raise ConfigError(f"unknown config key(s) {[f'{where}{k}' for k in unknown]}"
+                          + (f" (did you mean {', '.join(near)}?)" if near else "")
+                          + f"; valid keys{' under ' + where.rstrip('.') if where else ''}: "
+                          f"{sorted(names)}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data  # type: ignore[arg-type]
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"missing config key(s) {[f'{where}{k}' for k in missing]}: they have "
+                          "no default")
     kwargs = {k: _coerce(v, hints[k], f"{where}{k}") for k, v in data.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except FieldError as e:
+        if not where:
+            raise
+        raise FieldError(where + e.key, e.problem) from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -114,17 +208,14 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist; see configs/ for examples")
+        if not p.is_file():
+            raise ConfigError(f"config file {p} {'is a directory' if p.is_dir() else 'does not exist'}"
+                              "; give a TOML file (examples: configs/)")
         try:
             data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
     data = apply_overrides(data, overrides or [])
-    return _merge_defaults(cls, data)
-
-
-def _merge_defaults(cls: type[C], data: dict[str, Any]) -> C:
     return from_dict(cls, data)
 
 

@@ -57,6 +57,12 @@ class ToolError(LooprlError):
     is_infra = False
 
 
+class PathEscapeError(ToolError):
+    """A path that leaves the workspace: absolute, through '..', or through a symlink resolving
+    outside. Raised where the path is resolved (the tools' check, the sandbox's open), so callers
+    tell it from a missing file by type, never by message text. The model's doing."""
+
+
 class ContextFullError(LooprlError):
     """A prompt does not fit the engine's context window. The trajectory's own doing (it grew too
     long): the harness should summarize or stop with ``StopReason.CONTEXT_FULL``."""

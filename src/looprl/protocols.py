@@ -2,7 +2,8 @@
 
 - ``Sandbox``: where commands run (``looprl.sandbox``).
 - ``Tool``: one harness tool (``looprl.harness.tools``).
-- ``Engine``: generates tokens with logprobs, takes new weights (``looprl.inference``).
+- ``Engine``: generates tokens with logprobs, takes new weights (``looprl.inference``);
+  ``WeightSink``: the weight-taking half, all the trainer needs (an engine or a Ray fleet).
 - ``RewardFn``: ``(task, trajectory) -> float | None`` (``looprl.rewards``).
 - ``WeightStore``: publishes and fetches policy weights (``looprl.weights``).
 """
@@ -10,11 +11,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from looprl.types import ExecResult, FileEntry, Generation, SamplingParams, Task, Trajectory
+
+if TYPE_CHECKING:  # annotations only: importing the seams costs no torch import
+    import torch
 
 
 @runtime_checkable
@@ -22,7 +24,8 @@ class Sandbox(Protocol):
     """An isolated, copy-on-write workspace over a task's repository.
 
     Paths are workspace-relative ('src/pkg/mod.py'); anything resolving outside the workspace raises
-    ``ToolError``. Commands run with the workspace as the working directory, no network.
+    ``PathEscapeError`` (a ``ToolError``). Commands run with the workspace as the working
+    directory, no network.
     """
 
     tools_dir: str
@@ -95,6 +98,13 @@ class Engine(Protocol):
         ...
 
 
+class WeightSink(Protocol):
+    """What the trainer hands each new policy version to: an ``Engine``, or a fleet of engine
+    replicas that pull the version from the weight store (``looprl.fleet``)."""
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
 class RewardFn(Protocol):
     """A pure reward term. ``None`` means "skip this trajectory" (e.g. cannot be judged)."""
 
@@ -110,3 +120,8 @@ class WeightStore(Protocol):
     def latest(self) -> int | None: ...
 
     def fetch(self, version: int) -> dict[str, torch.Tensor]: ...
+
+    def rollback(self, version: int, state_dict: Mapping[str, torch.Tensor] | None = None) -> list[int]:
+        """Remove the versions above ``version`` (returned); with ``state_dict``, make sure
+        ``version`` holds it. A trainer resumed from its checkpoint of ``version`` calls this."""
+        ...

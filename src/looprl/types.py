@@ -69,7 +69,16 @@ class _Record:
         return _to_json(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False)
+        """One line of JSON, always valid UTF-8: a record holding text that is not (a lone
+        surrogate, e.g. from a file name that is not UTF-8) is written with ASCII escapes, which
+        read back to the same record."""
+        d = self.to_dict()
+        text = json.dumps(d, ensure_ascii=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(d)
+        return text
 
     @classmethod
     def from_json(cls: type[R], text: str) -> R:

@@ -80,7 +80,7 @@ def test_window_baseline_is_the_batch_mean(store):
     from looprl.feedback.cycle import window_group
     from looprl.trainer.batch import build_batch
 
-    b = build_batch([window_group(trajs, "w")], std_norm="never")
+    b = build_batch([window_group(trajs, "w")])
     adv = sorted(float(a) for mb in b.micro_batches for a in mb.advantages_B)
     assert adv == [-1.0, -1.0, 1.0, 1.0]  # r - mean(r), mean = 0
 
@@ -152,7 +152,8 @@ def test_served_sessions_train_and_gate_end_to_end(tmp_path):
     engine = make_engine("torch", path=model, kv_budget_mb=64, max_len=4096)
     agent = AgentConfig(max_turns=2, max_new_tokens=24, context_window=4096)
     app = make_app({"A": engine}, engine.tokenizer, store,
-                   ServeConfig(token="t", agent=agent), policy_versions={"A": 0})
+                   ServeConfig(token="t", agent=agent, allowed_roots=(str(tmp_path),)),
+                   policy_versions={"A": 0})
     auth = {"Authorization": "Bearer t"}
     texts = ["thanks", "that's wrong", "still failing", "great, works now"]
     try:
@@ -164,7 +165,8 @@ def test_served_sessions_train_and_gate_end_to_end(tmp_path):
                 assert r.status_code == 200, r.text
                 sid = r.json()["session_id"]
                 c.post(f"/v1/sessions/{sid}/feedback", headers=auth,
-                       json={"kind": "follow_up", "text": text}).raise_for_status()
+                       json={"event_id": f"e{i}", "kind": "follow_up", "text": text}
+                       ).raise_for_status()
     finally:
         engine.close()
     lps = [lp for s in store.sessions(with_trajectory=True) for seg in s.trajectory.segments

@@ -4,10 +4,10 @@ import doctest
 
 import pytest
 
-from looprl.feedback import ab, signals, store
+from looprl.feedback import ab, sentiment, signals, store
 
 
-@pytest.mark.parametrize("module", [ab, signals, store])
+@pytest.mark.parametrize("module", [ab, sentiment, signals, store])
 def test_doctests(module):
     res = doctest.testmod(module)
     assert res.attempted > 0 and res.failed == 0

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from looprl.errors import ConfigError
-from looprl.feedback.signals import SIGNALS, follow_up_sentiment, is_dissatisfied, session_reward
+from looprl.feedback.sentiment import follow_up_sentiment, is_dissatisfied
+from looprl.feedback.signals import SIGNALS, session_reward
 from looprl.types import StopReason
 
-from .conftest import add
+from .conftest import add, make_traj
 
 DISSATISFIED_EXAMPLES = [
     "that's wrong", "That’s not what I asked for", "it didn't work", "Still failing on CI",
@@ -96,3 +99,33 @@ def test_infra_sessions_are_never_scored(store):
 def test_unknown_signal(store):
     with pytest.raises(ConfigError, match="choose one of"):
         session_reward(store.session(add(store)), [], "vibes")
+
+
+def test_the_order_users_acted_in_wins_over_arrival(store):
+    """A `reverted` at t=2000 that arrives before a `kept` at t=1000: the edit ended reverted."""
+    t0 = time.time() - 3000  # the session ran 50 minutes ago; t counts seconds from then
+    sid = store.add_session(user="u", arm="A", policy_version=0, prompt="p", repo="/r",
+                            trajectory=make_traj(), latency_s=1.0, created_at=t0)
+    store.add_event(sid, "reverted", event_id="r", at=t0 + 2000)
+    store.add_event(sid, "kept", event_id="k", at=t0 + 1000)
+    rb = _reward(store, sid)
+    assert rb.total == pytest.approx(-1.0) and rb.details["last_edit"] == "reverted"
+    shuffled = list(reversed(store.events(sid)))  # a caller's own order does not matter either
+    assert session_reward(store.session(sid), shuffled).total == pytest.approx(-1.0)
+
+
+def test_scoring_never_reclassifies_texts(store, monkeypatch):
+    """The cost of a reward does not grow with what users typed: the classifier ran when each
+    follow-up was stored, and scoring reads its verdict."""
+    import looprl.feedback.sentiment as sentiment
+
+    sid = add(store)
+    store.add_event(sid, "follow_up", {"text": "still failing " * 1000})
+
+    def boom(text: str) -> str:
+        raise AssertionError("classified again while scoring")
+
+    monkeypatch.setattr(sentiment, "follow_up_sentiment", boom)
+    monkeypatch.setattr(sentiment, "is_dissatisfied", boom)
+    for fn in SIGNALS.values():
+        assert fn(store.session(sid), store.events(sid)).components["follow_up"] == -0.5

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
 import pytest
 
 from looprl.errors import ConfigError
 from looprl.feedback.store import (
+    MAX_TEXT_CHARS,
     SCHEMA_VERSION,
+    EventConflictError,
     FailedSessionError,
     FeedbackStore,
+    FeedbackTooLargeError,
     UnknownSessionError,
     diff_files,
 )
@@ -134,3 +138,118 @@ def test_diff_files_is_not_fooled_by_header_like_hunk_lines():
     d = ("--- a/notes.md\n+++ b/notes.md\n@@ -1 +1 @@\n--- a/fake\n+++ b/fake\n"
          "--- a/real.py\n+++ b/real.py\n@@ -1 +1 @@\n-a\n+b\n")
     assert diff_files(d) == ("notes.md", "real.py")
+
+
+def test_a_replayed_event_is_stored_once_and_counted(store):
+    sid = add(store)
+    first = store.add_event(sid, "kept", event_id="e-1")
+    again = [store.add_event(sid, "kept", event_id="e-1") for _ in range(3)]
+    assert not first.duplicate and all(r.duplicate for r in again)
+    assert [r.event.id for r in again] == [first.event.id] * 3
+    (ev,) = store.events(sid)
+    assert (ev.client_id, ev.replays) == ("e-1", 3)
+    assert store.stats() == {"sessions": 1, "events": 1, "replays_ignored": 3}
+    other = add(store)  # ids are per session: another session may use the same one
+    assert not store.add_event(other, "kept", event_id="e-1").duplicate
+
+
+def test_an_event_id_reused_for_another_event_is_refused(store):
+    sid = add(store)
+    store.add_event(sid, "kept", event_id="e-1", at=time.time() - 5)
+    with pytest.raises(EventConflictError, match="already used"):
+        store.add_event(sid, "reverted", event_id="e-1")
+    with pytest.raises(EventConflictError, match="already used"):
+        store.add_event(sid, "kept", event_id="e-1", at=time.time())
+    assert [e.kind for e in store.events(sid)] == ["kept"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"event_id": ""}, "must be 1-128 characters"),
+    ({"event_id": "a b"}, "must be 1-128 characters"),
+    ({"event_id": "x" * 129}, "must be 1-128 characters"),
+    ({"at": float("nan")}, "unix timestamp"),
+    ({"at": float("inf")}, "unix timestamp"),
+    ({"at": 1.0}, "not between the session's start"),
+    ({"at": 1e12}, "not between the session's start"),
+])
+def test_bad_event_ids_and_times(store, kwargs, match):
+    sid = add(store)
+    with pytest.raises(ConfigError, match=match):
+        store.add_event(sid, "kept", **kwargs)
+    assert store.events(sid) == []
+
+
+def test_events_are_ordered_by_when_the_user_acted(store):
+    sid = add(store)
+    t = store.session(sid).created_at
+    store.add_event(sid, "reverted", event_id="late", at=t + 20)  # arrives first
+    store.add_event(sid, "kept", event_id="early", at=t + 10)
+    store.add_event(sid, "follow_up", {"text": "ok"}, event_id="same-time", at=t + 10)
+    assert [e.client_id for e in store.events(sid)] == ["early", "same-time", "late"]
+
+
+def test_text_limits_and_invalid_unicode_store_nothing(store):
+    sid = add(store)
+    with pytest.raises(FeedbackTooLargeError, match="over the limit of 20000"):
+        store.add_event(sid, "follow_up", {"text": "x" * (MAX_TEXT_CHARS + 1)})
+    with pytest.raises(ConfigError, match="invalid Unicode"):
+        store.add_event(sid, "follow_up", {"text": "still failing \ud800"})
+    assert store.events(sid) == []
+    store.add_event(sid, "follow_up", {"text": "x" * MAX_TEXT_CHARS})  # the limit itself is fine
+
+
+def test_a_session_holds_a_bounded_number_of_events(store, monkeypatch):
+    import looprl.feedback.store as mod
+
+    monkeypatch.setattr(mod, "MAX_EVENTS_PER_SESSION", 3)
+    sid = add(store)
+    for i in range(3):
+        store.add_event(sid, "follow_up", {"text": f"m{i}"})
+    with pytest.raises(FeedbackTooLargeError, match="already has 3 feedback events"):
+        store.add_event(sid, "kept")
+    assert store.add_event(sid, "follow_up", {"text": "m0"}, event_id=store.events(sid)[0]
+                           .client_id).duplicate  # a replay still answers
+
+
+def test_follow_ups_are_classified_once_when_stored(store):
+    sid = add(store)
+    ev = store.add_event(sid, "follow_up", {"text": "that didn't work"}).event
+    assert ev.sentiment == "dissatisfied" and store.events(sid)[0].sentiment == "dissatisfied"
+    assert store.add_event(sid, "kept").event.sentiment == ""
+
+
+V1_SCHEMA = """
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY, user TEXT NOT NULL, arm TEXT NOT NULL, policy_version INTEGER NOT NULL,
+    prompt TEXT NOT NULL, repo TEXT NOT NULL, trajectory TEXT, diff TEXT NOT NULL,
+    files TEXT NOT NULL, stop_reason TEXT NOT NULL, created_at REAL NOT NULL,
+    latency_s REAL NOT NULL, experiment TEXT NOT NULL DEFAULT '');
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id),
+    kind TEXT NOT NULL, payload TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE INDEX events_session ON events(session_id, id);
+PRAGMA user_version=1;
+"""
+
+
+def test_a_v1_store_is_migrated_in_place(tmp_path):
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    db.executescript(V1_SCHEMA)
+    db.execute("INSERT INTO sessions VALUES ('s1','u','A',0,'p','/r',NULL,'',"
+               "'[\"pkg/a.py\"]','finished',100.0,1.0,'')")
+    db.executemany("INSERT INTO events (session_id, kind, payload, created_at) VALUES (?,?,?,?)", [
+        ("s1", "reverted", '{"at": 300.0}', 150.0),
+        ("s1", "kept", "{}", 200.0),
+        ("s1", "follow_up", '{"text": "still failing"}', 250.0)])
+    db.commit()
+    db.close()
+    s = FeedbackStore(path)
+    evs = s.events("s1")
+    assert [(e.kind, e.at) for e in evs] == [("kept", 200.0), ("follow_up", 250.0),
+                                             ("reverted", 300.0)]
+    assert evs[2].payload == {} and evs[1].sentiment == "dissatisfied"
+    assert len({e.client_id for e in evs}) == 3
+    s.add_event("s1", "kept", event_id="new", at=400.0)  # the migrated store takes new events
+    s.close()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

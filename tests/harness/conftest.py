@@ -1,5 +1,6 @@
 """Fixtures for the harness tests: a small real Python repo, the DirSandbox test double, the
-bytes-only tokenizer and a helper to write tool calls."""
+bytes-only tokenizer, a helper to write tool calls and an engine double with a window of its
+own."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from looprl.errors import ContextFullError
 from looprl.harness.format import ChatFormat
+from looprl.harness.policies import ScriptedPolicy
 from looprl.harness.tools import ToolContext
 from looprl.models.tokenizer import build_tokenizer
 from looprl.types import Grader, Task
@@ -25,6 +28,20 @@ TEST_CALC = ("from pkg.calc import add, sub\n\n\ndef test_add():\n    assert add
 
 def call(name: str, **arguments: object) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+class WindowedPolicy(ScriptedPolicy):
+    """The scripted engine with an engine's own context window, smaller than the agent's: a
+    prompt longer than ``window`` raises ``ContextFullError``, as a real engine does."""
+
+    def __init__(self, tok, turns, window: int) -> None:
+        super().__init__(tok, turns)
+        self.window = window
+
+    async def generate(self, prompt_ids, params, **kw):
+        if len(prompt_ids) > self.window:
+            raise ContextFullError(f"prompt of {len(prompt_ids)} tokens > {self.window}")
+        return await super().generate(prompt_ids, params, **kw)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from looprl.errors import ToolError
+from looprl.errors import PathEscapeError
 from looprl.types import ExecResult, FileEntry
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
@@ -43,12 +43,12 @@ class DirSandbox:
 
     def _resolve(self, path: str) -> Path:
         if os.path.isabs(path):
-            raise ToolError(f"{path!r} is absolute")
+            raise PathEscapeError(f"{path!r} is absolute")
         full = (self.root / path)
         real = Path(os.path.realpath(full))
         root = Path(os.path.realpath(self.root))
         if real != root and root not in real.parents:
-            raise ToolError(f"{path!r} resolves outside the workspace")
+            raise PathEscapeError(f"{path!r} resolves outside the workspace")
         return full
 
     async def exec(self, cmd: str, *, timeout_s: float = 60.0,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
 
-from looprl.errors import SandboxError
+import pytest
+
+from looprl.errors import ConfigError, SandboxError
 from looprl.harness.agent import AgentConfig, AgentRun, run_agent
 from looprl.harness.policies import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
@@ -103,6 +106,17 @@ def test_trajectory_json_round_trip(task, dsandbox, fmt, tok):
     assert Trajectory.from_json(traj.to_json()) == traj
 
 
+def test_a_trajectory_holding_invalid_unicode_still_saves(task, dsandbox, fmt, tok):
+    """Text that is not valid Unicode (an error naming a file whose name is not UTF-8) is
+    written with ASCII escapes: the JSON is UTF-8 and reads back to the same trajectory."""
+    traj, _ = agent(task, dsandbox, fmt, tok, [call("read_file", path="pkg/calc.py"), "Done."])
+    bad = dataclasses.replace(traj, error="cannot read 'a\udcffb'",
+                              metadata={**traj.metadata, "note": "\ud800"})
+    text = bad.to_json()
+    assert text.isascii() and Trajectory.from_json(text) == bad
+    assert '"error": "é漢"' in dataclasses.replace(traj, error="é漢").to_json()  # valid text stays
+
+
 class Sleepy:
     """A test-double tool that sleeps, to observe concurrency."""
 
@@ -117,6 +131,25 @@ class Sleepy:
         await asyncio.sleep(0.3)
         self.spans.append((t, time.monotonic()))
         return "slept"
+
+
+def test_broken_calls_are_recorded_as_their_own_token_spans(task, dsandbox, fmt, tok):
+    from looprl.trainer.batch import broken_spans
+
+    good = call("read_file", path="pkg/calc.py")
+    unparsable = '<tool_call>{"name": "read_file", "arguments": {"path": </tool_call>'
+    unknown = call("teleport", to="mars")
+    turns = [good, good + unparsable + " and " + unknown + good, good]
+    traj, policy = agent(task, dsandbox, fmt, tok, turns, max_turns=3)
+    (seg,) = traj.segments
+    assert traj.counters.broken_tool_calls == 2
+    spans = broken_spans(traj)
+    assert len(spans) == 2 and {s[0] for s in spans} == {0}
+    # each span is exactly one broken block of the second turn, not the valid calls around it
+    got = sorted(fmt.decode(list(seg.token_ids_T[a:b])) for _, a, b in spans)
+    assert got == sorted([unknown, unparsable])
+    turn_start = len(policy.prompts[1])
+    assert all(a >= turn_start and all(seg.loss_mask_T[a:b]) for _, a, b in spans)
 
 
 def test_read_only_calls_run_concurrently_mutating_in_order(task, dsandbox, fmt, tok):
@@ -228,4 +261,31 @@ def test_a_prompt_that_cannot_fit_is_a_config_failure_not_the_models(task, dsand
     t, policy = agent(task, dsandbox, fmt, tok, [call("finish")], context_window=64)
     assert t.stop_reason == StopReason.INFRA_ERROR and t.counters.turns == 0
     assert "raise agent.context_window" in t.error and policy.prompts == []
+    assert policy.released == ["g/0"]
+
+
+def test_calls_past_the_per_turn_cap_are_broken_calls(task, dsandbox, fmt, tok):
+    turn = "".join(call("read_file", path="README.md", limit=1) for _ in range(7))
+    traj, _ = agent(task, dsandbox, fmt, tok, [turn, call("finish")], max_calls_per_turn=5)
+    outs = [m["content"] for m in tool_msgs(traj)]
+    assert len(set(outs[:5])) == 1 and outs[0].startswith("     1\t# calc")
+    assert all(o.startswith("Invalid tool call: this turn made 7 calls and at most 5 run")
+               for o in outs[5:7])
+    assert (traj.counters.tool_calls, traj.counters.broken_tool_calls) == (8, 2)
+    with pytest.raises(ConfigError, match="max_calls_per_turn must be >= 1"):
+        AgentConfig(max_calls_per_turn=0)
+
+
+class Crashing(ScriptedPolicy):
+    """An engine double with a bug of its own (not a ``LooprlError``)."""
+
+    async def generate(self, prompt_ids, params, **kw):
+        raise KeyError("bug in the engine")
+
+
+def test_an_unexpected_exception_ends_the_trajectory_not_the_run(task, dsandbox, fmt, tok):
+    policy = Crashing(tok, [call("finish")])
+    traj = asyncio.run(run_agent(task, dsandbox, policy, fmt, make_tools(), AgentConfig(),
+                                 group_id="g", trajectory_id="g/0"))
+    assert traj.stop_reason == StopReason.INFRA_ERROR and "KeyError" in traj.error
     assert policy.released == ["g/0"]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from looprl.harness.format import ChatFormat, parse_turn
+from looprl.models.tokenizer import build_tokenizer
 
 from .conftest import call
 
@@ -109,3 +114,91 @@ def test_chat_format_needs_a_template():
     tok.chat_template = None
     with pytest.raises(ValueError, match="no chat_template"):
         ChatFormat(tok)
+
+
+# --- how think blocks and tool-call markers interact (the rules of format.py's docstring) ------
+
+def test_a_later_think_marker_neither_hides_nor_breaks_calls():
+    """Only a leading <think> block is thinking; a later </think> or <think> is plain text."""
+    turn = parse_turn(call("read_file", path="a") + " done </think> " + call("finish"))
+    assert [c.name for c in turn.tool_calls] == ["read_file", "finish"] and turn.errors == []
+    assert turn.content == "done </think>" and turn.thinking_text == ""
+    turn = parse_turn("ok <think>later</think>" + call("finish"))
+    assert [c.name for c in turn.tool_calls] == ["finish"] and turn.thinking_text == ""
+    turn = parse_turn("  <think>plan " + call("read_file", path="x") + "</think>" + call("finish"))
+    assert [c.name for c in turn.tool_calls] == ["finish"]  # a call inside the thinking is thought
+    assert turn.thinking_text == "plan " + call("read_file", path="x")
+    turn = parse_turn("<think>cut while thinking " + call("finish"))
+    assert turn.tool_calls == [] and turn.errors == [] and turn.content == ""
+
+
+def test_markers_inside_json_strings_are_data():
+    args = {"path": "a.py", "content": "s = '</tool_call>' + '<tool_call>' + '<think></think>'"}
+    turn = parse_turn(call("write_file", **args) + call("grep", pattern="</tool_call>"))
+    assert [c.name for c in turn.tool_calls] == ["write_file", "grep"] and turn.errors == []
+    assert json.loads(turn.tool_calls[0].arguments) == args
+    # a string left open runs past its own block: the block is broken at the first close marker
+    # and the next call still parses
+    turn = parse_turn('<tool_call>{"name": "a", "arguments": {"x": "oops</tool_call>'
+                      + call("finish"))
+    assert [c.name for c in turn.tool_calls] == ["finish"] and len(turn.errors) == 1
+
+
+def test_template_that_opens_thinking_in_the_prompt():
+    """A DeepSeek-R1 style template ends the generation prompt with <think>: the turn starts
+    inside its thinking, which the first </think> ends."""
+    tok = build_tokenizer(None)
+    tok.chat_template = tok.chat_template.replace("'<|im_start|>assistant\\n' -}}{%- endif -%}",
+                                                  "'<|im_start|>assistant\\n<think>\\n' -}}{%- endif -%}")
+    fmt = ChatFormat(tok)
+    assert fmt.thinking_open and not ChatFormat(build_tokenizer(None)).thinking_open
+    text = "weigh " + call("read_file", path="x") + "</think>go" + call("finish")
+    turn = fmt.parse_ids(fmt.encode(text) + [fmt.eot_id])
+    assert [c.name for c in turn.tool_calls] == ["finish"] and turn.content == "go"
+    assert turn.thinking_tokens == len(fmt.encode(text[:text.index("</think>") + 8]))
+    assert parse_turn(text).thinking_text == ""  # the same text, thinking not opened
+
+
+@pytest.mark.parametrize("body,match", [
+    ('{"name": "a", "arguments": {"n": ' + "1" * 5000 + "}}", "a number of 5000 characters"),
+    ('{"name": "a", "arguments": {"n": NaN}}', "NaN is not a JSON number"),
+    ('{"name": "a", "arguments": {"n": -Infinity}}', "-Infinity is not a JSON number"),
+    ('{"name": "a", "arguments": {"n": 1e400}}', "too large for a double"),
+    ('{"name": "a", "arguments": {"p": "\\ud800"}}', "lone surrogate"),
+    ('{"name": "a\\udfff", "arguments": {}}', "lone surrogate"),
+    ('{"name": "a", "arguments": "{\\"p\\": \\"\\\\ud800\\"}"}', "lone surrogate"),
+    ('{"name": "a", "arguments": {"p": ' + "[" * 40 + "]" * 40 + "}}", "deeper than 32"),
+    ("[" * 100_000, "deeper than 32"),
+    ('{"name": "a", "arguments": {}} trailing', "extra text after the JSON value"),
+])
+def test_calls_no_tool_could_take_are_broken_calls_not_exceptions(body, match):
+    turn = parse_turn("<tool_call>" + body + "</tool_call>" + call("finish"))
+    assert [c.name for c in turn.tool_calls] == ["finish"]
+    assert len(turn.errors) == 1 and match in turn.errors[0], turn.errors
+    turn.errors[0].encode("utf-8")  # the message itself is valid text for the model
+
+
+def test_thousands_of_calls_in_one_turn():
+    turn = parse_turn("".join(call("read_file", path=f"f{i}.py") for i in range(5000)))
+    assert len(turn.tool_calls) == 5000 and turn.tool_calls[-1].id == "call_4999"
+
+
+def test_token_counts_follow_the_parsed_spans(fmt):
+    """thinking_tokens / tool_call_tokens count the spans the parser found, on the fast path
+    (single-token markers) and on the slow one (markers sampled in pieces) alike."""
+    think, valid = "<think>a</think>", call("write_file", path="a", content="</tool_call>")
+    broken, stray = "<tool_call>{bad</tool_call>", "</tool_call>"
+    text = think + "x </think> " + valid + broken + "y" + stray + "<tool_call>{cut"
+    ids = fmt.encode(text) + [fmt.eot_id]
+    slow = ChatFormat(fmt.tokenizer)
+    slow._marker_ids = {}
+    for f in (fmt, slow):
+        turn = f.parse_ids(ids)
+        assert turn.thinking_tokens == len(fmt.encode(think))
+        assert turn.tool_call_tokens == len(fmt.encode(valid + broken + stray + "<tool_call>{cut"))
+        assert [c.name for c in turn.tool_calls] == ["write_file"] and len(turn.errors) == 3
+    # a marker spelled out in pieces (as a model can sample it): the slow path splits there
+    pieces = [t for ch in "<think>" for t in fmt.encode(ch)] + fmt.encode("ab</think>" + valid)
+    turn = fmt.parse_ids(pieces)
+    assert turn.thinking_tokens == len(pieces) - len(fmt.encode(valid))
+    assert turn.tool_call_tokens == len(fmt.encode(valid))

@@ -17,7 +17,7 @@ from looprl.harness.tools import make_tools, tool_schemas
 from looprl.trainer.batch import build_batch
 from looprl.types import Group, RewardBreakdown, StopReason
 
-from .conftest import call
+from .conftest import WindowedPolicy, call
 
 READ = call("read_file", path="notes.txt")
 SUM1 = "S1: notes.txt read twice; calc.add subtracts. Next: fix add."
@@ -144,6 +144,21 @@ def test_a_summary_that_does_not_fit_ends_the_run(long_task, dsandbox, fmt, tok)
     traj, _ = run(long_task, dsandbox, fmt, tok, [READ, READ, SUM1, FINISH], context_window=p + 1100)
     assert traj.stop_reason == StopReason.CONTEXT_FULL and traj.counters.summary_tokens == 0
     assert sampled(traj.segments[0]) == enc(fmt, READ, READ)  # the unread observation is dropped
+
+
+def test_the_engines_window_filling_during_a_summary_is_context_full(long_task, dsandbox, fmt, tok):
+    """The summary prompt (context + instruction) outgrows the engine's window: the run ends
+    as CONTEXT_FULL (the trajectory's own doing, scored), never as an error out of the loop."""
+    p = prompt_len(long_task, fmt)
+    policy = WindowedPolicy(tok, [READ, READ, SUM1, FINISH], window=p + 780)
+    cfg = AgentConfig(summarize_at_tokens=p + 700, context_window=p + 1600, max_summaries=3)
+    traj = asyncio.run(run_agent(long_task, dsandbox, policy, fmt, make_tools(), cfg,
+                                 group_id="g", trajectory_id="g/0"))
+    assert traj.stop_reason == StopReason.CONTEXT_FULL and traj.error is None
+    assert traj.counters.turns == 2 and traj.counters.summaries == 0
+    assert len(policy.prompts) == 2  # the summary prompt never reached the engine
+    assert sampled(traj.segments[0]) == enc(fmt, READ, READ)
+    assert traj.messages[-1]["name"] == "summarize"  # the instruction it was asked to answer
 
 
 def test_default_trigger_and_off_switch(long_task, dsandbox, fmt, tok):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
-from looprl.errors import ConfigError, SandboxError, ToolCallError, ToolError
+from looprl.errors import ConfigError, PathEscapeError, SandboxError, ToolCallError, ToolError
 from looprl.harness.tools import TOOLS, ToolContext, make_tools, validate_args
 from looprl.harness.tools.edit_file import EditFile
 from looprl.harness.tools.glob_files import Glob, glob_regex
@@ -72,6 +73,31 @@ def test_grep_rows_filters_and_cap(ctx):
     assert capped.splitlines()[1].startswith("[... 3 more matches")
     with pytest.raises(ToolError, match="invalid regular expression"):
         run(Grep(), ctx, pattern="(")
+
+
+def test_grep_with_an_exponential_pattern_is_the_models_error_not_a_frozen_run(ctx, sandbox):
+    asyncio.run(sandbox.write("pkg/long.txt", b"a" * 40 + b"!\n"))
+
+    async def grep_while_the_loop_ticks():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(ToolError, match="took too long"):
+                await Grep(timeout_s=0.5).run({"pattern": "(a|aa)+$"}, ctx)
+        finally:
+            ticker.cancel()
+        return time.monotonic() - t0, ticks
+
+    wall, ticks = asyncio.run(grep_while_the_loop_ticks())
+    assert wall < 5 and ticks >= 10  # bounded, and other rollouts' coroutines kept running
 
 
 def test_edit_zero_and_two_matches_then_unique(ctx, sandbox):
@@ -196,6 +222,16 @@ def test_path_escapes_are_refused(ctx, path, match):
         with pytest.raises(ToolError, match=match) as e:
             run(tool, ctx, **args)
         assert "relative to the workspace root" in str(e.value)
+        assert isinstance(e.value, PathEscapeError) == bool(path)  # an empty path escapes nothing
+
+
+def test_a_missing_file_named_like_an_escape_is_just_missing(ctx):
+    """Refusals are told apart by type, not by words in the message (the path's own included)."""
+    for tool, args in [(ReadFile(), {"path": "outside/symlink..txt"}),
+                       (ListDir(), {"path": "absolute_outside"})]:
+        with pytest.raises(ToolError, match="no such file") as e:
+            run(tool, ctx, **args)
+        assert not isinstance(e.value, PathEscapeError)
 
 
 def test_symlink_out_is_refused(ctx, sandbox, tmp_path):
@@ -205,8 +241,9 @@ def test_symlink_out_is_refused(ctx, sandbox, tmp_path):
     os.symlink(tmp_path, ws_root(sandbox) / "linkdir")
     for tool, args in [(ReadFile(), {"path": "link.txt"}), (ReadFile(), {"path": "linkdir/secret.txt"}),
                        (WriteFile(), {"path": "linkdir/new.txt", "content": "x"}),
-                       (EditFile(), {"path": "link.txt", "old_string": "top", "new_string": "x"})]:
-        with pytest.raises(ToolError, match="outside the workspace"):
+                       (EditFile(), {"path": "link.txt", "old_string": "top", "new_string": "x"}),
+                       (ListDir(), {"path": "linkdir"}), (Glob(), {"pattern": "*", "path": "linkdir"})]:
+        with pytest.raises(PathEscapeError, match="outside the workspace"):
             run(tool, ctx, **args)
     assert "top secret" not in run(Grep(), ctx, pattern="secret")
     assert secret.read_text() == "top secret\n"
@@ -229,7 +266,7 @@ def test_make_tools_passes_only_accepted_resources():
     tools = make_tools(["run_tests", "read_lints", "finish"], test_command="pytest -x",
                        max_rows=7, index=object())
     assert tools[0].test_command == "pytest -x" and tools[1].max_rows == 7
-    with pytest.raises(ConfigError, match="available"):
+    with pytest.raises(ConfigError, match="unknown tool 'teleport': choose one of edit_file, "):
         make_tools(["read_file", "teleport"])
 
 
@@ -273,3 +310,58 @@ def test_run_tests_sees_a_same_size_edit_made_within_the_second(repo, kind):
         asyncio.run(sb.close())
     assert outs == ["pytest: 1 failed, 1 passed (exit code 1)", "pytest: 2 passed (exit code 0)",
                     "pytest: 1 failed, 1 passed (exit code 1)"]
+
+
+def test_absurd_argument_values_are_tool_errors(ctx, sandbox):
+    """Arguments that pass the schema but no tool can honour: a ``ToolError`` saying so (an
+    error result the model sees), never another exception (which would be counted as the
+    harness's failure)."""
+    huge = 10**90
+    assert "past the end" in run(ReadFile(), ctx, path="pkg/calc.py", offset=huge)
+    assert run(ReadFile(), ctx, path="pkg/calc.py", limit=huge).startswith("     1\tdef add")
+    assert run(ListDir(), ctx, depth=huge) == run(ListDir(), ctx, depth=10)
+    assert run(RunTerminal(), ctx, command="echo ok", timeout_s=huge).startswith("Exit code: 0")
+    refused = [
+        (Glob(), {"pattern": "[z-a]"}, "invalid glob pattern"),
+        (Grep(), {"pattern": "x", "glob": "[z-a]"}, "invalid glob pattern"),
+        (Grep(), {"pattern": "a{99999999999}"}, "invalid regular expression"),
+        (Grep(), {"pattern": "(" * 5000 + ")" * 5000}, "invalid regular expression"),
+        (ReadFile(), {"path": "a/" * 3000}, "too long"),
+        (ReadFile(), {"path": "x" * 300}, "too long"),
+        (RunTerminal(), {"command": "echo " + "x" * 200_000}, "write a long script to a file"),
+        (RunTests(), {"tests": ["tests/test_calc.py"] * 2000}, "pass at most 1000"),
+        (ReadLints(), {"paths": ["pkg/calc.py"] * 500}, "lint at most 200"),
+    ]
+    for tool, args, match in refused:
+        with pytest.raises(ToolError, match=match):
+            run(tool, ctx, **args)
+    for content in ("x = " + "1 + " * 100_000 + "1\n", "x = " + "-" * 100_000 + "1\n"):
+        out = run(WriteFile(), ctx, path="deep.py", content=content)
+        assert out.startswith("Wrote deep.py") and "nested too deeply" in out
+
+
+def test_file_names_that_are_not_utf8_reach_the_model_as_escapes(task, sandbox, fmt, tok):
+    """A command can create a file whose name is not UTF-8; listing it must neither crash the
+    loop (the tokenizer refuses such text) nor make the trajectory unsavable."""
+    from looprl.harness.agent import AgentConfig, run_agent
+    from looprl.harness.policies import ScriptedPolicy
+    from looprl.types import StopReason, Trajectory
+
+    from .conftest import call
+
+    name = os.fsencode(ws_root(sandbox)) + b"/bad\xffname.txt"
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"needle\n")
+    os.close(fd)
+    turns = [call("list_dir") + call("glob", pattern="*.txt") + call("grep", pattern="needle"),
+             call("finish")]
+    traj = asyncio.run(run_agent(task, sandbox, ScriptedPolicy(tok, turns), fmt,
+                                 make_tools(["list_dir", "glob", "grep", "finish"]), AgentConfig(),
+                                 group_id="g", trajectory_id="g/0"))
+    assert traj.stop_reason == StopReason.FINISHED, traj.error
+    outs = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert "bad\\xffname.txt" in outs[0] and "bad\\xffname.txt" in outs[1]
+    assert "bad\\xffname.txt:1:needle" in outs[2]
+    text = traj.to_json()
+    text.encode("utf-8")
+    assert Trajectory.from_json(text) == traj

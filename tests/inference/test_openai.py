@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 import torch
 import uvicorn
 
-from looprl.errors import PolicyError
+from looprl.errors import ContextFullError, PolicyError
 from looprl.inference import make_engine
 from looprl.inference.openai_engine import OpenAIEngine, chatml_to_messages
 from looprl.inference.openai_server import create_app
@@ -125,3 +126,128 @@ def test_vllm_engine_without_vllm_says_how_to_install():
         pytest.skip("vLLM is installed: covered by test_vllm.py")
     with pytest.raises(Exception, match="pip install looprl\\[vllm\\]"):
         make_engine("vllm", model_path="/nonexistent")
+
+
+BAD_PARAMS = [  # (route, body changes, status, the field the error names)
+    ("completions", {"temperature": -1}, 400, "temperature"),
+    ("completions", {"temperature": 2.5}, 400, "temperature"),
+    ("completions", {"top_p": 0}, 400, "top_p"),
+    ("completions", {"top_p": 1.5}, 400, "top_p"),
+    ("completions", {"max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"max_tokens": -5}, 400, "max_tokens"),
+    ("completions", {"max_tokens": 10**9}, 400, "max_tokens"),
+    ("completions", {"n": 0}, 400, "n"),
+    ("completions", {"n": 1000}, 400, "n"),
+    ("completions", {"n": 2, "session_id": "s"}, 400, "n"),
+    ("completions", {"seed": -1}, 400, "seed"),
+    ("completions", {"seed": 2**70}, 400, "seed"),
+    ("completions", {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("completions", {"stop": ""}, 400, "stop"),
+    ("completions", {"stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("completions", {"presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("completions", {"logprobs": 5}, 400, "logprobs"),
+    ("completions", {"model": "gpt-4"}, 404, "model"),
+    ("completions", {"temperature": "hot"}, 400, "temperature"),
+    ("completions", {"max_tokens": 1.5}, 400, "max_tokens"),
+    ("completions", {"best_of": 3}, 400, "best_of"),  # unknown: refused, not ignored
+    ("completions", {"prompt": [1, 2, 10**9]}, 400, "prompt"),
+    ("completions", {"prompt": []}, 400, "prompt"),
+    ("completions", {"prompt": "\ud800"}, 400, "prompt"),
+    ("completions", {"prompt": [5] * 600}, 400, "prompt"),  # over the 512-token context
+    ("completions", {"prompt": [5] * 600, "stream": True}, 400, "prompt"),  # before any event
+    ("chat/completions", {"messages": [{"role": "user", "content": "x" * 600}], "stream": True},
+     400, "messages"),
+    ("chat/completions", {"temperature": -1}, 400, "temperature"),
+    ("chat/completions", {"n": 17}, 400, "n"),
+    ("chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("chat/completions", {"model": "other"}, 404, "model"),
+    ("chat/completions", {"tool_choice": "required"}, 400, "tool_choice"),
+    ("chat/completions", {"tool_choice": "none"}, 400, "tool_choice"),
+    ("chat/completions", {"parallel_tool_calls": False}, 400, "parallel_tool_calls"),
+    ("chat/completions", {"response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("chat/completions", {"top_logprobs": 3, "logprobs": True}, 400, "top_logprobs"),
+    ("chat/completions", {"logprobs": True, "stream": True}, 400, "logprobs"),
+    ("chat/completions", {"max_tokens": 4, "max_completion_tokens": 8}, 400,
+     "max_completion_tokens"),
+    ("chat/completions", {"max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ("chat/completions", {"stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("chat/completions", {"stream": True, "stream_options": {"chunks": 1}}, 400, "stream_options"),
+    ("chat/completions", {"messages": []}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400,
+     "messages[0].role"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
+     400, "messages[0].tool_calls"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400,
+     "messages[0].content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"},
+                                       {"role": "tool", "tool_call_id": "c1", "content": "x"}]},
+     400, "messages[1].tool_call_id"),
+    ("chat/completions", {"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x"}]}, 400,
+     "messages[1].tool_calls[0].function.arguments"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"},
+                                       {"role": "assistant", "content": "hello"}]}, 400,
+     "messages[1]"),
+    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+     400, "tools[0].function.name"),
+    ("chat/completions", {"tools": [{"type": "retrieval"}]}, 400, "tools[0]"),
+]
+
+
+@pytest.mark.parametrize("route, change, status, param", BAD_PARAMS)
+def test_bad_parameters_are_refused_naming_the_field(server, route, change, status, param):
+    url, _, _ = server
+    base = ({"prompt": [1, 2, 3]} if route == "completions"
+            else {"messages": [{"role": "user", "content": "hi"}]})
+    body = {"model": "tiny", "max_tokens": 4, **base, **change}
+    r = httpx.post(f"{url}/{route}", content=json.dumps(body), timeout=30,  # \ud800 escaped
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
+
+
+def test_n_gives_n_distinct_choices(server):
+    url, _, _ = server
+    r = httpx.post(f"{url}/completions", timeout=60, json={
+        "model": "tiny", "prompt": [1, 2, 3], "max_tokens": 12, "n": 3, "seed": 7})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert len({tuple(c["token_ids"]) for c in choices}) > 1  # seed + i: not three copies
+    assert r.json()["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
+    again = httpx.post(f"{url}/completions", timeout=60, json={
+        "model": "tiny", "prompt": [1, 2, 3], "max_tokens": 12, "n": 3, "seed": 7}).json()
+    assert [c["token_ids"] for c in again["choices"]] == [c["token_ids"] for c in choices]
+
+
+def test_bad_weight_bodies_are_400(server):
+    url, _, _ = server
+    root = url[:-3]
+    r = httpx.post(root + "/looprl/update_weights", content=b"not safetensors",
+                   headers={"X-Policy-Version": "3"})
+    assert r.status_code == 400 and "safetensors" in r.text
+    assert httpx.post(root + "/looprl/release", json={}).status_code == 400
+
+
+def test_a_prompt_over_the_context_is_told_from_other_refusals(server):
+    """The engine over this server raises ContextFullError (the agent ends the segment) only
+    when the prompt does not fit, not for every 400 whose message mentions the context."""
+    url, _, _ = server
+
+    async def main():
+        engine = OpenAIEngine(url, "tiny")
+        try:
+            with pytest.raises(ContextFullError):
+                await engine.generate([5] * 600, GREEDY)  # the tiny model's context is 512
+            with pytest.raises(PolicyError, match="max_tokens") as e:
+                await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=10_000))
+            assert not isinstance(e.value, ContextFullError)
+        finally:
+            await engine.aclose()
+
+    asyncio.run(main())

@@ -4,6 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
+from looprl.cli import app as looprl
 from looprl.rewards.cli import app
 from looprl.rewards.composite import RewardConfig, compute_reward
 from looprl.types import Counters, Grader, StopReason, Task, Trajectory
@@ -17,8 +18,8 @@ def test_curve_applies_overrides():
                               "length.max_penalty=none"])
     assert out.exit_code == 0, out.output
     assert "penalty=-0.300000" in out.output
-    bad = runner.invoke(app, ["curve", "-o", "length.k=0"])
-    assert bad.exit_code != 0 and "q=0" in bad.output
+    bad = runner.invoke(looprl, ["rewards", "curve", "-o", "length.k=0"])
+    assert bad.exit_code == 2 and "q=0" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
 def test_metrics_and_flags_from_jsonl(tmp_path):
@@ -33,7 +34,7 @@ def test_metrics_and_flags_from_jsonl(tmp_path):
     out = runner.invoke(app, ["metrics", str(tmp_path / "trajs.jsonl")])
     assert out.exit_code == 0, out.output
     m = json.loads(out.output)
-    assert m["reward/total_mean"] == 0.5 and m["broken_call_rate"] == 0.25
+    assert m["reward/total_mean"] == 0.0 and m["broken_call_rate"] == 0.25  # (-1 + 1) / 2
     out = runner.invoke(app, ["flags", str(tmp_path / "tasks.jsonl"), str(tmp_path / "trajs.jsonl")])
     assert out.exit_code == 0, out.output
     assert "t1/0\tbroken_tool_calls,edited_tests\n" in out.output

@@ -62,18 +62,23 @@ def test_broken_call_gives_negative_reward_on_a_kept_trajectory(task):
 
 
 @pytest.mark.parametrize("grade", [1.0, FakeGrade(1.0)])
-def test_editing_tests_yields_zero(task, grade):
+def test_editing_tests_scores_below_an_honest_failure(task, grade):
     rb = compute_reward(task, _traj(FIX + TEST_EDIT, turns=1), grade)
-    assert rb is not None and rb.total == 0.0
+    failed = compute_reward(task, _traj(FIX + TEST_EDIT, turns=1), 0.0, RewardConfig(
+        penalize_grader_attacks=False))
+    assert rb is not None and failed is not None
+    assert rb.total == pytest.approx(failed.total - 1.0)  # the failure's shaping, minus 1
     assert rb.components["tests"] == 1.0  # still explainable: what it would have got
+    assert sum(rb.components.values()) == pytest.approx(rb.total)
     assert "edited_tests" in rb.flags
     assert rb.details["edited_test_paths"] == "tests/test_m.py"
 
 
 def test_grader_reported_test_edit_also_zeroes(task):
     rb = compute_reward(task, _traj(), FakeGrade(1.0, edited_tests=True), ONLY_TESTS)
-    assert rb is not None and rb.total == 0.0 and rb.flags == ("edited_tests",)
-    off = RewardConfig(terms=(), zero_on_edited_tests=False)
+    assert rb is not None and rb.total == -1.0 and rb.flags == ("edited_tests",)
+    assert rb.components["grader_attack"] == -2.0  # cancels the tests' 1.0 and costs 1.0
+    off = RewardConfig(terms=(), penalize_grader_attacks=False)
     assert compute_reward(task, _traj(), FakeGrade(1.0, edited_tests=True), off).total == 1.0
 
 
@@ -98,7 +103,7 @@ def test_terms_and_weights_from_config(task):
                                            "length.turn_weight=0", "length.output_token_weight=1"])
     rb = compute_reward(task, _traj(output_tokens=100), 0.5, cfg)
     assert rb.components == pytest.approx({"tests": 1.0, "length": -0.1})  # linear: -λ·C
-    with pytest.raises(ConfigError, match="valid terms"):
+    with pytest.raises(ConfigError, match=r"terms has unknown reward term 'lenght' \(did you mean length\?\)"):
         RewardConfig(terms=("lenght",))
 
 
@@ -128,7 +133,8 @@ def test_reward_metrics_hand_computed(task):
     assert m["train/reward/tests_mean"] == pytest.approx(2 / 3)
     assert m["train/reward/length_mean"] == pytest.approx((-0.1 - 0.3 + 0.0) / 3)
     assert m["train/reward/broken_calls_mean"] == pytest.approx(-0.1 / 3)
-    assert m["train/reward/total_mean"] == pytest.approx(((1 - 0.1) + (-0.3 - 0.1) + 0.0) / 3)
+    # the hacked one: its shaping (length 0 with no output tokens) minus the 1.0 attack penalty
+    assert m["train/reward/total_mean"] == pytest.approx(((1 - 0.1) + (-0.3 - 0.1) - 1.0) / 3)
     assert m["train/broken_call_rate"] == pytest.approx(1 / 8)  # infra excluded
     assert m["train/summaries_per_trajectory"] == pytest.approx(2 / 3)
     assert m["train/monitor/edited_tests_rate"] == pytest.approx(1 / 3)

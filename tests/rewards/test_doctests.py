@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 MODULES = ["looprl.rewards.diffs", "looprl.rewards.length", "looprl.rewards.hacking",
-           "looprl.rewards.style", "looprl.rewards.composite"]
+           "looprl.rewards.isolation", "looprl.rewards.style", "looprl.rewards.composite"]
 
 
 @pytest.mark.parametrize("name", MODULES)

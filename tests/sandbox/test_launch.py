@@ -91,9 +91,9 @@ def test_launcher_setup_failure_is_infra(base_repo: Path) -> None:
     async def go():
         path = launcher_path()
         assert path is not None
-        pipe = os.pipe()
+        pipe, status = os.pipe(), os.pipe()
         chain = launcher_argv(path, ["/nonexistent/cgroup.procs"], [], None, pipe[0])
-        prepared = Prepared.spawn(chain, Cgroup(1, 1, enabled=False), pipe)
+        prepared = Prepared.spawn(chain, Cgroup(1, 1, enabled=False), pipe, status)
         with pytest.raises(SandboxError, match="cannot join cgroup") as e:
             await bwrap_mod.run_bwrap(["/bin/true"], timeout_s=5, limits=SandboxLimits(),
                                       prepared=prepared)
@@ -132,3 +132,102 @@ def test_stock_tool_chain_gives_the_same_limits(base_repo: Path,
     finally:
         monkeypatch.delenv("LOOPRL_SANDBOX_LAUNCHER")
         launcher_path.cache_clear()
+
+
+# --- who failed: the status channel, never the command's output ------------------------------
+
+PATHS = ["rooted", "bwrap_per_command", "stock_tools"]
+"""The three ways a command starts: a prepared bwrap over the sandbox's root (its ``-s``
+launcher reports), bwrap per command after the C launcher, the stock-tool chain (bwrap's
+``--json-status-fd`` reports)."""
+
+
+@pytest.fixture(params=PATHS)
+def start_path(request: pytest.FixtureRequest, base_repo: Path,
+               monkeypatch: pytest.MonkeyPatch):
+    """Sandboxes made while this fixture is active start commands the ``request.param`` way."""
+    if request.param == "rooted" and not bwrap_mod.can_root([str(base_repo)]):
+        pytest.skip("sandbox roots need root and a C compiler")
+    if request.param != "rooted":
+        monkeypatch.setattr(bwrap_mod, "can_root", lambda paths: False)
+    if request.param == "stock_tools":
+        monkeypatch.setenv("LOOPRL_SANDBOX_LAUNCHER", "tools")
+    launcher_path.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    launcher_path.cache_clear()
+
+
+def test_a_command_cannot_pass_its_failure_off_as_the_sandboxes(base_repo: Path,
+                                                                 start_path: str) -> None:
+    """Model-written code printing what the machinery prints on failure, exiting with the
+    launcher's failure status, or killing its parent, is still the command's own result."""
+    async def go():
+        sb = await create_sandbox(base_repo)
+        try:
+            r = await sb.exec("echo 'bwrap: Creating new namespace failed: x' >&2; "
+                              "echo 'looprl-launch: cannot join cgroup' >&2; exit 1")
+            assert r.exit_code == 1 and r.stderr.startswith("bwrap:"), r
+            r = await sb.exec("exit 125")
+            assert r.exit_code == 125, r
+            r = await sb.exec("ls /proc/self/fd")  # no status channel to write to: stdio only
+            assert r.stdout.split() == ["0", "1", "2", "3"], r  # (3: ls's own listing)
+            r = await sb.exec("kill -9 $PPID; sleep 1; exit 3", timeout_s=20)
+            if start_path == "rooted":  # its parent is the launcher: the command killed it
+                assert r.exit_code is None and "killed" in r.stderr and not r.timed_out, r
+            else:  # its parent is bwrap's init, which no signal from inside reaches
+                assert r.exit_code == 3, r
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_machinery_that_cannot_start_the_command_is_infra(base_repo: Path, start_path: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher (rooted: its child cannot enter the working directory, reported on the
+    status channel) or bubblewrap (a system bind source vanished) fails before the command:
+    ``SandboxError`` with the machinery's reason, and the command never ran."""
+    async def go():
+        sb = await create_sandbox(base_repo)
+        try:
+            if start_path == "rooted":
+                sb.workdir = str(base_repo.parent / "no-such-workdir")
+                why = "looprl-launch: chdir"
+            else:
+                binds = bwrap_mod.system_binds
+                monkeypatch.setattr(bwrap_mod, "system_binds",
+                                    lambda: [*binds(), "--ro-bind", "/vanished-src", "/x"])
+                why = "bwrap: Can't find source path /vanished-src"
+            with pytest.raises(SandboxError, match=why) as e:
+                await sb.exec("touch ran")
+            assert e.value.is_infra
+            assert not (Path(sb.workspace.path) / "ran").exists()
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_arguments_no_exec_can_take_are_the_callers_error(base_repo: Path,
+                                                         start_path: str) -> None:
+    """A command line over the kernel's per-argument limit would fail the exec inside the
+    machinery; it is refused up front as the caller's ``ToolError``."""
+    async def go():
+        sb = await create_sandbox(base_repo)
+        try:
+            with pytest.raises(ToolError, match="longer than the kernel takes"):
+                await sb.exec("echo " + "x" * 200_000)
+            r = await sb.exec("printf %s " + "x" * 100_000 + " | wc -c")
+            assert r.stdout.strip() == "100000", r
+        finally:
+            await sb.close()
+    run(go())
+
+
+def test_status_channel_parsing() -> None:
+    """``parse_status``'s examples: the launcher's lines and bubblewrap's records."""
+    import doctest
+
+    from looprl.sandbox import launch
+
+    result = doctest.testmod(launch)
+    assert result.attempted >= 5 and result.failed == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import httpx
@@ -13,7 +14,7 @@ from looprl.harness.tools import ToolContext
 from looprl.harness.tools.read_lints import ReadLints
 from looprl.protocols import Sandbox
 from looprl.sandbox import RemoteSandbox, SandboxPool
-from looprl.sandbox.server import EnvServer
+from looprl.sandbox.server import EnvServer, EnvServerConfig
 
 from .conftest import needs_bwrap, run
 
@@ -21,9 +22,14 @@ pytestmark = needs_bwrap
 TOKEN = "test-token-123"
 
 
+def roots(tmp_path: Path) -> EnvServerConfig:
+    """Allowed roots: the test's repos and this venv (its interpreter is the server's own)."""
+    return EnvServerConfig(allowed_roots=(str(tmp_path), sys.prefix))
+
+
 @pytest.fixture()
-def server():
-    with EnvServer(TOKEN, pool=SandboxPool(max_running=4)) as srv:
+def server(tmp_path: Path):
+    with EnvServer(TOKEN, pool=SandboxPool(max_running=4), cfg=roots(tmp_path)) as srv:
         yield srv
 
 
@@ -96,9 +102,9 @@ def test_auth_metrics_and_health(server: EnvServer, base_repo: Path) -> None:
     run(go())
 
 
-def test_dead_server_is_an_infra_error(base_repo: Path) -> None:
+def test_dead_server_is_an_infra_error(base_repo: Path, tmp_path: Path) -> None:
     async def go():
-        srv = EnvServer(TOKEN).__enter__()
+        srv = EnvServer(TOKEN, cfg=roots(tmp_path)).__enter__()
         sb = await RemoteSandbox.create(srv.url, TOKEN, str(base_repo))
         assert (await sb.exec("echo up")).ok
         await asyncio.to_thread(srv.__exit__, None, None, None)  # the server goes away

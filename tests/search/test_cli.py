@@ -1,6 +1,7 @@
 from typer.testing import CliRunner
 
-from looprl.search.cli import app, search_app
+from looprl.cli import app as looprl
+from looprl.search.cli import search_app
 
 
 def test_search_index_then_query_is_incremental(repo, tiny_model_dir, tmp_path, monkeypatch):
@@ -19,5 +20,5 @@ def test_search_index_then_query_is_incremental(repo, tiny_model_dir, tmp_path, 
 
 
 def test_embed_eval_without_a_model_says_how_to_get_one(tmp_path):
-    out = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "none")])
-    assert out.exit_code == 2 and "looprl embed train" in out.output
+    out = CliRunner().invoke(looprl, ["embed", "eval", "--model", str(tmp_path / "none")])
+    assert out.exit_code == 2 and "looprl embed train" in out.stderr

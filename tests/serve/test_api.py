@@ -105,17 +105,20 @@ def test_auth_is_required(server, repo, headers):
     assert r.status_code == 401 and "Bearer" in r.json()["detail"]
 
 
-@pytest.mark.parametrize("repo_arg, msg", [
-    ("relative/path", "must be an absolute path"),
-    ("/definitely/not/here", "is not a directory"),
-    ("/usr", "outside the allowed roots"),
-    ("", "is empty"),
+@pytest.mark.parametrize("repo_arg, status, msg", [
+    ("relative/path", 422, "must be an absolute path"),
+    ("{root}/not/here", 422, "is not a directory"),
+    ("/definitely/not/here", 403, "outside the allowed roots"),  # existence outside is not told
+    ("/usr", 403, "outside the allowed roots"),
+    ("{root}/../../etc", 403, "--allowed-root"),
+    ("", 422, "is empty"),
 ])
-def test_bad_repo_is_422_with_the_fix(server, repo_arg, msg):
+def test_bad_repo_is_4xx_with_the_fix(server, repo, repo_arg, status, msg):
     client, store = server
     n = len(store.sessions())
-    r = client.post("/v1/sessions", json={"user": "u", "prompt": "fix", "repo": repo_arg})
-    assert r.status_code == 422 and msg in r.json()["message"]
+    r = client.post("/v1/sessions", json={"user": "u", "prompt": "fix",
+                                          "repo": repo_arg.format(root=repo.parent)})
+    assert r.status_code == status and msg in r.json()["message"]
     assert len(store.sessions()) == n  # nothing ran, nothing stored
 
 
@@ -127,7 +130,7 @@ def test_missing_field_is_422(server):
 
 def test_unknown_session_is_404(server):
     client, _ = server
-    r = client.post("/v1/sessions/nope/feedback", json={"kind": "kept"})
+    r = client.post("/v1/sessions/nope/feedback", json={"event_id": "ev-1", "kind": "kept"})
     assert r.status_code == 404 and "unknown session" in r.json()["message"]
 
 
@@ -155,15 +158,17 @@ def test_sessions_feedback_and_ab_end_to_end(server, repo):
     assert rec.trajectory.segments[0].num_model_tokens > 0
 
     sid = s["session_id"]
-    r = client.post(f"/v1/sessions/{sid}/feedback", json={"kind": "partially_kept",
+    r = client.post(f"/v1/sessions/{sid}/feedback", json={"event_id": "ev-2",
+                                                          "kind": "partially_kept",
                                                           "files": ["src/minicalc/core.py"]})
     assert r.status_code == 200 and r.json()["reward"]["total"] == pytest.approx(0.0)
-    r = client.post(f"/v1/sessions/{sid}/feedback", json={"kind": "kept"})
+    r = client.post(f"/v1/sessions/{sid}/feedback", json={"event_id": "ev-3", "kind": "kept"})
     assert r.json()["reward"]["total"] == pytest.approx(1.0)
-    r = client.post(f"/v1/sessions/{sid}/feedback", json={"kind": "partially_kept",
+    r = client.post(f"/v1/sessions/{sid}/feedback", json={"event_id": "ev-4",
+                                                          "kind": "partially_kept",
                                                           "files": ["setup.py"]})
     assert r.status_code == 422 and "not among the session's edited files" in r.json()["message"]
-    r = client.post(f"/v1/sessions/{sid}/feedback", json={"kind": "thumbs_up"})
+    r = client.post(f"/v1/sessions/{sid}/feedback", json={"event_id": "ev-5", "kind": "thumbs_up"})
     assert r.status_code == 422 and "use one of" in r.json()["message"]
 
     # arm B finishes without edits: only follow-ups apply
@@ -172,14 +177,17 @@ def test_sessions_feedback_and_ab_end_to_end(server, repo):
     assert r.status_code == 200, r.text
     b = r.json()
     assert (b["arm"], b["policy_version"], b["diff"], b["files"]) == ("B", 5, "", [])
-    r = client.post(f"/v1/sessions/{b['session_id']}/feedback", json={"kind": "kept"})
+    r = client.post(f"/v1/sessions/{b['session_id']}/feedback",
+                    json={"event_id": "ev-6", "kind": "kept"})
     assert r.status_code == 422 and "follow_up" in r.json()["message"]
     r = client.post(f"/v1/sessions/{b['session_id']}/feedback",
-                    json={"kind": "follow_up", "text": "that didn't work, mean is still wrong"})
+                    json={"event_id": "ev-7", "kind": "follow_up",
+                          "text": "that didn't work, mean is still wrong"})
     assert r.json()["reward"]["total"] == pytest.approx(-0.5)
 
     got = client.get(f"/v1/sessions/{sid}").json()
     assert [e["kind"] for e in got["events"]] == ["partially_kept", "kept"]
+    assert [e["event_id"] for e in got["events"]] == ["ev-2", "ev-3"]
     ab = client.get("/v1/ab").json()
     assert ab["arms"]["A"]["reward"] == pytest.approx(1.0)
     assert ab["arms"]["B"]["dissatisfied"] == pytest.approx(1.0)
@@ -190,7 +198,7 @@ def test_sessions_feedback_and_ab_end_to_end(server, repo):
 
 def test_infra_failures_are_503_and_never_scored(tmp_path, tok, repo):
     store = FeedbackStore(tmp_path / "fb.db")
-    cfg = ServeConfig(token=TOKEN, agent=AGENT, min_sessions=1)
+    cfg = ServeConfig(token=TOKEN, agent=AGENT, min_sessions=1, allowed_roots=(str(repo.parent),))
     broken = ScriptedPolicy(tok, [])  # raises PolicyError on its first turn, like a dead server
 
     async def no_sandbox(repo_dir, venv):
@@ -215,7 +223,8 @@ def test_infra_failures_are_503_and_never_scored(tmp_path, tok, repo):
         assert r.status_code == 503 and r.json()["infrastructure"] is True
         sid = r.json()["session_id"]
         assert store.session(sid).stop_reason == "infra_error" and store.session(sid).trajectory  # recorded for operators
-        r = c.post(f"/v1/sessions/{sid}/feedback", headers=auth, json={"kind": "follow_up",
+        r = c.post(f"/v1/sessions/{sid}/feedback", headers=auth, json={"event_id": "ev-8",
+                                                                       "kind": "follow_up",
                                                                        "text": "it broke"})
         assert r.status_code == 409 and "infrastructure" in r.json()["message"]
         ab = c.get("/v1/ab", headers=auth).json()

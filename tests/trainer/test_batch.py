@@ -1,7 +1,9 @@
+import dataclasses
+
 import pytest
 import torch
 
-from looprl.trainer.batch import build_batch
+from looprl.trainer.batch import Credit, build_batch
 from looprl.types import StopReason
 
 from .helpers import group, segment, trajectory
@@ -10,7 +12,7 @@ from .helpers import group, segment, trajectory
 def test_rows_tensors_and_chain_segments_share_the_advantage():
     chain = [segment([1, 2], [3, 4], -0.5, version=3), segment([5], [6, 7, 8], -0.25, version=4)]
     g = group([trajectory(chain, 1.0), trajectory([segment([1, 2], [9], -1.0)], 0.0)])
-    b = build_batch([g], std_norm="never", micro_batch_tokens=1000)
+    b = build_batch([g], micro_batch_tokens=1000)
     assert b.num_sequences == 3 and len(b.micro_batches) == 1
     mb = b.micro_batches[0]
     rows = {tuple(r[: int(a.sum())].tolist()): i
@@ -36,7 +38,7 @@ def test_infra_errors_dropped_before_advantages_and_zero_variance_counted():
     assert b.num_sequences == 2  # the zero-variance group is skipped
     adv = sorted(float(a) for mb in b.micro_batches for a in mb.advantages_B)
     assert adv == [-0.5, 0.5]  # the infra error did not pull the mean down
-    kept = build_batch([g1, g2], skip_zero_variance=False)
+    kept = build_batch([g1, g2], Credit(skip_zero_variance=False))
     assert kept.num_sequences == 4 and kept.zero_variance_groups == 1
 
 
@@ -46,7 +48,7 @@ def test_groups_without_a_pass_are_counted_and_skipped_only_when_asked():
     g2 = group([trajectory([segment([1], [5])], -0.2), trajectory([segment([1], [6])], -0.8)], "g2")
     kept = build_batch([g1, g2])
     assert kept.no_pass_groups == 1 and kept.num_sequences == 4
-    b = build_batch([g1, g2], skip_without_pass=True)
+    b = build_batch([g1, g2], Credit(skip_without_pass=True))
     assert b.no_pass_groups == 1 and b.num_sequences == 2 and b.zero_variance_groups == 0
     assert sorted(float(a) for mb in b.micro_batches for a in mb.advantages_B) == [-0.5, 0.5]
 
@@ -63,7 +65,7 @@ def test_flat_failures_give_a_groups_failures_one_reward():
     g2 = group([trajectory([segment([1], [5])], -0.2), trajectory([segment([1], [6])], -0.8)], "g2")
 
     assert _advantages(build_batch([g1])) == [-0.8, -0.2, 1.0]  # quitting beats trying
-    flat = build_batch([g1, g2], flat_failures=True)
+    flat = build_batch([g1, g2], Credit(flat_failures=True))
     assert _advantages(flat) == [-0.5, -0.5, 1.0]
     # the all-fail group has no signal left; the logged mean reward is the real one
     assert flat.zero_variance_groups == 1 and flat.num_sequences == 3
@@ -77,10 +79,40 @@ def test_negative_scale_shrinks_only_negative_advantages():
     g = group([trajectory([segment([1], [2])], 1.0), trajectory([segment([1], [3])], -0.2),
                trajectory([segment([1], [4])], -0.8)], "g")
 
-    assert _advantages(build_batch([g], negative_scale=0.5)) == [-0.4, -0.1, 1.0]
-    assert _advantages(build_batch([g], negative_scale=0.0)) == [0.0, 0.0, 1.0]
+    assert _advantages(build_batch([g], Credit(negative_scale=0.5))) == [-0.4, -0.1, 1.0]
+    assert _advantages(build_batch([g], Credit(negative_scale=0.0))) == [0.0, 0.0, 1.0]
     with pytest.raises(ConfigError, match="negative_advantage_scale"):
         GRPOConfig(negative_advantage_scale=1.5)
+
+
+def test_balanced_negatives_push_down_no_more_token_mass_than_passes_push_up():
+    # one short pass (2 model tokens), three long failures (8 each): 0.75*2 up vs 0.25*24 down
+    g = group([trajectory([segment([1], [2, 2])], 1.0)]
+              + [trajectory([segment([1], [3] * 8)], 0.0) for _ in range(3)])
+    plain = build_batch([g])
+    balanced = build_batch([g], Credit(balance_negatives=True))
+    assert _advantages(plain) == [-0.25, -0.25, -0.25, 0.75]
+    assert _advantages(balanced) == [-0.0625, -0.0625, -0.0625, 0.75]
+
+    def mass(b):  # sum of advantage x model tokens over the batch
+        return sum(float((mb.advantages_B_T * mb.loss_mask_B_T).sum()) for mb in b.micro_batches)
+
+    assert mass(plain) == pytest.approx(1.5 - 6.0) and mass(balanced) == pytest.approx(0.0)
+
+
+def test_a_broken_call_is_pushed_down_even_inside_a_passing_trajectory():
+    # pass: prompt [1], a broken call [7, 7] (tokens 1-2), then a good call [2, 2] (tokens 3-4)
+    passed = dataclasses.replace(trajectory([segment([1], [7, 7, 2, 2])], 1.0),
+                                 metadata={"broken_spans": "[[0, 1, 3]]"})
+    g = group([passed, trajectory([segment([1], [3, 3])], 0.0)])
+    row = {int(mb.tokens_B_T[b, 1]): mb.advantages_B_T[b].tolist()
+           for mb in build_batch([g], Credit(broken_call_advantage=-0.3)).micro_batches
+           for b in range(mb.num_rows)}
+    assert row[7] == pytest.approx([0.5, -0.3, -0.3, 0.5, 0.5])
+    assert row[3] == pytest.approx([-0.5, -0.5, -0.5, 0.0, 0.0])  # padding: 0
+    plain = {int(mb.tokens_B_T[b, 1]): mb.advantages_B_T[b].tolist()
+             for mb in build_batch([g]).micro_batches for b in range(mb.num_rows)}
+    assert plain[7] == pytest.approx([0.5] * 5)  # without token-level credit: the trajectory's
 
 
 def test_micro_batches_respect_the_token_budget_and_pack_by_length():

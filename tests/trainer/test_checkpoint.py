@@ -1,3 +1,4 @@
+import os
 import random
 from dataclasses import dataclass
 
@@ -69,3 +70,17 @@ def test_wrong_model_is_a_clear_error(tmp_path):
                                          num_key_value_heads=2))
     with pytest.raises(ConfigError, match="does not fit"):
         load_checkpoint(path, other)
+
+
+def test_a_resave_killed_between_its_renames_keeps_the_old_checkpoint(tmp_path):
+    model, opt = trained()
+    save_checkpoint(tmp_path, 2, model, opt, sampler_state={"next": 2})
+    os.replace(tmp_path / "step_00000002", tmp_path / ".replaced-step_00000002")  # killed here
+    (tmp_path / ".tmp-step_00000002-999").mkdir()
+    path = latest_checkpoint(tmp_path)
+    assert path.name == "step_00000002"
+    assert load_checkpoint(path, tiny_llama(seed=2)).sampler_state == {"next": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002"]
+    save_checkpoint(tmp_path, 2, model, opt, sampler_state={"next": 3})  # a completed re-save
+    assert load_checkpoint(latest_checkpoint(tmp_path), model).sampler_state == {"next": 3}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002"]

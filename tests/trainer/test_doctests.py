@@ -1,14 +1,14 @@
-"""The examples in the trainer modules' docstrings (and the quickstart's task split) run."""
+"""The examples in the trainer modules' docstrings (and the task split's) run."""
 
 import doctest
 
 import pytest
 
-from looprl import quickstart
+from looprl.tasks import taskset
 from looprl.trainer import advantages, batch, grpo
 
 
-@pytest.mark.parametrize("module", [advantages, batch, grpo, quickstart])
+@pytest.mark.parametrize("module", [advantages, batch, grpo, taskset])
 def test_doctests(module):
     res = doctest.testmod(module)
     assert res.attempted > 0 and res.failed == 0

@@ -28,6 +28,17 @@ def test_dr_grpo_on_policy_value_and_gradient():
     assert out.tokens == 3 and out.is_ratio_mean == pytest.approx(1.0) and out.clip_fraction == 0.0
 
 
+@pytest.mark.parametrize("name", ["dr_grpo", "cispo"])
+def test_token_advantages_credit_each_token(name):
+    # row 0's second token is a broken call: its own advantage (-1) against the row's (+1)
+    lp, inp = inputs()
+    adv_T = torch.tensor([[1.0, 1.0, -1.0], [-0.5, -0.5, -0.5]])
+    inp = LossInputs(inp.logprobs_B_T, inp.old_logprobs_B_T, MASK, inp.advantages_B, 2,
+                             advantages_B_T=adv_T)
+    LOSSES[name](inp, LossParams(norm_tokens=10)).loss.backward()
+    assert torch.allclose(lp.grad, torch.tensor([[0.0, -0.05, 0.05], [0.0, 0.025, 0.0]]))
+
+
 def test_grpo_averages_tokens_per_sequence():
     lp, inp = inputs()
     out = LOSSES["grpo"](inp, LossParams())

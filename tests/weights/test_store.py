@@ -164,3 +164,78 @@ def test_prune_keeps_every_chain_the_newest_versions_need(tmp_path):
     assert reader.versions() == [3, 4, 5, 6, 7]
     assert same(reader.fetch(4), as_bf16(vs[4])) and same(reader.fetch(7), as_bf16(vs[7]))
     assert prune(store, keep=10) == []
+
+
+def test_truncated_manifest_falls_back_and_the_next_publish_is_a_readable_snapshot(tmp_path):
+    vs = versions(4)
+    pub = LocalWeightStore(tmp_path)
+    for v, sd in enumerate(vs[:3]):
+        pub.publish(sd, v)
+    (tmp_path / "v0000000002" / "manifest.json").write_text("")  # empty: was a JSONDecodeError
+    got = LocalWeightStore(tmp_path).load()
+    assert got.version == 0 and got.requested == 2 and "manifest unreadable" in got.fallback
+    pub.publish(vs[3], 3)  # the publisher still holds v2's bits; it must not build on them
+    assert pub.last_publish.kind == "full"
+    assert same(LocalWeightStore(tmp_path).fetch(3), as_bf16(vs[3]))
+
+
+def test_a_manifest_edited_into_other_valid_json_is_refused(tmp_path):
+    sd = {"a": torch.randn(4, 4), "b": torch.randn(4, 4)}
+    LocalWeightStore(tmp_path).publish(sd, 0)
+    path = tmp_path / "v0000000000" / "manifest.json"
+    m = json.loads(path.read_text())
+    m["tensors"][0]["name"], m["tensors"][1]["name"] = "b", "a"  # same shapes: bits would fit
+    path.write_text(json.dumps(m))
+    with pytest.raises(WeightStoreError, match="checksum"):
+        LocalWeightStore(tmp_path).fetch(0)
+    with pytest.raises(WeightStoreError, match="no intact full snapshot"):
+        LocalWeightStore(tmp_path).load()
+
+
+def test_rollback_removes_newer_versions_and_restores_the_checkpoint_version(tmp_path):
+    vs = versions(6)
+    pub = LocalWeightStore(tmp_path, full_every=10)
+    for v, sd in enumerate(vs[:5]):
+        pub.publish(sd, v)
+    half = tmp_path / "v0000000005"  # a publish killed before its manifest
+    half.mkdir()
+    (half / "data.zst").write_bytes(b"partial")
+    resumed = LocalWeightStore(tmp_path)  # a new trainer process, checkpoint at version 2
+    assert resumed.rollback(2, vs[2]) == [3, 4]
+    assert resumed.versions() == [0, 1, 2] and not half.exists()
+    assert resumed.rollback(2, vs[2]) == []  # repeating it changes nothing
+    assert resumed.latest() == 2
+    resumed.publish(vs[5], 3)  # the next step publishes version 3 again, as a delta of 2
+    assert resumed.manifest(3)["parent"] == 2
+    assert same(LocalWeightStore(tmp_path).fetch(3), as_bf16(vs[5]))
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt", "other weights"])
+def test_rollback_republishes_a_version_the_store_lost_or_that_differs(tmp_path, damage):
+    vs = versions(3)
+    pub = LocalWeightStore(tmp_path)
+    pub.publish(vs[0], 0)
+    if damage != "missing":
+        pub.publish(vs[1] if damage == "other weights" else vs[2], 1)
+    if damage == "corrupt":
+        blob = tmp_path / "v0000000001" / "data.zst"
+        blob.write_bytes(blob.read_bytes()[:-3])
+    assert LocalWeightStore(tmp_path).rollback(1, vs[2]) == []
+    got = LocalWeightStore(tmp_path).load()
+    assert got.version == 1 and got.fallback is None and same(got.state_dict, as_bf16(vs[2]))
+
+
+def test_a_reader_never_rebuilds_from_a_version_that_was_rolled_back(tmp_path):
+    """A reader cached version 2 of a branch the trainer lost; after the rollback the same
+    version numbers hold other weights, and the reader gets those."""
+    vs = versions(5)
+    pub = LocalWeightStore(tmp_path)
+    for v in range(3):
+        pub.publish(vs[v], v)
+    reader = LocalWeightStore(tmp_path)
+    assert same(reader.fetch(2), as_bf16(vs[2]))
+    trainer = LocalWeightStore(tmp_path)  # resumed from its checkpoint of version 1
+    trainer.rollback(1, vs[1])
+    trainer.publish(vs[3], 2)
+    trainer.publish(vs[4], 3)  # a delta of the new version 2
+    assert same(reader.fetch(3), as_bf16(vs[4])) and same(reader.fetch(2), as_bf16(vs[3]))

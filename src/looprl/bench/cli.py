@@ -12,19 +12,23 @@ from typing import Annotated
 
 import typer
 
+from looprl.errors import TaskError
+
 app = typer.Typer(help="Benchmark a policy on held-out tasks; compare runs and gate checkpoints.",
                   no_args_is_help=True)
 
 
 @app.command("run")
 def run_cmd(
-    tasks: Annotated[Path, typer.Option("--tasks", help="JSONL task file (looprl tasks build)")],
+    tasks: Annotated[Path, typer.Option("--tasks", help="JSONL task file (looprl tasks build)",
+                                        exists=True, dir_okay=False)],
     policy: Annotated[str, typer.Option(help="oracle | null | model:PATH | openai:URL,tokenizer=PATH")] = "oracle",
-    k: Annotated[int, typer.Option("--k", help="samples per task (pass@k)")] = 1,
-    out: Annotated[Path, typer.Option(help="report JSON (.md and .png written beside)")] = Path("bench.json"),
-    limit: Annotated[int, typer.Option(help="only the first N tasks (0 = all)")] = 0,
-    concurrency: Annotated[int, typer.Option(help="samples in flight")] = 2,
-    max_turns: Annotated[int, typer.Option(help="agent turns per sample")] = 30,
+    k: Annotated[int, typer.Option("--k", help="samples per task (pass@k)", min=1)] = 1,
+    out: Annotated[Path, typer.Option(help="report JSON (.md and .png written beside)",
+                                      dir_okay=False)] = Path("bench.json"),
+    limit: Annotated[int, typer.Option(help="only the first N tasks (0 = all)", min=0)] = 0,
+    concurrency: Annotated[int, typer.Option(help="samples in flight", min=1)] = 2,
+    max_turns: Annotated[int, typer.Option(help="agent turns per sample", min=1)] = 30,
 ) -> None:
     """Run POLICY on every task K times through the harness and grade each sample."""
     from rich.progress import Progress
@@ -34,8 +38,11 @@ def run_cmd(
     from looprl.tasks.taskset import load_tasks
 
     ts = load_tasks(tasks)
+    if not ts:
+        raise TaskError(f"{tasks} holds no tasks; build some with `looprl tasks build`")
     if limit:
         ts = ts[:limit]
+    out.parent.mkdir(parents=True, exist_ok=True)  # before the run: a report is never lost
     settings = BenchSettings(concurrency=concurrency, max_turns=max_turns)
     with Progress() as bar:
         job = bar.add_task(f"{policy} x{k}", total=len(ts) * k)
@@ -48,11 +55,12 @@ def run_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    a: Annotated[Path, typer.Argument(help="baseline report (bench run --out)")],
-    b: Annotated[Path, typer.Argument(help="candidate report")],
+    a: Annotated[Path, typer.Argument(help="baseline report (bench run --out)", exists=True,
+                                      dir_okay=False)],
+    b: Annotated[Path, typer.Argument(help="candidate report", exists=True, dir_okay=False)],
     max_drop: Annotated[float, typer.Option(help="largest pass@1 drop tolerated at the CI bound")] = 0.02,
     min_gain: Annotated[float, typer.Option(help="require a pass@1 gain above this at the CI bound")] = 0.0,
-    n_boot: Annotated[int, typer.Option(help="bootstrap resamples")] = 2000,
+    n_boot: Annotated[int, typer.Option(help="bootstrap resamples", min=100)] = 2000,
 ) -> None:
     """Per-metric differences B - A with paired bootstrap CIs; exit 1 if the gate fails."""
     from looprl.bench.gate import compare, comparison_markdown, load

@@ -26,6 +26,17 @@ HIGHER_IS_BETTER = {"pass@1": True, "output_tokens": False, "tool_calls": False,
 
 
 @dataclass(frozen=True)
+class GateSettings:
+    """When a candidate checkpoint passes (``compare``'s ``max_drop`` and ``min_gain``)."""
+
+    max_drop: float = 0.02
+    """The candidate fails when its pass@1 may be worse by more than this: the 95% CI's lower
+    bound of (candidate - base) below ``-max_drop`` (non-inferiority)."""
+    min_gain: float = 0.0
+    """With > 0, the CI's lower bound must also exceed this (superiority)."""
+
+
+@dataclass(frozen=True)
 class MetricDiff:
     metric: str
     a: float

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from looprl.errors import ConfigError
@@ -175,10 +176,12 @@ def to_sample(task: Task, index: int, traj: Trajectory) -> Sample:
 
 async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
                      settings: BenchSettings | None = None,
-                     progress: Progress | None = None) -> list[Sample]:
+                     progress: Progress | None = None,
+                     trajectories: Path | None = None) -> list[Sample]:
     """k samples a task through the same ``RolloutRunner`` training uses (a group of k per task,
     infra failures retried in fresh sandboxes, then recorded with ``score=None``), graded by the
-    hidden tests alone."""
+    hidden tests alone. ``trajectories``: a JSONL file that receives every graded trajectory
+    (messages, tokens, reward breakdown) as its group finishes."""
     from looprl.harness.format import ChatFormat
     from looprl.rollout.runner import RolloutConfig, RolloutRunner
     from looprl.rollout.score import make_tests_scorer
@@ -201,6 +204,9 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
                               error=(r.dropped or "")[:500], wall_s=r.wall_s) for i in range(k)]
             else:
                 out = [to_sample(r.task, i, t) for i, t in enumerate(r.group.trajectories)]
+                if trajectories is not None:
+                    with trajectories.open("a", encoding="utf-8") as f:
+                        f.writelines(t.to_json() + "\n" for t in r.group.trajectories)
                 out += [Sample(r.task.id, i, None, StopReason.INFRA_ERROR.value,
                                error="infrastructure failed after retries")
                         for i in range(len(out), k)]
@@ -216,10 +222,10 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
 
 
 def run_bench(tasks: list[Task], policy: str, k: int = 1, settings: BenchSettings | None = None,
-              progress: Progress | None = None) -> list[Sample]:
+              progress: Progress | None = None, trajectories: Path | None = None) -> list[Sample]:
     """All samples (k per task) of ``policy`` on ``tasks``; summarize with ``report.summarize``."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
     if len({t.id for t in tasks}) != len(tasks):
         raise ConfigError("the task list repeats task ids; each task is sampled k times already")
-    return asyncio.run(arun_bench(tasks, policy, k, settings, progress))
+    return asyncio.run(arun_bench(tasks, policy, k, settings, progress, trajectories))

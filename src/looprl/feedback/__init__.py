@@ -2,17 +2,19 @@
 
 - ``store``: ``FeedbackStore`` — served sessions (token-exact trajectories) and append-only
   feedback events (kept / reverted / partially_kept / follow_up) in SQLite.
-- ``signals``: events -> ``RewardBreakdown`` (``SIGNALS``), the dissatisfied-follow-up classifier.
+- ``signals``: events -> ``RewardBreakdown`` (``SIGNALS``); ``sentiment``: the follow-up classifier.
 - ``ab``: ``assign_arm``, per-arm metrics with bootstrap CIs, promote / keep / rollback.
 - ``cycle``: ``run_cycle`` — scored sessions -> one GRPO step -> bench gate -> promote.
 - ``cli``: ``looprl feedback cycle|ab|promote|sessions``. The serving side is ``looprl.serve``.
 """
 
-from looprl.feedback.ab import ABReport, ab_report, assign_arm
-from looprl.feedback.cycle import CycleConfig, CycleResult, promote, read_policy, run_cycle
-from looprl.feedback.signals import SIGNALS, follow_up_sentiment, is_dissatisfied, session_reward
-from looprl.feedback.store import EVENT_KINDS, Event, FeedbackStore, SessionRecord
+from looprl.lazy import lazy_exports
 
-__all__ = ["ABReport", "CycleConfig", "CycleResult", "EVENT_KINDS", "Event", "FeedbackStore",
-           "SIGNALS", "SessionRecord", "ab_report", "assign_arm", "follow_up_sentiment",
-           "is_dissatisfied", "promote", "read_policy", "run_cycle", "session_reward"]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "ab": ["ABReport", "ab_report", "assign_arm"],
+    "cycle": ["CycleConfig", "CycleResult", "promote", "read_policy", "run_cycle"],
+    "sentiment": ["follow_up_sentiment", "is_dissatisfied"],
+    "signals": ["SIGNALS", "session_reward"],
+    "store": ["EVENT_KINDS", "Event", "FeedbackStore", "SessionRecord"],
+})

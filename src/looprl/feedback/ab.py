@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from looprl.errors import ConfigError
-from looprl.feedback.signals import edit_share, get_signal, is_dissatisfied
+from looprl.feedback.signals import edit_share, get_signal, in_order
 from looprl.feedback.store import EDIT_KINDS, Event, FeedbackStore, SessionRecord
 
 ARMS = ("A", "B")
@@ -59,9 +59,8 @@ def session_values(session: SessionRecord, events: Sequence[Event],
     if rb is None:
         return None
     out = {"reward": rb.total,
-           "dissatisfied": float(any(e.kind == "follow_up" and is_dissatisfied(e.payload["text"])
-                                     for e in events))}
-    edits = [e for e in events if e.kind in EDIT_KINDS]
+           "dissatisfied": float(any(e.sentiment == "dissatisfied" for e in events))}
+    edits = [e for e in in_order(events) if e.kind in EDIT_KINDS]
     if edits:
         share = edit_share(edits[-1], session.files)
         out["kept"], out["reverted"] = share, float(share == 0.0)

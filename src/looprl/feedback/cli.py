@@ -14,23 +14,30 @@ from typing import Annotated
 
 import typer
 
+from looprl.errors import TaskError
+
 app = typer.Typer(help="Production feedback -> rewards -> GRPO cycle; A/B tests; promotions.",
                   no_args_is_help=True)
 
-Store = Annotated[Path, typer.Option("--store", help="SQLite feedback store (looprl serve --store)")]
+# Must exist: a reader given a typo'd path must not create an empty store and report nothing.
+Store = Annotated[Path, typer.Option("--store", help="SQLite feedback store (looprl serve --store)",
+                                     exists=True, dir_okay=False)]
 
 
 @app.command("cycle")
 def cycle_cmd(
     store: Store,
-    model: Annotated[Path, typer.Option(help="the policy served before any promotion (model dir)")],
-    out: Annotated[Path, typer.Option(help="policies dir: candidates vNNNN/ and current.json")],
-    tasks: Annotated[Path | None, typer.Option(help="held-out JSONL tasks gating promotion")] = None,
+    model: Annotated[Path, typer.Option(help="the policy served before any promotion (model dir)",
+                                        exists=True, file_okay=False)],
+    out: Annotated[Path, typer.Option(help="policies dir: candidates vNNNN/ and current.json",
+                                      file_okay=False)],
+    tasks: Annotated[Path | None, typer.Option(help="held-out JSONL tasks gating promotion",
+                                               exists=True, dir_okay=False)] = None,
     signal: Annotated[str, typer.Option(help="reward signal: edit_outcome | edit_outcome_latency")] = "edit_outcome",
     min_sessions: Annotated[int, typer.Option(help="scored sessions needed for a step")] = 32,
     lr: Annotated[float, typer.Option(help="learning rate of the step")] = 1e-6,
     promote_ungated: Annotated[bool, typer.Option(help="promote without --tasks")] = False,
-    limit: Annotated[int, typer.Option(help="only the first N tasks (0 = all)")] = 0,
+    limit: Annotated[int, typer.Option(help="only the first N tasks (0 = all)", min=0)] = 0,
 ) -> None:
     """One cycle: window of scored sessions -> one GRPO step -> gate -> promote or reject."""
     from looprl.feedback.cycle import CycleConfig, run_cycle
@@ -38,6 +45,8 @@ def cycle_cmd(
     from looprl.tasks.taskset import load_tasks
 
     ts = load_tasks(tasks) if tasks else None
+    if ts is not None and not ts:
+        raise TaskError(f"{tasks} holds no tasks; build some with `looprl tasks build`")
     if ts and limit:
         ts = ts[:limit]
     cfg = CycleConfig(signal=signal, min_sessions=min_sessions, lr=lr,
@@ -51,7 +60,8 @@ def ab_cmd(
     store: Store,
     signal: Annotated[str, typer.Option(help="reward signal")] = "edit_outcome",
     experiment: Annotated[str | None, typer.Option(help="only this experiment's sessions")] = None,
-    min_sessions: Annotated[int, typer.Option(help="scored sessions per arm before deciding")] = 100,
+    min_sessions: Annotated[int, typer.Option(help="scored sessions per arm before deciding",
+                                              min=1)] = 100,
     version_a: Annotated[int | None, typer.Option(help="only arm A sessions of this version")] = None,
     version_b: Annotated[int | None, typer.Option(help="only arm B sessions of this version")] = None,
 ) -> None:
@@ -70,8 +80,9 @@ def ab_cmd(
 
 @app.command("promote")
 def promote_cmd(
-    out: Annotated[Path, typer.Option(help="policies dir (feedback cycle --out)")],
-    version: Annotated[int, typer.Option(help="candidate version to make current")],
+    out: Annotated[Path, typer.Option(help="policies dir (feedback cycle --out)", exists=True,
+                                      file_okay=False)],
+    version: Annotated[int, typer.Option(help="candidate version to make current", min=0)],
 ) -> None:
     """Make OUT/vNNNN the current policy (after an A/B test says promote)."""
     from looprl.feedback.cycle import promote
@@ -81,7 +92,7 @@ def promote_cmd(
 
 
 @app.command("sessions")
-def sessions_cmd(store: Store, limit: Annotated[int, typer.Option(help="last N sessions")] = 20
+def sessions_cmd(store: Store, limit: Annotated[int, typer.Option(help="last N sessions", min=1)] = 20
                  ) -> None:
     """The last sessions with their arm, version, events and reward."""
     from looprl.feedback.signals import session_reward

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import time
@@ -38,8 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from looprl.config import FieldError, check_choice
 from looprl.errors import ConfigError
-from looprl.feedback.signals import get_signal
+from looprl.feedback.signals import SIGNALS, get_signal
 from looprl.feedback.store import FeedbackStore
 from looprl.trainer.advantages import is_zero_variance
 from looprl.types import Group, Task, Trajectory
@@ -79,6 +81,13 @@ class CycleConfig:
     max_drop: float = 0.02
     """Gate: largest pass@1 drop tolerated at the CI's lower bound (``bench.gate.compare``)."""
     min_gain: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_choice("signal", self.signal, SIGNALS)
+        if self.min_sessions < 1:
+            raise FieldError("min_sessions", f"must be >= 1, got {self.min_sessions}")
+        if not 0.0 < self.lr < math.inf:
+            raise FieldError("lr", f"must be a finite number > 0, got {self.lr!r}")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,16 @@
-"""Feedback -> reward: named signal functions in a dict, and a baseline dissatisfaction classifier.
+"""Feedback -> reward: named signal functions in a dict.
 
     rb = session_reward(session, store.events(session.id), "edit_outcome")   # or None: no signal
 
-A signal function maps one session and its events (oldest first) to a ``RewardBreakdown``, or
-``None`` when the session says nothing yet (no events) or must never be scored (an infrastructure
-failure). ``edit_outcome``:
+A signal function maps one session and its events to a ``RewardBreakdown``, or ``None`` when the
+session says nothing yet (no events) or must never be scored (an infrastructure failure).
+
+Order: events count in the order the user did them — by ``Event.at`` (when the user acted, as
+the client reports it; the arrival time if it does not), ties broken by arrival. A ``reverted``
+at t=2000 that reaches the server before a ``kept`` at t=1000 is the final state: -1, however the
+network ordered them. Every signal sees its events through ``in_order``.
+
+``edit_outcome``:
 
 - the LAST edit event decides the outcome (a keep later reverted counts as reverted):
   kept +1, reverted -1, partially_kept ``2 * share - 1`` with ``share`` = kept files / edited
@@ -12,76 +18,31 @@ failure). ``edit_outcome``:
   treated the same way by share;
 - every dissatisfied follow-up costs 0.5 (at most one penalty per session: the user's second
   complaint about the same run is not new information); a satisfied or neutral follow-up is 0.
+  Whether a follow-up is dissatisfied was decided when it was stored (``Event.sentiment``, by
+  ``sentiment.follow_up_sentiment``), so a reward costs the same whatever the texts' length.
 
 ``edit_outcome_latency`` adds ``-0.1 * min(1, latency_s / 120)``: users wait for the agent, and a
 slow run is worth a little less. Add a variant by writing a function and one registry line.
-
-The dissatisfaction classifier is a transparent rule set (``DISSATISFIED``) — a baseline to beat
-with a learned classifier, not a claim of accuracy. It looks for complaint phrases ("that's wrong",
-"didn't work", "revert", "undo", "still failing", ...) and for thanks / works-now phrases; when a
-message has both, the one that comes last wins ("thanks, the undo works now" is satisfied).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
-from looprl.errors import ConfigError
 from looprl.feedback.store import EDIT_KINDS, Event, SessionRecord
+from looprl.plugins import find
 from looprl.types import RewardBreakdown
 
-DISSATISFIED: tuple[str, ...] = (
-    r"\bthat'?s (?:wrong|incorrect|broken|not (?:it|right|what i (?:asked|wanted)))\b",
-    r"\b(?:is|was|it'?s|still) (?:wrong|broken|incorrect)\b",
-    r"\b(?:didn'?t|doesn'?t|did not|does not|won'?t|still doesn'?t) (?:work|help|fix|compile|run|pass)\b",
-    r"\bnot (?:working|fixed|what i (?:asked|wanted|meant))\b",
-    r"\bstill (?:failing|fails|broken|crash(?:es|ing)?|the same|erroring|errors|wrong|not)\b",
-    r"\b(?:revert|undo|roll ?back|rollback)\b",
-    r"\b(?:broke|breaks|you broke)\b",
-    r"\bwhy did you\b",
-    r"\b(?:no|nope),? (?:that|this|it)\b",
-    r"\b(?:wrong|incorrect) (?:file|fix|function|answer|change)\b",
-    r"\b(?:useless|garbage|makes no sense)\b",
-)
-"""Complaint phrases (lower-cased text, regex). Each is a rule a reader can check by eye."""
 
-SATISFIED: tuple[str, ...] = (
-    r"\b(?:thanks|thank you|thx|perfect|great|nice|lgtm|looks good)\b",
-    r"\b(?:works|working|passes|passing|fixed) now\b",
-    r"\bthat (?:works|worked|did it|fixed it)\b",
-)
-"""Thanks / works-now phrases: a message with one of these and no complaint is satisfied; one with
-both is judged by which comes last ("undo broke it... ok fixed now, thanks" is satisfied)."""
+def in_order(events: Sequence[Event]) -> list[Event]:
+    """Events in the order the user did them: by ``at``, then by arrival (``id``).
 
-_DISSATISFIED = [re.compile(p) for p in DISSATISFIED]
-_SATISFIED = [re.compile(p) for p in SATISFIED]
-
-
-def _last_match(patterns: list[re.Pattern[str]], text: str) -> int:
-    return max((m.start() for p in patterns for m in p.finditer(text)), default=-1)
-
-
-def follow_up_sentiment(text: str) -> str:
-    """``dissatisfied`` | ``satisfied`` | ``neutral`` for one follow-up message.
-
-    >>> follow_up_sentiment("That's wrong, the test is still failing")
-    'dissatisfied'
-    >>> follow_up_sentiment("thanks, works now")
-    'satisfied'
-    >>> follow_up_sentiment("now also add a docstring")
-    'neutral'
+    >>> from looprl.feedback.store import Event
+    >>> late_first = [Event(1, "s", "reverted", {}, 5.0, at=2000.0), Event(2, "s", "kept", {}, 6.0, at=1000.0)]
+    >>> [e.kind for e in in_order(late_first)]
+    ['kept', 'reverted']
     """
-    t = " ".join(text.lower().replace("\u2019", "'").split())
-    bad, good = _last_match(_DISSATISFIED, t), _last_match(_SATISFIED, t)
-    if bad < 0 and good < 0:
-        return "neutral"
-    return "dissatisfied" if bad > good else "satisfied"
-
-
-def is_dissatisfied(text: str) -> bool:
-    """True when the follow-up message complains about the agent's last run."""
-    return follow_up_sentiment(text) == "dissatisfied"
+    return sorted(events, key=lambda e: (e.at, e.id))
 
 
 def edit_share(event: Event, files: Sequence[str]) -> float:
@@ -100,16 +61,16 @@ def outcome_terms(session: SessionRecord, events: Sequence[Event]) -> dict[str, 
     scored (infrastructure failure)."""
     if session.is_infra_error:
         return None
-    edits = [e for e in events if e.kind in EDIT_KINDS]
-    follow = [e for e in events if e.kind == "follow_up"]
+    ordered = in_order(events)
+    edits = [e for e in ordered if e.kind in EDIT_KINDS]
+    follow = [e for e in ordered if e.kind == "follow_up"]
     if not edits and not follow:
         return None
     terms: dict[str, float] = {}
     if edits:
         terms["edit"] = 2.0 * edit_share(edits[-1], session.files) - 1.0
     if follow:
-        bad = any(is_dissatisfied(e.payload["text"]) for e in follow)
-        terms["follow_up"] = -0.5 if bad else 0.0
+        terms["follow_up"] = -0.5 if any(e.sentiment == "dissatisfied" for e in follow) else 0.0
     return terms
 
 
@@ -130,7 +91,8 @@ def edit_outcome_latency(session: SessionRecord, events: Sequence[Event]) -> Rew
 
 def _details(session: SessionRecord, events: Sequence[Event]) -> dict[str, str | int | float]:
     return {"session_id": session.id, "events": len(events),
-            "last_edit": next((e.kind for e in reversed(events) if e.kind in EDIT_KINDS), ""),
+            "last_edit": next((e.kind for e in reversed(in_order(events)) if e.kind in EDIT_KINDS),
+                              ""),
             "latency_s": session.latency_s}
 
 
@@ -143,9 +105,8 @@ SIGNALS: dict[str, SignalFn] = {
 
 
 def get_signal(name: str) -> SignalFn:
-    if name not in SIGNALS:
-        raise ConfigError(f"unknown feedback signal {name!r}; choose one of {sorted(SIGNALS)}")
-    return SIGNALS[name]
+    """The signal called ``name``: a built-in (``SIGNALS``) or a plugin (``looprl.plugins``)."""
+    return find("signals", name, SIGNALS)
 
 
 def session_reward(session: SessionRecord, events: Sequence[Event],

@@ -6,11 +6,12 @@ tools (``tools/``, one a file) and model-free engines (``policies.py``).
                            group_id="g0", trajectory_id="g0/0")
 """
 
-from looprl.harness.agent import AgentConfig, AgentRun, ContextHook, run_agent
-from looprl.harness.format import ChatFormat, ParsedTurn, parse_turn
-from looprl.harness.policies import OracleAgent, ScriptedPolicy
-from looprl.harness.tools import DEFAULT_TOOLS, TOOLS, ToolContext, make_tools, tool_schemas
+from looprl.lazy import lazy_exports
 
-__all__ = ["DEFAULT_TOOLS", "TOOLS", "AgentConfig", "AgentRun", "ChatFormat", "ContextHook",
-           "OracleAgent", "ParsedTurn", "ScriptedPolicy", "ToolContext", "make_tools", "parse_turn",
-           "run_agent", "tool_schemas"]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "agent": ["AgentConfig", "AgentRun", "ContextHook", "run_agent"],
+    "format": ["ChatFormat", "ParsedTurn", "parse_turn"],
+    "policies": ["OracleAgent", "ScriptedPolicy"],
+    "tools": ["DEFAULT_TOOLS", "TOOLS", "ToolContext", "make_tools", "tool_schemas"],
+})

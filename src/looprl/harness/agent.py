@@ -11,20 +11,25 @@ Self-summarization (``summarize.py``) plugs in at ``make_room``: with ``max_summ
 run summarizes when its open segment reaches ``summarize_at(cfg)`` tokens and continues in a new
 segment. Failures are attributed once: a malformed call is a *broken* tool result the model sees; a tool's
 ``ToolError`` is an *error* result; ``SandboxError`` / ``PolicyError`` end the trajectory as
-``INFRA_ERROR``, which is dropped and never scored.
+``INFRA_ERROR``, which is dropped and never scored. Nothing the policy emits raises out of
+``run_agent``: whatever it writes is a turn, a call, or a broken call (``format.py`` says how a
+turn is read). Any other exception is a bug of the harness, not the model's doing: it is logged
+and ends the trajectory as ``INFRA_ERROR``. Tool results are made valid UTF-8 before the model
+sees them (a file name that is not UTF-8 shows as escapes), so every trajectory saves as text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from looprl.config import FieldError
 from looprl.errors import (
-    ConfigError,
     ContextFullError,
     PolicyError,
     SandboxError,
@@ -33,6 +38,7 @@ from looprl.errors import (
 )
 from looprl.harness.format import ChatFormat, ParsedTurn
 from looprl.harness.tools import ToolContext, tool_schemas, validate_args
+from looprl.models.fingerprint import METADATA_KEY, tokenizer_fingerprint
 from looprl.protocols import Engine, Sandbox, Tool
 from looprl.types import (
     Counters,
@@ -47,6 +53,7 @@ from looprl.types import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,13 +87,18 @@ class AgentConfig:
     left for the instruction and the summary). Capped at the point the context is full."""
     summary_max_tokens: int = 512
     """Tokens the summary turn may sample; a summary cut here ends the run with CONTEXT_FULL."""
+    max_calls_per_turn: int = 128
+    """Tool calls one turn may run; each call past it is a broken call (the model is told to
+    make it next turn). Bounds what one sampled turn can start at once (concurrent commands,
+    observation size); an oracle's turn of edits stays well below it."""
 
     def __post_init__(self) -> None:
         for name in ("max_summaries", "summarize_at_tokens"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"agent.{name} must be >= 0 (0 = default/off), got {getattr(self, name)}")
-        if self.summary_max_tokens < 1:
-            raise ConfigError(f"agent.summary_max_tokens must be >= 1, got {self.summary_max_tokens}")
+                raise FieldError(name, f"must be >= 0 (0 = default/off), got {getattr(self, name)}")
+        for name in ("summary_max_tokens", "max_calls_per_turn"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -105,6 +117,9 @@ class AgentRun:
     """Set by a context hook that must end the run (a summary cut off, wall time while summarizing)."""
     summaries: list[dict[str, int]] = field(default_factory=list)
     """One record per self-summary: segment, tokens_before, tokens_after, summary_tokens."""
+    broken_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    """(segment index, start, end) token spans of the broken tool calls' own blocks: the
+    trainer's token-level credit (``trainer.batch.broken_spans``) finds them here."""
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("turns", "tool_calls", "broken_tool_calls", "thinking_tokens", "output_tokens",
          "tool_call_tokens", "tool_output_tokens", "summaries", "summary_tokens"), 0))
@@ -190,6 +205,9 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
             diff = await sandbox.diff()
     except (SandboxError, PolicyError) as e:
         stop, error = StopReason.INFRA_ERROR, f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 — a harness bug: never the model's fault, never a crash
+        log.exception("trajectory %s: internal error in the agent loop", trajectory_id)
+        stop, error = StopReason.INFRA_ERROR, f"internal error: {type(e).__name__}: {e}"
     finally:
         try:
             await policy.release(trajectory_id)
@@ -201,7 +219,9 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
         messages=tuple(run.messages), counters=Counters(**run.counters), stop_reason=stop,
         diff=diff, error=error, wall_s=time.monotonic() - t0, id=trajectory_id,
         metadata={"memory": json.dumps(ctx.memory), "finish_summary": ctx.finish_summary,
-                  "summaries": json.dumps(run.summaries)})
+                  "summaries": json.dumps(run.summaries),
+                  "broken_spans": json.dumps(run.broken_spans),
+                  METADATA_KEY: tokenizer_fingerprint(fmt.tokenizer)})  # what made the ids
 
 
 async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat,
@@ -230,22 +250,26 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
         except ContextFullError:  # the engine's own window is smaller than cfg.context_window
             return StopReason.CONTEXT_FULL, None
         _check_generation(gen, params)
+        start = len(run.token_ids)
         run.add_generation(gen)
         run.counters["turns"] += 1
         prefix = f"call_{run.counters['turns']}"
-        turn = fmt.parse(fmt.decode(gen.token_ids), call_prefix=prefix)
-        run.counters["thinking_tokens"] += fmt.thinking_tokens(gen.token_ids)
-        run.counters["tool_call_tokens"] += fmt.tool_call_tokens(gen.token_ids)
+        turn = fmt.parse_ids(gen.token_ids, call_prefix=prefix)
+        run.counters["thinking_tokens"] += turn.thinking_tokens
+        run.counters["tool_call_tokens"] += turn.tool_call_tokens
         run.messages.append(assistant_message(turn))
         if not turn.tool_calls and not turn.errors:
             cut = gen.finish_reason == "length"
             return (StopReason.MAX_TOKENS if cut else StopReason.ANSWERED), None
         try:
-            results = await _before(deadline, execute_calls(turn, by_name, ctx, call_prefix=prefix))
+            results = await _before(deadline, execute_calls(
+                turn, by_name, ctx, call_prefix=prefix, max_calls=cfg.max_calls_per_turn))
         except _WallTime:
             return StopReason.WALL_TIME, None
         run.counters["tool_calls"] += len(results)
         run.counters["broken_tool_calls"] += sum(r.broken for r in results)
+        run.broken_spans += broken_spans(turn, results, len(run.segments), start,
+                                         start + len(gen.token_ids))
         tool_msgs = [tool_message(r) for r in results]
         run.messages.extend(tool_msgs)
         infra = [r for r in results if r.status == "infra_error"]
@@ -303,6 +327,19 @@ def _check_generation(gen: Generation, params: SamplingParams) -> None:
         raise PolicyError(f"engine returned {n} tokens for max_new_tokens={params.max_new_tokens}")
 
 
+def broken_spans(turn: ParsedTurn, results: list[ToolResult], segment: int, start: int,
+                 end: int) -> list[tuple[int, int, int]]:
+    """(segment, start, end) of each broken call's block in the open segment, for a turn
+    sampled as tokens ``start:end``. ``results`` come in call order, then one per unparseable
+    block (``execute_calls``). Without token spans (a turn parsed from text) a broken call
+    spans the whole turn."""
+    blocks = list(turn.call_token_spans) + list(turn.error_token_spans)
+    if len(blocks) != len(turn.tool_calls) + len(turn.errors):
+        blocks = [(0, end - start)] * len(results)
+    return [(segment, start + blocks[i][0], start + blocks[i][1])
+            for i, r in enumerate(results) if r.broken]
+
+
 def assistant_message(turn: ParsedTurn) -> Message:
     content = (f"<think>{turn.thinking_text}</think>\n" if turn.thinking_text else "") + turn.content
     msg: Message = {"role": "assistant", "content": content}
@@ -312,16 +349,38 @@ def assistant_message(turn: ParsedTurn) -> Message:
 
 
 def tool_message(r: ToolResult) -> Message:
-    return {"role": "tool", "tool_call_id": r.call_id, "name": r.name, "content": r.content}
+    return {"role": "tool", "tool_call_id": r.call_id, "name": r.name, "content": utf8_text(r.content)}
+
+
+def utf8_text(text: str) -> str:
+    """``text`` as valid Unicode, so the tokenizer can encode it and the trajectory saves: a
+    file name that is not UTF-8 (Python lists its bytes as lone surrogates) shows its bytes as
+    escapes (``bad\\xffname``); any other lone surrogate shows as ``\\udXXX``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 async def execute_calls(turn: ParsedTurn, tools: dict[str, Tool], ctx: ToolContext, *,
-                        call_prefix: str = "call") -> list[ToolResult]:
+                        call_prefix: str = "call", max_calls: int | None = None) -> list[ToolResult]:
     """Run a turn's calls: consecutive read-only calls concurrently, mutating ones alone and in
-    order; results in call order, then one broken result per unparseable block."""
+    order; results in call order, then one broken result per unparseable block. Calls past
+    ``max_calls`` are not run: each is a broken result."""
     prepared: list[tuple[str, str, Tool, dict[str, Any]] | ToolResult] = []
-    for call in turn.tool_calls:
+    for k, call in enumerate(turn.tool_calls):
         tool = tools.get(call.name)
+        if max_calls is not None and k >= max_calls:
+            prepared.append(ToolResult(call.id, call.name, f"Invalid tool call: this turn made "
+                                       f"{len(turn.tool_calls)} calls and at most {max_calls} run "
+                                       "per turn; make this call again in your next turn",
+                                       "broken"))
+            continue
         if tool is None:
             prepared.append(ToolResult(call.id, call.name, f"Invalid tool call: unknown tool "
                                        f"{call.name!r}; available: {', '.join(sorted(tools))}",

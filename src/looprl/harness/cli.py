@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -27,16 +26,26 @@ def tools_cmd() -> None:
 
 @app.command("oracle")
 def oracle_cmd(
-    tasks_path: Annotated[Path, typer.Argument(help="JSONL task file (with gold_patch)")],
-    out: Annotated[Path | None, typer.Option("-o", "--out", help="write trajectories (JSONL)")] = None,
-    limit: Annotated[int, typer.Option(help="at most this many tasks (0 = all)")] = 0,
-    tokenizer: Annotated[str | None, typer.Option(help="local HF tokenizer dir (default: bytes-only)")] = None,
+    tasks_path: Annotated[Path, typer.Argument(help="JSONL task file (with gold_patch)", exists=True,
+                                               dir_okay=False)],
+    out: Annotated[Path | None, typer.Option("-o", "--out", help="write trajectories (JSONL)",
+                                             dir_okay=False)] = None,
+    limit: Annotated[int, typer.Option(help="at most this many tasks (0 = all)", min=0)] = 0,
+    tokenizer: Annotated[Path | None, typer.Option(help="local HF tokenizer dir (default: bytes-only)",
+                                                   exists=True, file_okay=False)] = None,
 ) -> None:
     """Run the OracleAgent on each task in a real sandbox: proves tasks solvable through the
     tools and writes the trajectories in exact harness format."""
+    import asyncio
+
+    from looprl.errors import TaskError
     from looprl.tasks.taskset import load_tasks
 
     tasks = load_tasks(tasks_path)[: limit or None]
+    if not tasks:
+        raise TaskError(f"{tasks_path} holds no tasks; build some with `looprl tasks build`")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)  # before the run: its trajectories are kept
     trajs = asyncio.run(_run_oracles(tasks, tokenizer))
     if out is not None:
         out.write_text("".join(t.to_json() + "\n" for t in trajs))
@@ -49,7 +58,7 @@ def oracle_cmd(
         raise typer.Exit(1)
 
 
-async def _run_oracles(tasks: list, tokenizer_dir: str | None) -> list:  # type: ignore[type-arg]
+async def _run_oracles(tasks: list, tokenizer_dir: Path | None) -> list:  # type: ignore[type-arg]
     from looprl.harness.agent import AgentConfig, run_agent
     from looprl.harness.format import ChatFormat
     from looprl.harness.policies import OracleAgent

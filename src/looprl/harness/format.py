@@ -3,18 +3,51 @@
     fmt = ChatFormat(tokenizer)
     ids = fmt.prompt_ids(messages, tool_schemas(tools))     # the first context
     ...the policy samples a turn ending with fmt.eot_id...
+    turn = fmt.parse_ids(generated_ids)                     # content, calls, errors, token counts
     ids += fmt.observation_ids(tool_messages)               # tool results + next assistant header
-    turn = fmt.parse(fmt.decode(generated_ids))             # content, tool calls, errors
 
 The model's own sampled tokens are never re-tokenized: ``observation_ids`` renders a fixed dummy
 conversation with and without the new messages and tokenizes only the string delta, which is
 what the chat template would have put after the end-of-turn token.
 Tool calls are Hermes/Qwen blocks: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+
+How a turn is read (``parse_turn``). The four markers are single tokens of our tokenizer and of
+Qwen's, and the encoder makes a marker's text that token wherever it stands, inside a JSON
+string too: the text cannot tell a marker the model meant from one it quoted, so the rule reads
+the JSON instead.
+
+1. Thinking comes first. A turn that opens with ``<think>`` (only whitespace before it), or
+   whose chat template opened it in the prompt (``thinking_open``), thinks up to the first
+   ``</think>``; a turn cut while thinking is all thinking. Markers inside the thinking are
+   thought, not calls. Any other ``<think>`` or ``</think>`` is plain text: it neither hides nor
+   breaks the calls around it.
+2. After the thinking, ``<tool_call>`` opens a block. When one JSON value follows it (whitespace
+   allowed) and then ``</tool_call>``, that is the block: markers inside the JSON's strings are
+   data (``{"content": "a </tool_call> b"}`` is one valid call). Otherwise the block is broken
+   and ends at the first ``</tool_call>`` after it, just before the next ``<tool_call>``, or at
+   the end of the turn.
+3. A ``</tool_call>`` outside any block is a broken call. The rest is content.
+
+A block is a call only if its JSON is an object with a ``name`` string and an ``arguments``
+object (or a JSON string holding one) and nothing else, whose strings are valid Unicode (no
+lone surrogate such as ``"\\ud800"``: it could not be saved as UTF-8 nor used as a file name),
+whose numbers are finite and at most ``MAX_NUMBER_CHARS`` long and whose nesting is at most
+``MAX_DEPTH`` deep. Every other block is one error: a broken call, never an exception.
+
+``ParsedTurn.thinking_tokens`` / ``tool_call_tokens`` (``ChatFormat.parse_ids``) count the
+sampled tokens of the same spans, markers included: the thinking, and every block, valid or
+broken. Span edges are marker edges, so the tokens are split at the marker tokens; where a
+marker was sampled as several tokens, at the token holding each edge's character.
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import json
+import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +55,18 @@ from looprl.types import Message, ToolCall
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+MARKERS = (TOOL_OPEN, TOOL_CLOSE, THINK_OPEN, THINK_CLOSE)
+MAX_DEPTH = 32
+"""Deepest nesting of a call's JSON (the object itself is depth 1); tools take flat arguments."""
+MAX_NUMBER_CHARS = 100
+"""Longest number literal in a call: no argument needs more, and CPython refuses ints of over
+4,300 digits (and converts long ones in quadratic time)."""
 _DUMMY_REPLY = "LOOPRL_DUMMY_REPLY"  # a marker that no template rewrites
+_MARKER = re.compile("|".join(re.escape(m) for m in MARKERS))
+_CALL_MARKER = re.compile(f"{re.escape(TOOL_OPEN)}|{re.escape(TOOL_CLOSE)}")
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_EXAMPLE = '<tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call>'
 
 
 @dataclass(frozen=True)
@@ -30,78 +74,213 @@ class ParsedTurn:
     """One assistant generation, parsed. Parse problems are ``errors``, never exceptions."""
 
     content: str
-    """The text outside tool-call blocks and outside <think>, stripped."""
+    """The text outside tool-call blocks and outside the thinking, stripped."""
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     """One message per malformed call block (each becomes a broken tool result)."""
     thinking_text: str = ""
+    thinking_tokens: int = 0
+    """Sampled tokens of the thinking, markers included (``ChatFormat.parse_ids``; 0 from text)."""
+    tool_call_tokens: int = 0
+    """Sampled tokens of the call blocks, valid or broken, markers included (as above)."""
+    call_token_spans: tuple[tuple[int, int], ...] = ()
+    """(start, end) token offsets in the turn of each of ``tool_calls``' blocks, in order
+    (``ChatFormat.parse_ids``; empty when parsed from text)."""
+    error_token_spans: tuple[tuple[int, int], ...] = ()
+    """The same for each of ``errors``' blocks: the trainer credits a broken call's own tokens."""
 
 
-def _parse_call(body: str, call_id: str) -> ToolCall | str:
-    """A ``ToolCall`` from one block's body, or an error message saying how to fix it."""
-    example = '<tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call>'
-    try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as e:
-        snippet = body.strip()[:80]
-        return f"tool call is not valid JSON ({e}) in {snippet!r}; write e.g. {example}"
+@dataclass(frozen=True)
+class _Span:
+    """A stretch of a turn's text: ``kind`` is think, content, call or broken."""
+
+    kind: str
+    start: int
+    end: int
+    value: Any = None
+    """call: the block's decoded JSON; broken: the error message."""
+
+
+class _BadNumber(ValueError):
+    """A number literal no tool argument may hold (the decoder's hooks raise it)."""
+
+
+def _number(text: str, convert: Callable[[str], float]) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _BadNumber(f"a number of {len(text)} characters; numbers in tool calls have at "
+                         f"most {MAX_NUMBER_CHARS}")
+    value = convert(text)
+    if math.isinf(value):
+        raise _BadNumber(f"the number {text} is too large for a double")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise _BadNumber(f"{name} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_int=lambda s: _number(s, int),
+                            parse_float=lambda s: _number(s, float), parse_constant=_constant)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            stack += [(x, d + 1) for x in v if isinstance(x, (dict, list))]
+    return deepest
+
+
+def _json_error(e: Exception, start: int) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at character {e.pos - start} of the call"
+    if isinstance(e, RecursionError):
+        return f"nested deeper than {MAX_DEPTH} levels"
+    return str(e)
+
+
+def _to_call(obj: Any, call_id: str) -> ToolCall | str:
+    """A ``ToolCall`` from one block's decoded JSON, or an error message saying how to fix it."""
     if not isinstance(obj, dict):
-        return f"tool call must be a JSON object with name and arguments; write e.g. {example}"
+        return f"tool call must be a JSON object with name and arguments; write e.g. {_EXAMPLE}"
+    if _depth(obj) > MAX_DEPTH:
+        return f"tool call nests deeper than {MAX_DEPTH} levels; tools take flat arguments"
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        return f"tool call has no \"name\" string; write e.g. {example}"
+        return f"tool call has no \"name\" string; write e.g. {_EXAMPLE}"
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models double-encode the arguments
         try:
-            args = json.loads(args) if args.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
-            return f"arguments of {name} are a string that is not JSON; pass an object"
+            args = _DECODER.decode(args) if args.strip() else {}
+        except (ValueError, RecursionError) as e:
+            return f"arguments of {name!r} are a string that is not JSON ({_json_error(e, 0)})"
+        if _depth(args) >= MAX_DEPTH:
+            return f"tool call nests deeper than {MAX_DEPTH} levels; tools take flat arguments"
     if not isinstance(args, dict):
-        return f"arguments of {name} must be a JSON object, got {type(args).__name__}"
+        return f"arguments of {name!r} must be a JSON object, got {type(args).__name__}"
     extra = sorted(set(obj) - {"name", "arguments"})
     if extra:
-        return f"tool call has unexpected key(s) {extra}; only name and arguments are allowed"
-    return ToolCall(id=call_id, name=name.strip(), arguments=json.dumps(args, ensure_ascii=False))
+        return (f"tool call has unexpected key(s) {[k[:40] for k in extra[:5]]}; only name and "
+                "arguments are allowed")
+    arguments = json.dumps(args, ensure_ascii=False)
+    bad = _SURROGATE.search(name) or _SURROGATE.search(arguments)
+    if bad:
+        return (f"tool call holds invalid Unicode ({ascii(bad.group())}, a lone surrogate); "
+                "write characters as plain text or as valid \\u escapes")
+    return ToolCall(id=call_id, name=name.strip(), arguments=arguments)
 
 
-def parse_turn(text: str, *, call_prefix: str = "call") -> ParsedTurn:
-    """Split an assistant generation into thinking, content, tool calls and parse errors."""
-    thinking = ""
-    t_open, t_close = text.find(THINK_OPEN), text.find(THINK_CLOSE)
-    if t_close >= 0 and (t_open < 0 or t_open < t_close):
-        start = t_open + len(THINK_OPEN) if t_open >= 0 else 0  # templates may pre-open <think>
-        thinking = text[start:t_close].strip()
-        text = text[:max(t_open, 0)] + text[t_close + len(THINK_CLOSE):]
-    calls: list[ToolCall] = []
-    errors: list[str] = []
-    content_parts: list[str] = []
-    pos = 0
-    while True:
-        i = text.find(TOOL_OPEN, pos)
-        stray = text.find(TOOL_CLOSE, pos)
-        if 0 <= stray and (i < 0 or stray < i):
-            errors.append(f"found {TOOL_CLOSE} without a matching {TOOL_OPEN}")
-            content_parts.append(text[pos:stray])
-            pos = stray + len(TOOL_CLOSE)
+def _skip_space(text: str, i: int) -> int:
+    return _SPACE.match(text, i).end()  # type: ignore[union-attr]  (it matches '' too)
+
+
+def _json_block(text: str, body: int) -> tuple[Any, int] | str:
+    """The JSON value starting at ``text[body]`` when ``</tool_call>`` follows it, and the
+    index after that marker; otherwise why not."""
+    try:
+        value, after = _DECODER.raw_decode(text, _skip_space(text, body))
+    except (ValueError, RecursionError) as e:
+        return _json_error(e, body)
+    after = _skip_space(text, after)
+    if not text.startswith(TOOL_CLOSE, after):
+        return f"extra text after the JSON value, at character {after - body} of the call"
+    return value, after + len(TOOL_CLOSE)
+
+
+def _blocks(text: str, start: int) -> list[_Span]:
+    """Content and call blocks of ``text[start:]`` (rules 2 and 3 of the module docstring)."""
+    spans: list[_Span] = []
+    pos = start
+    while (m := _CALL_MARKER.search(text, pos)) is not None:
+        if m.start() > pos:
+            spans.append(_Span("content", pos, m.start()))
+        if m.group() == TOOL_CLOSE:
+            spans.append(_Span("broken", m.start(), m.end(),
+                               f"found {TOOL_CLOSE} without a matching {TOOL_OPEN}"))
+            pos = m.end()
             continue
-        if i < 0:
-            content_parts.append(text[pos:])
-            break
-        content_parts.append(text[pos:i])
-        j = text.find(TOOL_CLOSE, i)
-        nxt = text.find(TOOL_OPEN, i + len(TOOL_OPEN))
-        if j < 0 or (0 <= nxt < j):
-            end = nxt if nxt >= 0 else len(text)
-            errors.append(f"unclosed {TOOL_OPEN} block: end each call with {TOOL_CLOSE}")
-            pos = end
+        block = _json_block(text, m.end())
+        if isinstance(block, tuple):
+            spans.append(_Span("call", m.start(), block[1], block[0]))
+            pos = block[1]
             continue
-        parsed = _parse_call(text[i + len(TOOL_OPEN):j], f"{call_prefix}_{len(calls) + len(errors)}")
-        if isinstance(parsed, ToolCall):
-            calls.append(parsed)
+        close, nxt = text.find(TOOL_CLOSE, m.end()), text.find(TOOL_OPEN, m.end())
+        if close >= 0 and (nxt < 0 or close < nxt):
+            snippet = text[m.end():close].strip()[:80]
+            err = f"tool call is not valid JSON ({block}) in {snippet!r}; write e.g. {_EXAMPLE}"
+            pos = close + len(TOOL_CLOSE)
         else:
-            errors.append(parsed)
-        pos = j + len(TOOL_CLOSE)
-    return ParsedTurn("".join(content_parts).strip(), calls, errors, thinking)
+            err = f"unclosed {TOOL_OPEN} block: end each call with {TOOL_CLOSE}"
+            pos = nxt if nxt >= 0 else len(text)
+        spans.append(_Span("broken", m.start(), pos, err))
+    if pos < len(text):
+        spans.append(_Span("content", pos, len(text)))
+    return spans
+
+
+def _split_turn(text: str, *, thinking_open: bool = False) -> list[_Span]:
+    """The spans of a turn's text, in order and covering it (the module docstring's rules)."""
+    lead = _skip_space(text, 0)
+    if not thinking_open and not text.startswith(THINK_OPEN, lead):
+        return _blocks(text, 0)
+    start = 0 if thinking_open else lead
+    close = text.find(THINK_CLOSE, start if thinking_open else start + len(THINK_OPEN))
+    end = len(text) if close < 0 else close + len(THINK_CLOSE)
+    head = [_Span("content", 0, start)] if start else []
+    return head + [_Span("think", start, end)] + _blocks(text, end)
+
+
+@dataclass(frozen=True)
+class TurnPiece:
+    """A stretch of a turn's text, cut and resolved as ``parse_turn`` reads it (``turn_pieces``)."""
+
+    kind: str
+    """think, content, call, or broken (a block that is no valid call, a stray close marker)."""
+    text: str
+    value: ToolCall | str | None = None
+    """call: its ``ToolCall``; broken: the error message."""
+
+
+def _pieces(text: str, spans: list[_Span], call_prefix: str) -> list[TurnPiece]:
+    pieces: list[TurnPiece] = []
+    blocks = 0  # calls and broken blocks are numbered together, in order
+    for s in spans:
+        value = None
+        if s.kind in ("call", "broken"):
+            value = _to_call(s.value, f"{call_prefix}_{blocks}") if s.kind == "call" else s.value
+            blocks += 1
+        pieces.append(TurnPiece("broken" if isinstance(value, str) else s.kind,
+                                text[s.start:s.end], value))
+    return pieces
+
+
+def _turn(text: str, spans: list[_Span], call_prefix: str) -> ParsedTurn:
+    pieces = _pieces(text, spans, call_prefix)
+    thinking = ""
+    for p in pieces:
+        if p.kind == "think":
+            thinking = p.text.removeprefix(THINK_OPEN).removesuffix(THINK_CLOSE).strip()
+    content = "".join(p.text for p in pieces if p.kind == "content")
+    return ParsedTurn(content.strip(), [p.value for p in pieces if p.kind == "call"],  # type: ignore[misc]
+                      [p.value for p in pieces if p.kind == "broken"], thinking)  # type: ignore[misc]
+
+
+def parse_turn(text: str, *, call_prefix: str = "call", thinking_open: bool = False) -> ParsedTurn:
+    """Split an assistant generation into thinking, content, tool calls and parse errors.
+    ``thinking_open``: the chat template opened ``<think>`` in the prompt."""
+    return _turn(text, _split_turn(text, thinking_open=thinking_open), call_prefix)
+
+
+def turn_pieces(text: str, *, call_prefix: str = "call", thinking_open: bool = False
+                ) -> list[TurnPiece]:
+    """A turn's text in order (the pieces join to ``text``), as ``parse_turn`` reads it: for an
+    API that returns the calls apart from the text around them (``inference.openai_chat``)."""
+    return _pieces(text, _split_turn(text, thinking_open=thinking_open), call_prefix)
 
 
 class ChatFormat:
@@ -117,9 +296,14 @@ class ChatFormat:
         eot_ids = tokenizer.encode(self.eot, add_special_tokens=False)
         assert len(eot_ids) == 1, f"end-of-turn {self.eot!r} must be a single token, got {eot_ids}"
         self.eot_id: int = eot_ids[0]
-        self._marker_ids = {m: self._single_id(m) for m in
-                            (TOOL_OPEN, TOOL_CLOSE, THINK_OPEN, THINK_CLOSE)}
+        self._marker_ids = {m: self._single_id(m) for m in MARKERS}
         self._obs_cache: dict[str, list[int]] = {}
+        self._piece: dict[int, str] = {}
+        """Token id -> its text alone (``_token_text``; at most one entry per vocabulary id)."""
+        prompt = self.render([{"role": "user", "content": "x"}])
+        self.thinking_open = prompt.rstrip().endswith(THINK_OPEN)
+        """The template opens ``<think>`` in the generation prompt (DeepSeek-R1 style): each
+        turn starts inside its thinking."""
 
     def _single_id(self, text: str) -> int | None:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -170,39 +354,72 @@ class ChatFormat:
         return list(self._obs_cache[delta])
 
     def parse(self, text: str, *, call_prefix: str = "call") -> ParsedTurn:
-        return parse_turn(text, call_prefix=call_prefix)
+        """A decoded turn, parsed (no token counts: ``parse_ids`` has them)."""
+        return parse_turn(text, call_prefix=call_prefix, thinking_open=self.thinking_open)
 
-    def count_span_tokens(self, ids: list[int] | tuple[int, ...], open_text: str,
-                          close_text: str) -> int:
-        """Tokens from ``open_text`` to ``close_text`` inclusive (an unclosed span runs to the
-        end). Fast path on single-token markers; otherwise decoded token by token."""
-        o, c = self._marker_ids.get(open_text), self._marker_ids.get(close_text)
-        if o is not None and c is not None:
-            n, inside = 0, False
-            for t in ids:
-                if t == o:
-                    inside = True
-                if inside:
-                    n += 1
-                if t == c:
-                    inside = False
-            return n
-        n, inside, text = 0, False, ""
-        for t in ids:
-            piece = self.tokenizer.decode([t], skip_special_tokens=False)
-            text += piece
-            if not inside and open_text in text[-(len(open_text) + len(piece)):]:
-                inside = True
-            if inside:
-                n += 1
-                if close_text in text[-(len(close_text) + len(piece)):]:
-                    inside = False
-        return n
+    def parse_ids(self, ids: list[int] | tuple[int, ...], *, call_prefix: str = "call") -> ParsedTurn:
+        """A sampled turn (end-of-turn token optional), parsed, with its thinking and tool-call
+        tokens counted over the same spans."""
+        ids = list(ids)
+        if ids and ids[-1] == self.eot_id:
+            ids = ids[:-1]
+        text = self.decode(ids)
+        spans = _split_turn(text, thinking_open=self.thinking_open)
+        turn = _turn(text, spans, call_prefix)
+        edge = self._marker_edges(ids, text)
+        if edge is None:  # a marker sampled in pieces: split by each token's own text
+            text, ends = self._token_text(ids)
+            spans = _split_turn(text, thinking_open=self.thinking_open)
+            edge = {c: bisect.bisect_right(ends, c) for s in spans for c in (s.start, s.end)}
+        edge[0], edge[len(text)] = 0, len(ids)
+
+        def tokens(*kinds: str) -> int:
+            return sum(edge[s.end] - edge[s.start] for s in spans if s.kind in kinds)
+
+        # a block's piece kind (a call whose JSON is not a valid call is broken) per span
+        kinds = [p.kind for p in _pieces(text, spans, call_prefix)]
+
+        def blocks(kind: str) -> tuple[tuple[int, int], ...]:
+            return tuple((edge[s.start], edge[s.end])
+                         for s, k in zip(spans, kinds, strict=True) if k == kind)
+
+        return dataclasses.replace(turn, thinking_tokens=tokens("think"),
+                                   tool_call_tokens=tokens("call", "broken"),
+                                   call_token_spans=blocks("call"),
+                                   error_token_spans=blocks("broken"))
+
+    def _marker_edges(self, ids: list[int], text: str) -> dict[int, int] | None:
+        """Character offset -> token index of every marker edge of ``text``, when each marker
+        in it is one marker token of ``ids`` (the fast path); else None."""
+        kind = {i: m for m, i in self._marker_ids.items() if i is not None}
+        if len(kind) < len(MARKERS):
+            return None
+        at = [(k, kind[t]) for k, t in enumerate(ids) if t in kind]
+        found = list(_MARKER.finditer(text))
+        if [m for _, m in at] != [f.group() for f in found]:
+            return None
+        edges: dict[int, int] = {}
+        for (k, _), f in zip(at, found, strict=True):
+            edges.setdefault(f.start(), k)
+            edges[f.end()] = k + 1
+        return edges
+
+    def _token_text(self, ids: list[int]) -> tuple[str, list[int]]:
+        """The turn's text decoded token by token, and the end offset of each token in it."""
+        for t in set(ids) - self._piece.keys():  # each id decodes alike wherever it stands
+            self._piece[t] = self.tokenizer.decode([t], skip_special_tokens=False,
+                                                   clean_up_tokenization_spaces=False)
+        pieces = [self._piece[t] for t in ids]
+        ends, n = [], 0
+        for p in pieces:
+            n += len(p)
+            ends.append(n)
+        return "".join(pieces), ends
 
     def thinking_tokens(self, ids: list[int] | tuple[int, ...]) -> int:
-        """Model tokens spent in <think>...</think> (markers included)."""
-        return self.count_span_tokens(ids, THINK_OPEN, THINK_CLOSE)
+        """Sampled tokens of a turn's thinking, markers included (``parse_ids``)."""
+        return self.parse_ids(ids).thinking_tokens
 
     def tool_call_tokens(self, ids: list[int] | tuple[int, ...]) -> int:
-        """Model tokens inside <tool_call>...</tool_call> blocks (markers included)."""
-        return self.count_span_tokens(ids, TOOL_OPEN, TOOL_CLOSE)
+        """Sampled tokens of a turn's call blocks, markers included (``parse_ids``)."""
+        return self.parse_ids(ids).tool_call_tokens

@@ -26,10 +26,11 @@ work and the trajectory goes on in a fresh, shorter context — a new ``Segment`
    output) which a summary tends to paraphrase. It is left out when the new context would not
    be shorter than the trigger; if even system + task + summary is not, the run ends.
 
-Endings: a summary cut by ``summary_max_tokens`` or the window, an instruction that does not fit,
-or a fresh context that is not shorter than the trigger end the run with CONTEXT_FULL (MAX_TOKENS
-when the trajectory's token budget cut the summary; WALL_TIME when the clock ran out). After
-``max_summaries`` summaries the hook declines and the run goes on until the window is full.
+Endings: a summary cut by ``summary_max_tokens`` or the window (ours, or the engine's own, which
+raises ``ContextFullError``), an instruction that does not fit, or a fresh context that is not
+shorter than the trigger end the run with CONTEXT_FULL (MAX_TOKENS when the trajectory's token
+budget cut the summary; WALL_TIME when the clock ran out). After ``max_summaries`` summaries the
+hook declines and the run goes on until the window is full.
 
 Records: ``Counters.summaries`` counts new contexts started; ``Counters.summary_tokens`` counts
 every token sampled for summaries (also part of ``output_tokens``; summary turns are not
@@ -46,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from looprl.errors import ContextFullError
 from looprl.harness.agent import (
     AgentConfig,
     AgentRun,
@@ -54,7 +56,7 @@ from looprl.harness.agent import (
     _WallTime,
     summarize_at,
 )
-from looprl.harness.format import ChatFormat, parse_turn
+from looprl.harness.format import ChatFormat
 from looprl.protocols import Engine
 from looprl.types import Message, SamplingParams, StopReason
 
@@ -133,7 +135,7 @@ class Summarizer:
 
     async def _write(self, run: AgentRun) -> tuple[str, int] | None:
         """Sample the summary into the current segment: (its text, its token count), or None
-        (``run.stop`` set) if it was cut or the clock ran out."""
+        (``run.stop`` set) if it was cut, the clock ran out or the engine's own window is full."""
         cfg = self.cfg
         budget = cfg.max_total_new_tokens - run.counters["output_tokens"]
         params = SamplingParams(
@@ -146,6 +148,9 @@ class Summarizer:
         except _WallTime:
             run.stop = StopReason.WALL_TIME
             return None
+        except ContextFullError:  # the engine's window is smaller than cfg.context_window: the
+            run.stop = StopReason.CONTEXT_FULL  # trajectory outgrew it, as in a turn (scored)
+            return None
         _check_generation(gen, params)
         run.add_generation(gen)
         run.counters["summary_tokens"] += len(gen.token_ids)
@@ -155,7 +160,7 @@ class Summarizer:
             spent = run.counters["output_tokens"] >= cfg.max_total_new_tokens
             run.stop = StopReason.MAX_TOKENS if spent else StopReason.CONTEXT_FULL
             return None
-        return parse_turn(text).content, len(gen.token_ids)
+        return self.fmt.parse(text).content, len(gen.token_ids)  # (the template may open <think>)
 
     def _fresh_context(self, summary: str, latest: list[Message]
                        ) -> tuple[list[int], Message] | None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from looprl.errors import ConfigError
 from looprl.inference.torch_engine import TorchEngine
+from looprl.plugins import find
 from looprl.protocols import Engine
 
 
@@ -36,10 +36,9 @@ ENGINES: dict[str, Callable[..., Engine]] = {"torch": _torch, "openai": _openai,
 
 
 def make_engine(name: str, **kwargs: Any) -> Engine:
-    """Build the engine registered as ``name`` ("torch", "openai", "vllm") with its own kwargs."""
-    if name not in ENGINES:
-        raise ConfigError(f"unknown engine {name!r}; choose one of {sorted(ENGINES)}")
-    return ENGINES[name](**kwargs)
+    """Build the engine registered as ``name`` ("torch", "openai", "vllm", or a plugin:
+    ``looprl.plugins``) with its own kwargs."""
+    return find("engines", name, ENGINES)(**kwargs)
 
 
 __all__ = ["ENGINES", "TorchEngine", "make_engine"]

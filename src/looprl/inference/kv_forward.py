@@ -10,11 +10,16 @@ The forward reuses the model's own modules (norms, projections, MLP, rotary embe
 swapped into the model are used at once. Supported: Llama, Qwen2, Qwen3, Mistral (no sliding window).
 
     fwd = CachedForward(model, num_slots=16, max_len=4096)
-    logits_V = fwd.prefill(ids, slot=0, start=0)          # logits of the last new token
-    logits_B_V = fwd.decode(ids_B, pos_B)                  # one token per slot 0..B-1
+    out = fwd.prefill(ids, slot=0, start=0)     # out.logits_B_T_V [1, 1, V]: the last new token
+    out = fwd.decode([[t] for t in ids_B], pos_B)  # one token per slot 0..B-1: [B, 1, V]
+    out = fwd.decode(ids_B_T, pos_B)            # T tokens per slot (speculative verification)
+
+Both also return the hidden state the LM head reads (``hidden_B_T_H``), which MTP heads draft from.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -47,6 +52,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean 'may attend' mask -> additive float mask (SDPA would convert it in every layer)."""
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+
+
+@dataclass(frozen=True)
+class ForwardOut:
+    """What a cached forward returns for its last positions."""
+
+    logits_B_T_V: torch.Tensor
+    """fp32 logits."""
+    hidden_B_T_H: torch.Tensor
+    """The LM head's input (the final norm's output), in the model's dtype."""
 
 
 class CachedForward:
@@ -147,14 +162,15 @@ class CachedForward:
         gate, up = F.linear(x, self.wgu_L[i]).chunk(2, dim=-1)
         return m.down_proj(m.act_fn(gate) * up)
 
-    def _logits(self, h_B_E: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.base.norm(h_B_E)).float()
+    def _out(self, h: torch.Tensor) -> ForwardOut:
+        hidden = self.base.norm(h)
+        return ForwardOut(self.model.lm_head(hidden).float(), hidden)
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int], slot: int, start: int) -> torch.Tensor:
-        """Run ``ids`` at positions ``start..`` of ``slot``; returns fp32 logits ``[V]`` of the last."""
+    def prefill(self, ids: list[int], slot: int, start: int) -> ForwardOut:
+        """Run ``ids`` at positions ``start..`` of ``slot``; returns the last one's output ``[1, 1, .]``."""
         assert ids and start + len(ids) <= self.max_len, "prefill past the slot's capacity"
-        logits = None
+        h = None
         for c0 in range(0, len(ids), PREFILL_CHUNK):
             chunk = ids[c0:c0 + PREFILL_CHUNK]
             p0, n = start + c0, len(chunk)
@@ -175,66 +191,78 @@ class CachedForward:
 
             for i in range(len(self.layers)):
                 h = self._layer(i, h, cos, sin, write, attend)
-            logits = self._logits(h[0, -1])
-        return logits
+        return self._out(h[:, -1:])
 
     @torch.inference_mode()
-    def decode(self, ids_B: list[int], pos_B: list[int],
-               prefix_B: list[tuple[int, int] | None] | None = None) -> torch.Tensor:
-        """One token for each of slots ``0..B-1`` at positions ``pos_B``; returns logits ``[B, V]``.
+    def decode(self, ids_B_T: list[list[int]], pos_B: list[int],
+               prefix_B: list[tuple[int, int] | None] | None = None) -> ForwardOut:
+        """``T`` tokens for each of slots ``0..B-1``, row b's at positions ``pos_B[b]..+T-1``
+        (causal among themselves); returns their outputs ``[B, T, .]``. T = 1 is a decode step;
+        T > 1 verifies drafted tokens (the KV of all T is written; a row's later step simply
+        overwrites the positions of the drafts it rejected).
 
         ``prefix_B[b] = (slot, P)`` says row b's first P positions equal those of ``slot`` (its
         group's shared prompt). Rows sharing a prefix attend to it in ONE pass (cascade attention:
         the prefix KV is read once per group instead of once per row) and to their own positions
         ``P..pos`` separately; the two softmax parts are merged exactly through their log-sum-exps.
         """
-        B = len(ids_B)
+        B, T = len(ids_B_T), len(ids_B_T[0])
         pos = torch.tensor(pos_B)
-        assert int(pos.max()) < self.max_len, "decode past the slot's capacity"
-        rows = torch.arange(B)
+        assert int(pos.max()) + T <= self.max_len, "decode past the slot's capacity"
+        pos_B_T = pos.unsqueeze(1) + torch.arange(T)
+        rows_B_T = torch.arange(B).unsqueeze(1).expand(B, T)
         prefix_B = prefix_B or [None] * B
         plen_B = [p[1] if p else 0 for p in prefix_B]
-        lo, end = min(plen_B), int(pos.max()) + 1  # each row's own keys lie in [lo, end)
-        h = self.base.embed_tokens(torch.tensor(ids_B).unsqueeze(1))
-        cos, sin = self.base.rotary_emb(h, pos.unsqueeze(1))
-        kpos = torch.arange(lo, end).unsqueeze(0)
-        allowed = (kpos <= pos.unsqueeze(1)) & (kpos >= torch.tensor(plen_B).unsqueeze(1))
-        mask = _additive(allowed.view(B, 1, 1, end - lo), h.dtype)
+        lo, end = min(plen_B), int(pos.max()) + T  # each row's own keys lie in [lo, end)
+        h = self.base.embed_tokens(torch.tensor(ids_B_T))
+        cos, sin = self.base.rotary_emb(h, pos_B_T)
+        G = self.heads // self.kv_heads
+        kpos = torch.arange(lo, end).view(1, 1, -1)
+        allowed = (kpos <= pos_B_T.unsqueeze(2)) & (kpos >= torch.tensor(plen_B).view(B, 1, 1))
+        # the G query heads sharing a KV head become G*T query rows of that head (no GQA expand);
+        # with T = 1 one mask row broadcasts over the G
+        L = end - lo
+        allowed = allowed.unsqueeze(1) if T == 1 else \
+            allowed.unsqueeze(1).expand(B, G, T, L).reshape(B, 1, G * T, L)
+        mask = _additive(allowed, h.dtype)
         groups: dict[tuple[int, int], list[int]] = {}
         for b, p in enumerate(prefix_B):
             if p and p[1] > 0:
                 groups.setdefault(p, []).append(b)
         group_rows = [(slot, P, torch.tensor(bs)) for (slot, P), bs in groups.items()]
-        G = self.heads // self.kv_heads
+        GT = G * T
 
         def write(kc, vc, k, v):
-            kc[rows, :, pos] = k[:, :, 0]
-            vc[rows, :, pos] = v[:, :, 0]
+            if T == 1:
+                kc[rows_B_T[:, 0], :, pos] = k[:, :, 0]
+                vc[rows_B_T[:, 0], :, pos] = v[:, :, 0]
+            else:
+                kc[rows_B_T, :, pos_B_T] = k.transpose(1, 2)
+                vc[rows_B_T, :, pos_B_T] = v.transpose(1, 2)
 
         def attend(kc, vc, q):
-            # the G query heads sharing a KV head become G query rows of that head (no GQA expand)
-            qg = q.reshape(B, self.kv_heads, G, self.head_dim)
+            qg = q.reshape(B, self.kv_heads, GT, self.head_dim)
             if not group_rows:
                 o = F.scaled_dot_product_attention(qg, kc[:B, :, lo:end], vc[:B, :, lo:end],
                                                    attn_mask=mask, scale=self.scale)
-                return o.reshape(B, self.heads, 1, self.head_dim)
+                return o.reshape(B, self.heads, T, self.head_dim)
             o, lse = _flash(qg, kc[:B, :, lo:end], vc[:B, :, lo:end], mask, self.scale)
             for slot, P, bs in group_rows:
                 n = len(bs)
-                # all rows of the group as one batch of n*G query rows against the shared prefix
-                qp = qg[bs].transpose(0, 1).reshape(1, self.kv_heads, n * G, self.head_dim)
+                # all rows of the group as one batch of n*G*T query rows against the shared prefix
+                qp = qg[bs].transpose(0, 1).reshape(1, self.kv_heads, n * GT, self.head_dim)
                 op, lp = _flash(qp, kc[slot:slot + 1, :, :P], vc[slot:slot + 1, :, :P], None, self.scale)
-                op = op.view(self.kv_heads, n, G, self.head_dim).transpose(0, 1)
-                lp = lp.view(self.kv_heads, n, G).transpose(0, 1)
+                op = op.view(self.kv_heads, n, GT, self.head_dim).transpose(0, 1)
+                lp = lp.view(self.kv_heads, n, GT).transpose(0, 1)
                 ls = lse[bs]
                 tot = torch.logaddexp(ls, lp)
                 o[bs] = o[bs] * (ls - tot).exp().unsqueeze(-1).to(o.dtype) \
                     + op * (lp - tot).exp().unsqueeze(-1).to(o.dtype)
-            return o.reshape(B, self.heads, 1, self.head_dim)
+            return o.reshape(B, self.heads, T, self.head_dim)
 
         for i in range(len(self.layers)):
             h = self._layer(i, h, cos, sin, write, attend)
-        return self._logits(h[:, 0])
+        return self._out(h)
 
 
 def _flash(q, k, v, mask, scale) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,15 @@ KV reuse, by cache *entry* (one slot of the static cache each):
   of prefilling the same prompt again.
 - When slots run out (``kv_budget_mb``), the least recently used idle entry is evicted; a session
   that comes back is recomputed from its prompt.
+
+Speculative decoding (``speculative="auto" | "on" | "off"``, ``inference/spec.py``): when the
+model carries MTP heads (``looprl.models.mtp``; ``load_model`` attaches saved ones), a step
+drafts k tokens per row with the heads, verifies all rows' drafts in one forward of k+1
+tokens, and keeps each row's accepted prefix plus one token by exact rejection sampling. Rows
+accept different numbers of tokens; a row's rejected drafts leave KV past its length, which its
+next step overwrites (the cache is position-addressed, so rollback is the length alone). Heads
+are swapped with the weights (their keys are part of ``model.state_dict()``). ``auto`` measures
+plain and speculative steps per batch size and uses the faster one (``engine.metrics()``).
 """
 
 from __future__ import annotations
@@ -34,9 +43,11 @@ from pathlib import Path
 import torch
 
 from looprl.errors import ConfigError, ContextFullError, PolicyError
-from looprl.inference.kv_forward import CachedForward
+from looprl.inference.kv_forward import CachedForward, ForwardOut
 from looprl.inference.sampling import sample_B
+from looprl.inference.spec import Drafter, SpecController, accept
 from looprl.models.loading import load_model, resolve_dtype
+from looprl.models.mtp import heads_of
 from looprl.types import Generation, SamplingParams
 
 
@@ -69,6 +80,8 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish: str | None = None
+    hidden: torch.Tensor | None = None
+    """The LM head's input that gave the last sampled token's distribution (drafting starts there)."""
 
 
 @dataclass
@@ -98,7 +111,8 @@ class TorchEngine:
 
     def __init__(self, model, tokenizer, *, max_len: int | None = None, max_batch: int = 64,
                  kv_budget_mb: float = 2048.0, seed: int = 0, stop_on_eos: bool = True,
-                 num_threads: int | None = None, max_slots: int = 256, cascade: bool = True) -> None:
+                 num_threads: int | None = None, max_slots: int = 256, cascade: bool = True,
+                 speculative: str = "auto") -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model = model.eval()
@@ -113,6 +127,10 @@ class TorchEngine:
         self.cascade = cascade  # attend to a group's shared prompt once per group, not per row
         self.eos_ids = self._eos_ids(tokenizer, model) if stop_on_eos else set()
         self.stats = EngineStats()
+        heads = heads_of(model)
+        self.drafter = Drafter(model, heads) if heads is not None else None
+        # speculative: "auto" drafts when it pays per batch size, "on" always, "off" never
+        self.spec = SpecController(speculative, self.drafter.max_draft if self.drafter else 0)
         self._version = 0
         self._gen = torch.Generator().manual_seed(seed)
         self._commands: queue.Queue = queue.Queue()
@@ -149,6 +167,15 @@ class TorchEngine:
     @property
     def num_slots(self) -> int:
         return self.fwd.num_slots
+
+    def metrics(self) -> dict[str, float]:
+        """For the run's log: speculation (acceptance, tokens per verify step, measured speed-up
+        of speculative over plain steps, share of steps that drafted) and decoding counters."""
+        st = self.stats
+        return {**{f"engine/{k}": v for k, v in self.spec.metrics().items()},
+                "engine/generated_tokens": float(st.generated_tokens),
+                "engine/decode_steps": float(st.decode_steps),
+                "engine/prefill_fraction": st.prefilled_tokens / max(st.prompt_tokens, 1)}
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
                        session_id: str | None = None, group_id: str | None = None) -> Generation:
@@ -309,7 +336,7 @@ class TorchEngine:
         n = min(n, len(prompt) - 1)  # always run the last prompt token: its logits start decoding
         e.prefix_len = min(e.prefix_len, n)
         e.tokens = prompt[:n]
-        logits_V = self.fwd.prefill(prompt[n:], e.slot, n)
+        out = self.fwd.prefill(prompt[n:], e.slot, n)
         e.tokens = list(prompt)
         self.stats.prompt_tokens += len(prompt)
         self.stats.prefilled_tokens += len(prompt) - n
@@ -319,7 +346,7 @@ class TorchEngine:
         e.active = True
         self._move(e, len(self._rows))
         self._rows.append(req)
-        self._sample_and_finish(logits_V.unsqueeze(0), [req])
+        self._sample_and_finish(out, [req])
         return True
 
     def _share_group_prompt(self, group_key: str, e: _Entry, keep: set[str]) -> None:
@@ -338,25 +365,67 @@ class TorchEngine:
 
     # -- decoding ------------------------------------------------------------------------------
     def _step(self) -> None:
-        rows = self._rows
-        ids_B = [r.out_ids[-1] for r in rows]
-        pos_B = [len(r.entry.tokens) for r in rows]
+        rows = list(self._rows)  # finished rows leave self._rows during the step
+        B = len(rows)
+        k = self.spec.draft_len(B)
+        if k and max(len(r.entry.tokens) for r in rows) + k + 2 > self.max_len:
+            k = 0  # a row is near the end of its context: the draft would not fit
         prefix_B = [self._prefix(r.entry) for r in rows] if self.cascade else None
-        logits_B_V = self.fwd.decode(ids_B, pos_B, prefix_B)
-        for r, t in zip(rows, ids_B, strict=True):
-            r.entry.tokens.append(t)
+        pos_B = [len(r.entry.tokens) for r in rows]
+        t0 = time.perf_counter()
+        before = self.stats.generated_tokens
+        if k:
+            accepted = self._speculate(rows, k, pos_B, prefix_B)
+        else:
+            fed_B_T = [[r.out_ids[-1]] for r in rows]
+            self._sample_and_finish(self.fwd.decode(fed_B_T, pos_B, prefix_B), rows, fed_B_T)
+            accepted = 0
         self.stats.decode_steps += 1
-        self._sample_and_finish(logits_B_V, rows)
+        self.spec.record(B, k, self.stats.generated_tokens - before, time.perf_counter() - t0,
+                         accepted=accepted)
 
-    def _sample_and_finish(self, logits_B_V: torch.Tensor, reqs: list[_Request]) -> None:
-        tokens, lps = sample_B(logits_B_V, [r.params.temperature for r in reqs],
+    def _sample_and_finish(self, out: ForwardOut, reqs: list[_Request],
+                           fed_B_T: list[list[int]] | None = None) -> None:
+        """Sample each row's next token from a forward's last position and emit it."""
+        tokens, lps = sample_B(out.logits_B_T_V[:, -1], [r.params.temperature for r in reqs],
                                [r.params.top_p for r in reqs], [r.generator for r in reqs], self._gen)
-        for r, t, lp in zip(reqs, tokens, lps, strict=True):
-            r.out_ids.append(t)
-            r.logprobs.append(lp)
-            r.versions.append(self._version)
-            self.stats.generated_tokens += 1
-            r.finish = self._finish_reason(r)
+        self._emit(reqs, [[t] for t in tokens], [[lp] for lp in lps], out.hidden_B_T_H[:, -1:], fed_B_T)
+
+    def _speculate(self, rows: list[_Request], k: int, pos_B: list[int],
+                   prefix_B: list[tuple[int, int] | None] | None) -> int:
+        """Draft ``k`` tokens per row, verify them in one forward, emit what is accepted; returns
+        the number of accepted drafts."""
+        temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
+        top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
+        u_B = torch.stack([torch.rand(2 * k + 1, generator=r.generator or self._gen) for r in rows])
+        last_B = [r.out_ids[-1] for r in rows]
+        draft = self.drafter.draft(torch.stack([r.hidden for r in rows]), last_B, temps, top_ps, u_B[:, :k])
+        ids_B_T = [[t, *d] for t, d in zip(last_B, draft.tokens_B_K.tolist(), strict=True)]
+        out = self.fwd.decode(ids_B_T, pos_B, prefix_B)
+        acc = accept(out.logits_B_T_V, draft, temps, top_ps, u_B[:, k:2 * k], u_B[:, 2 * k])
+        self._emit(rows, acc.tokens_B_T, acc.logprobs_B_T, out.hidden_B_T_H, ids_B_T)
+        return sum(acc.accepted_B)
+
+    def _emit(self, reqs: list[_Request], tokens_B_T: list[list[int]], lps_B_T: list[list[float]],
+              hidden_B_T_H: torch.Tensor, fed_B_T: list[list[int]] | None) -> None:
+        """Append each row's new tokens one by one, stopping at its first finishing token.
+
+        Token j of row b was sampled from the output at the position of ``fed_B_T[b][j]`` (the
+        row's last token, then its accepted drafts), whose KV thereby joins the row's context
+        (``None``: a prefill, whose tokens are in the context already)."""
+        for b, r in enumerate(reqs):
+            j = 0
+            for j, (t, lp) in enumerate(zip(tokens_B_T[b], lps_B_T[b], strict=True)):
+                if fed_B_T is not None:
+                    r.entry.tokens.append(fed_B_T[b][j])
+                r.out_ids.append(t)
+                r.logprobs.append(lp)
+                r.versions.append(self._version)
+                self.stats.generated_tokens += 1
+                r.finish = self._finish_reason(r)
+                if r.finish:
+                    break
+            r.hidden = hidden_B_T_H[b, j]
         for r in [r for r in reqs if r.finish or r.future.cancelled()]:
             self._retire(r)
 

@@ -6,9 +6,11 @@
     lm = load_model(path)                                         # lm.model, lm.tokenizer
 """
 
-from looprl.models.loading import LoadedModel, load_model
-from looprl.models.pretrain import PretrainResult, pretrain
-from looprl.models.tiny import DEFAULT_SIZE, SIZES, init_default_model
+from looprl.lazy import lazy_exports
 
-__all__ = ["DEFAULT_SIZE", "SIZES", "LoadedModel", "PretrainResult", "init_default_model",
-           "load_model", "pretrain"]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "loading": ["LoadedModel", "load_model"],
+    "pretrain": ["PretrainResult", "pretrain"],
+    "tiny": ["DEFAULT_SIZE", "SIZES", "init_default_model"],
+})

@@ -2,7 +2,7 @@
 
     looprl model init ~/.cache/looprl/models/default --size small
     looprl model pretrain ~/.cache/looprl/models/default --steps 300
-    looprl model serve ~/.cache/looprl/models/default --port 8000   # OpenAI-compatible API
+    looprl model serve ~/.cache/looprl/models/default --port 8000 --api-key s3cret   # OpenAI API
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import typer
 from rich.console import Console
 
 from looprl import paths
-from looprl.models.tiny import DEFAULT_SIZE, SIZES
 
 app = typer.Typer(help="Create, pretrain and serve the default model.", no_args_is_help=True)
 console = Console()
@@ -29,16 +28,18 @@ ModelDir = Annotated[Path | None, typer.Argument(help="model dir (default: $LOOP
 
 @app.command()
 def init(out_dir: ModelDir = None,
-         size: Annotated[str, typer.Option(help=f"one of {sorted(SIZES)}")] = DEFAULT_SIZE,
+         size: Annotated[str | None, typer.Option(
+             help="a name in looprl.models.tiny.SIZES (default: its DEFAULT_SIZE)")] = None,
          seed: int = 0,
-         corpus_chars: Annotated[int, typer.Option(help="Python source sampled for the tokenizer")] = 2_000_000,
+         corpus_chars: Annotated[int, typer.Option(
+             help="Python source sampled for the tokenizer", min=1)] = 2_000_000,
          copy_circuit: Annotated[bool, typer.Option(
              help="plant an induction (copy) circuit at init: models.tiny.plant_copy_circuit")] = True,
          ) -> None:
     """Train the BPE tokenizer and save a freshly initialised default model (HF format)."""
     from looprl.models.loading import load_model
-    from looprl.models.tiny import init_default_model
-    path = init_default_model(out_dir or _default_dir(), size=size, seed=seed,
+    from looprl.models.tiny import DEFAULT_SIZE, init_default_model
+    path = init_default_model(out_dir or _default_dir(), size=size or DEFAULT_SIZE, seed=seed,
                               corpus_chars=corpus_chars, copy_circuit=copy_circuit)
     lm = load_model(path)
     console.print(f"saved {lm.model.config.model_type} model ({lm.num_params / 1e6:.2f}M params, "
@@ -46,29 +47,65 @@ def init(out_dir: ModelDir = None,
 
 
 @app.command()
-def pretrain(model_dir: ModelDir = None, steps: int = 300, batch: int = 8, seq_len: int = 512,
-             lr: float = 3e-3, threads: int | None = None,
+def pretrain(model_dir: ModelDir = None,
+             steps: Annotated[int, typer.Option(min=1)] = 300,
+             batch: Annotated[int, typer.Option(min=1)] = 8,
+             seq_len: Annotated[int, typer.Option(min=2)] = 512,
+             lr: float = 3e-3,
+             threads: Annotated[int | None, typer.Option(min=1)] = None,
              bf16: Annotated[bool, typer.Option(help="bf16 autocast")] = False,
              out_dir: Annotated[Path | None, typer.Option(help="save elsewhere instead of in place")] = None,
              ) -> None:
     """Next-token pretraining on the Python source installed in this venv."""
     from looprl.models.pretrain import pretrain as run
+    if not 0 < lr < float("inf"):
+        raise typer.BadParameter(f"must be a finite number > 0, got {lr}", param_hint="--lr")
     r = run(model_dir or _default_dir(), steps=steps, batch=batch, seq_len=seq_len, lr=lr, bf16=bf16,
             out_dir=out_dir, num_threads=threads)
     console.print(f"loss {r.losses_S[0]:.3f} -> {r.final_loss:.3f} (val {r.val_loss:.3f}), "
                   f"{r.tokens_seen / r.wall_s:.0f} tok/s; saved {r.model_dir}, curve {r.loss_png}")
 
 
-@app.command()
-def serve(model_dir: ModelDir = None, host: str = "127.0.0.1", port: int = 8000,
-          dtype: str = "float32", name: str = "looprl") -> None:
-    """Serve the model through an OpenAI-compatible API (/v1/completions, /v1/chat/completions)."""
-    import uvicorn
+def _loopback(host: str) -> bool:
+    import ipaddress
 
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+@app.command()
+def serve(model_dir: ModelDir = None,
+          host: Annotated[str, typer.Option(help="bind address (without an API key: loopback "
+                                                 "only)")] = "127.0.0.1",
+          port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+          dtype: str = "float32",
+          name: Annotated[str, typer.Option(help="the model name clients send")] = "looprl",
+          api_key: Annotated[str | None, typer.Option(
+              envvar="LOOPRL_API_KEY", show_envvar=True,
+              help="bearer key every request must carry (none: open, loopback only)")] = None,
+          max_batch: Annotated[int, typer.Option(min=1, help="sequences decoded together")] = 64,
+          drain: Annotated[float, typer.Option(
+              help="on SIGTERM: seconds running requests may finish", min=0.1)] = 30.0,
+          ) -> None:
+    """Serve the model through an OpenAI-compatible API: chat with tool calls and streaming,
+    completions, /health, /v1/models (inference/openai_server.py)."""
+    if not api_key and not _loopback(host):
+        raise typer.BadParameter(f"without an API key the server is open to anyone who reaches "
+                                 f"{host}: pass --api-key (or set LOOPRL_API_KEY), or bind "
+                                 "127.0.0.1", param_hint="--host")
+    from looprl.asgi import run
     from looprl.inference.openai_server import create_app
     from looprl.inference.torch_engine import TorchEngine
-    engine = TorchEngine.from_path(model_dir or _default_dir(), dtype=dtype)
+
+    engine = TorchEngine.from_path(model_dir or _default_dir(), dtype=dtype, max_batch=max_batch)
+    app_ = create_app(engine, name, api_key=api_key, drain_s=drain)
+    access = ("API key required" if api_key else
+              "NO API key: open to every user and process on this machine")
+    console.print(f"looprl model server on http://{host}:{port}/v1, model {name!r} "
+                  f"({engine.max_len} tokens of context); {access}")
     try:
-        uvicorn.run(create_app(engine, name), host=host, port=port)
+        run(app_, host=host, port=port, drain=app_.state.drain, drain_s=drain)
     finally:
         engine.close()

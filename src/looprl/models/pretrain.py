@@ -7,6 +7,10 @@
 Text: a deterministic sample of site-packages ``.py`` files plus synthetic agent conversations in
 the harness's chat format, tokenized, joined with the end-of-text token and cut into random
 windows. A rich progress bar shows the loss; the curve is saved as ``pretrain_loss.png``.
+
+With ``mtp_heads=k`` (or when the model dir already has MTP heads) the heads are trained in the
+same steps by self-distillation on the forward's own hidden states and logits
+(``looprl.models.mtp``) and saved beside the weights.
 """
 
 from __future__ import annotations
@@ -23,7 +27,16 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from looprl.errors import ConfigError
-from looprl.models.loading import load_model
+from looprl.models.loading import load_model, save_model
+from looprl.models.mtp import (
+    DISTILL_POSITIONS,
+    attach_heads,
+    capture_hidden,
+    clip_grad_norms,
+    distill_loss,
+    heads_of,
+    new_heads,
+)
 from looprl.models.tiny import chat_examples, python_sources
 
 
@@ -37,6 +50,9 @@ class PretrainResult:
     tokens_seen: int
     wall_s: float
     loss_png: Path
+    mtp_accept_K: tuple[float, ...] = ()
+    """Per MTP head, the acceptance estimate (1 - TV to the model) over the last 10 steps; empty
+    without heads."""
 
     @property
     def final_loss(self) -> float:
@@ -90,7 +106,7 @@ def pretrain(model_dir: str | Path, *, steps: int = 300, batch: int = 8, seq_len
              lr: float = 3e-3, corpus_chars: int = 4_000_000, bf16: bool = False, seed: int = 0,
              out_dir: str | Path | None = None, show_progress: bool = True,
              num_threads: int | None = None,
-             transcripts: Sequence[Sequence[int]] = ()) -> PretrainResult:
+             transcripts: Sequence[Sequence[int]] = (), mtp_heads: int = 0) -> PretrainResult:
     """Train ``steps`` AdamW steps of next-token prediction; save to ``out_dir`` (default: in place).
 
     ``num_threads`` sets torch's intra-op threads for the run (restored after): on a shared 2-core
@@ -98,24 +114,28 @@ def pretrain(model_dir: str | Path, *, steps: int = 300, batch: int = 8, seq_len
     harness trajectories, tool output included) join the corpus: next-token prediction over
     whole agent transcripts teaches the copying the agent needs (a name from the prompt into a
     grep, a path and line from grep into a read, a line from a read into an edit) with a loss on
-    every token, not only the ~10% the model samples.
+    every token, not only the ~10% the model samples. ``mtp_heads``: k MTP heads to add and
+    train alongside (0: none added; heads the model dir has are trained either way).
     """
     previous = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
         return _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, out_dir,
-                         show_progress, transcripts)
+                         show_progress, transcripts, mtp_heads)
     finally:
         torch.set_num_threads(previous)
 
 
 def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, out_dir,
-              show_progress, transcripts) -> PretrainResult:
+              show_progress, transcripts, mtp_heads) -> PretrainResult:
     if steps < 1 or batch < 1 or seq_len < 8:
         raise ConfigError("pretrain needs steps >= 1, batch >= 1 and seq_len >= 8")
     lm = load_model(model_dir, dtype="float32")
     model, tok = lm.model, lm.tokenizer
+    heads = heads_of(model)
+    if heads is None and mtp_heads:
+        heads = attach_heads(model, new_heads(model, mtp_heads))
     out = Path(out_dir).expanduser() if out_dir else lm.path
     data = corpus_tokens(tok, corpus_chars, seed, transcripts)
     n_val = max(seq_len * 4, len(data) // 20)
@@ -126,6 +146,7 @@ def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, ou
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     losses: list[float] = []
+    accepts: list[tuple[float, ...]] = []
     t0 = time.perf_counter()
     with Progress(TextColumn("pretrain"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn(),
@@ -135,11 +156,18 @@ def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, ou
             xy = _batches(train, batch, seq_len, gen)
             for g in opt.param_groups:
                 g["lr"] = _lr(step, steps, lr, warmup=max(1, steps // 20))
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = model(input_ids=xy[:, :-1], labels=xy[:, :-1].clone()).loss
+            x = xy[:, :-1]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), capture_hidden(model) as seen:
+                fwd = model(input_ids=x, labels=x.clone())
+            total = fwd.loss
+            if heads is not None:  # self-distillation: the heads match this forward's distributions
+                mtp = distill_loss(heads, model, seen[-1], x, max_positions=DISTILL_POSITIONS)
+                total = total + mtp.loss
+                accepts.append(mtp.accept_K)
+            loss = fwd.loss
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            total.backward()
+            clip_grad_norms(model, 1.0)
             opt.step()
             losses.append(loss.item())
             bar.update(task, advance=1, loss=losses[-1])
@@ -148,12 +176,14 @@ def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, ou
         vb = _batches(val, batch, seq_len, torch.Generator().manual_seed(seed + 1))
         val_loss = model(input_ids=vb, labels=vb.clone()).loss.item()
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    save_model(model, tok, out)
     png = save_loss_png(losses, out / "pretrain_loss.png")
+    tail = accepts[-10:]
+    accept_K = tuple(sum(a[j] for a in tail) / len(tail) for j in range(len(tail[0]))) if tail else ()
     result = PretrainResult(out, tuple(losses), val_loss, steps * batch * seq_len,
-                            time.perf_counter() - t0, png)
+                            time.perf_counter() - t0, png, accept_K)
     (out / "pretrain.json").write_text(json.dumps(
         {"steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr, "final_loss": result.final_loss,
-         "val_loss": val_loss, "tokens_seen": result.tokens_seen, "wall_s": result.wall_s}, indent=2))
+         "val_loss": val_loss, "tokens_seen": result.tokens_seen, "wall_s": result.wall_s,
+         "mtp_accept": list(accept_K)}, indent=2))
     return result

@@ -33,6 +33,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.errors import ConfigError
+from looprl.models.loading import hf_progress_bars  # noqa: F401 — HF's bars off unless asked
 from looprl.models.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 

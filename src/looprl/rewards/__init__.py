@@ -11,13 +11,12 @@
     breakdown = compute_reward(task, trajectory, grade, RewardConfig())
 """
 
-from looprl.rewards.composite import TERMS, RewardConfig, compute_reward, reward_metrics
-from looprl.rewards.hacking import DETECTORS, HackingConfig, MonitorStats, detect
-from looprl.rewards.length import LengthConfig, effort, length_penalty, penalty_curve
-from looprl.rewards.style import StyleConfig, diff_size_penalty, style_lint_penalty
+from looprl.lazy import lazy_exports
 
-__all__ = [
-    "DETECTORS", "TERMS", "HackingConfig", "LengthConfig", "MonitorStats", "RewardConfig",
-    "StyleConfig", "compute_reward", "detect", "diff_size_penalty", "effort", "length_penalty",
-    "penalty_curve", "reward_metrics", "style_lint_penalty",
-]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "composite": ["RewardConfig", "TERMS", "compute_reward", "reward_metrics"],
+    "hacking": ["DETECTORS", "HackingConfig", "MonitorStats", "detect"],
+    "length": ["LengthConfig", "effort", "length_penalty", "penalty_curve"],
+    "style": ["StyleConfig", "diff_size_penalty", "style_lint_penalty"],
+})

@@ -14,27 +14,10 @@ from typing import Annotated
 import typer
 
 from looprl.config import load_config
-from looprl.errors import LooprlError
-from looprl.rewards.composite import RewardConfig, reward_metrics
-from looprl.rewards.hacking import MonitorStats, detect
-from looprl.rewards.length import penalty_of_effort
-from looprl.types import Task, Trajectory
+from looprl.errors import ConfigError
 
 app = typer.Typer(help="Inspect reward shaping: the length curve, batch metrics, monitor flags.",
                   no_args_is_help=True)
-
-
-def _config(config: Path | None, overrides: list[str] | None) -> RewardConfig:
-    try:
-        return load_config(RewardConfig, config, overrides or [])
-    except LooprlError as e:
-        raise typer.BadParameter(str(e)) from None
-
-
-def _read_jsonl(path: Path) -> list[str]:
-    if not path.exists():
-        raise typer.BadParameter(f"{path} does not exist")
-    return [ln for ln in path.read_text().splitlines() if ln.strip()]
 
 
 @app.command()
@@ -45,7 +28,10 @@ def curve(
         "--override", "-o", help="Dotted override, e.g. length.q=2")] = None,
 ) -> None:
     """Print the (capped) length penalty at each effort value."""
-    cfg = _config(config, override).length
+    from looprl.rewards.composite import RewardConfig
+    from looprl.rewards.length import penalty_of_effort
+
+    cfg = load_config(RewardConfig, config, override or []).length
     typer.echo(f"q={cfg.q:g} λ={cfg.coef:g} k={cfg.k:g} cap={cfg.max_penalty}")
     for c in effort or [10.0, 100.0, 1000.0, 10000.0]:
         typer.echo(f"C={c:>12g}  penalty={penalty_of_effort(c, cfg):+.6f}")
@@ -53,29 +39,38 @@ def curve(
 
 @app.command()
 def metrics(
-    trajectories: Annotated[Path, typer.Argument(help="JSONL of scored Trajectory records.")],
+    trajectories: Annotated[Path, typer.Argument(help="JSONL of scored Trajectory records.",
+                                                 exists=True, dir_okay=False)],
 ) -> None:
     """Print ``reward_metrics`` (term means, broken-call rate, flag rates) over a JSONL file."""
-    trajs = [Trajectory.from_json(ln) for ln in _read_jsonl(trajectories)]
+    from looprl.records import read_trajectories
+    from looprl.rewards.composite import reward_metrics
+
+    trajs = read_trajectories(trajectories)
     typer.echo(json.dumps(reward_metrics(trajs), indent=2, sort_keys=True))
 
 
 @app.command()
 def flags(
-    tasks: Annotated[Path, typer.Argument(help="JSONL of Task records.")],
-    trajectories: Annotated[Path, typer.Argument(help="JSONL of Trajectory records.")],
+    tasks: Annotated[Path, typer.Argument(help="JSONL of Task records.", exists=True,
+                                          dir_okay=False)],
+    trajectories: Annotated[Path, typer.Argument(help="JSONL of Trajectory records.",
+                                                 exists=True, dir_okay=False)],
 ) -> None:
     """Run the hacking detectors on each trajectory and print its flags, then the batch rates."""
-    by_id = {t.id: t for t in (Task.from_json(ln) for ln in _read_jsonl(tasks))}
+    from looprl.records import read_trajectories
+    from looprl.rewards.hacking import MonitorStats, detect
+    from looprl.tasks.taskset import load_tasks
+
+    by_id = {t.id: t for t in load_tasks(tasks)}
+    trajs = [t for t in read_trajectories(trajectories) if not t.is_infra_error]
+    missing = sorted({t.task_id for t in trajs} - set(by_id))
+    if missing:
+        raise ConfigError(f"trajectories of {len(missing)} task(s) not in {tasks} (e.g. "
+                          f"{missing[0]!r}); pass the task file they were sampled from")
     flag_sets = []
-    for traj in (Trajectory.from_json(ln) for ln in _read_jsonl(trajectories)):
-        if traj.is_infra_error:
-            continue
-        task = by_id.get(traj.task_id)
-        if task is None:
-            raise typer.BadParameter(f"trajectory {traj.id!r} is for task {traj.task_id!r}, "
-                                     f"which is not in {tasks}")
-        found = detect(task, traj)
+    for traj in trajs:
+        found = detect(by_id[traj.task_id], traj)
         flag_sets.append(found)
         typer.echo(f"{traj.id or traj.task_id}\t{','.join(found) or '-'}")
     typer.echo(json.dumps(MonitorStats.from_flags(flag_sets).rates, indent=2, sort_keys=True))

@@ -7,10 +7,13 @@
     reward_metrics(scored_trajectories)   # {"reward/total_mean": ..., "monitor/edited_tests_rate": ...}
 
 ``grade`` is the hidden tests' result: a float score in [0, 1], or any object with ``.score`` and
-``.edited_tests`` (``looprl.rewards.tests.GradeResult``), or None when grading could not run.
-Rules: an infra-error trajectory or a None grade is skipped (None); an edit to tests or grader
-config makes the total 0 whatever the other terms say; a broken tool call costs a negative term
-but the trajectory is kept. Shaping terms are picked by name from ``TERMS`` (``cfg.terms``).
+``.edited_tests`` (``looprl.rewards.tests.GradeResult``, whose ``.flags`` join the monitors'), or
+None when grading could not run. Rules: an infra-error trajectory or a None grade is skipped
+(None); an edit to tests or grader config, or any other attempt on the test run
+(``hacking.ATTACK_FLAGS``), cancels the tests' score and costs ``grader_attack_penalty`` more
+(the ``grader_attack`` component), so it scores below an honest failure; a broken tool call
+costs a negative term but the trajectory is kept. Shaping terms are picked by name from ``TERMS``
+(``cfg.terms``).
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
+from looprl.config import FieldError
 from looprl.errors import ConfigError
+from looprl.plugins import find
+from looprl.protocols import RewardFn
 from looprl.rewards import hacking, length, style
 from looprl.rewards.hacking import HackingConfig, MonitorStats
 from looprl.rewards.length import LengthConfig
@@ -29,7 +36,8 @@ from looprl.types import Metadata, RewardBreakdown, Task, Trajectory
 
 
 class GradeLike(Protocol):
-    """What ``compute_reward`` reads from a grade (``looprl.rewards.tests.GradeResult`` has it)."""
+    """What ``compute_reward`` reads from a grade (``looprl.rewards.tests.GradeResult`` has it,
+    and ``flags``, the monitors the grader raised, read when present)."""
 
     score: float
     edited_tests: bool
@@ -43,9 +51,12 @@ class RewardConfig:
     """Weight of the hidden-test score (in [0, 1]) — the reward's main term."""
     terms: tuple[str, ...] = ("length", "broken_calls", "clarifying_question", "no_edit",
                               "suspicious_tool_use", "style_lint", "style_diff_size")
-    """Shaping terms added to the test score, by name (keys of ``TERMS``)."""
-    zero_on_edited_tests: bool = True
-    """An edit to tests or grader config makes the total 0 (the reward-hacking guard)."""
+    """Shaping terms added to the test score, by name: built-ins (``TERMS``) or plugins
+    (``looprl.plugins``: an entry point of ``looprl.rewards`` or ``module:attr``)."""
+    penalize_grader_attacks: bool = True
+    """An edit to tests or grader config, or any other attempt on the test run (a flag of
+    ``hacking.ATTACK_FLAGS``), cancels the tests' score and costs
+    ``hacking.grader_attack_penalty`` (the reward-hacking guard)."""
     length: LengthConfig = field(default_factory=LengthConfig)
     """Effort weights and the length-penalty curve (λ, k, q)."""
     hacking: HackingConfig = field(default_factory=HackingConfig)
@@ -54,45 +65,59 @@ class RewardConfig:
     """Lint and diff-size terms."""
 
     def __post_init__(self) -> None:
-        unknown = [t for t in self.terms if t not in TERMS]
-        if unknown:
-            raise ConfigError(f"rewards.terms has unknown term(s) {unknown}; "
-                              f"valid terms: {sorted(TERMS)}")
+        for t in self.terms:
+            try:
+                term_fn(t, self)
+            except ConfigError as e:
+                raise FieldError("terms", f"has {e}") from None
         if not math.isfinite(self.tests_weight):
-            raise ConfigError(f"rewards.tests_weight must be finite, got {self.tests_weight!r}")
+            raise FieldError("tests_weight", f"must be finite, got {self.tests_weight!r}")
 
 
-Term = Callable[[Task, Trajectory, RewardConfig], float | None]
-
-TERMS: dict[str, Term] = {
-    "length": lambda task, traj, cfg: length.length_penalty(task, traj, cfg.length),
-    "broken_calls": lambda task, traj, cfg: hacking.broken_calls_penalty(task, traj, cfg.hacking),
-    "clarifying_question": lambda task, traj, cfg: hacking.clarifying_question_penalty(
-        task, traj, cfg.hacking),
-    "no_edit": lambda task, traj, cfg: hacking.no_edit_penalty(task, traj, cfg.hacking),
-    "suspicious_tool_use": lambda task, traj, cfg: hacking.suspicious_tool_use_penalty(
-        task, traj, cfg.hacking),
-    "style_lint": lambda task, traj, cfg: style.style_lint_penalty(task, traj, cfg.style),
-    "style_diff_size": lambda task, traj, cfg: style.diff_size_penalty(task, traj, cfg.style),
+TERMS: dict[str, Callable[[RewardConfig], RewardFn]] = {
+    "length": lambda cfg: partial(length.length_penalty, cfg=cfg.length),
+    "broken_calls": lambda cfg: partial(hacking.broken_calls_penalty, cfg=cfg.hacking),
+    "clarifying_question": lambda cfg: partial(hacking.clarifying_question_penalty,
+                                               cfg=cfg.hacking),
+    "no_edit": lambda cfg: partial(hacking.no_edit_penalty, cfg=cfg.hacking),
+    "suspicious_tool_use": lambda cfg: partial(hacking.suspicious_tool_use_penalty,
+                                               cfg=cfg.hacking),
+    "style_lint": lambda cfg: partial(style.style_lint_penalty, cfg=cfg.style),
+    "style_diff_size": lambda cfg: partial(style.diff_size_penalty, cfg=cfg.style),
 }
-"""Shaping terms by name; each returns a float (usually <= 0) or None when it cannot judge."""
+"""The built-in shaping terms: name -> the ``RewardFn`` made with this config's knobs. Every
+term, built-in or plugin, is a ``RewardFn``: ``(task, trajectory) -> float | None`` (usually
+<= 0; None when it cannot judge)."""
 
 
-def _read_grade(grade: GradeLike | float) -> tuple[float, bool]:
-    """(score, the grader saw edited tests) from a float or a GradeResult-like object."""
+def term_fn(name: str, cfg: RewardConfig) -> RewardFn:
+    """The ``RewardFn`` of term ``name``: a built-in made with ``cfg``, or a plugin as it is."""
+    if name in TERMS:
+        return TERMS[name](cfg)
+    fn = find("rewards", name, TERMS)  # not a built-in: TERMS only names the choices
+    if not callable(fn):
+        raise ConfigError(f"reward term {name!r} is {fn!r}, not a function (task, trajectory) "
+                          "-> float | None")
+    return fn  # type: ignore[return-value]
+
+
+def _read_grade(grade: GradeLike | float) -> tuple[float, tuple[str, ...]]:
+    """(score, the flags the grader raised) from a float or a GradeResult-like object."""
     if isinstance(grade, bool):
         raise TypeError("grade must be a float score or an object with .score, not a bool; "
                         "pass float(passed) if that is what you mean")
     if isinstance(grade, (int, float)):
-        score, edited = float(grade), False
+        score, flags = float(grade), ()
     elif hasattr(grade, "score"):
-        score, edited = float(grade.score), bool(getattr(grade, "edited_tests", False))
+        score = float(grade.score)
+        flags = (("edited_tests",) if getattr(grade, "edited_tests", False) else ()) + tuple(
+            getattr(grade, "flags", ()))
     else:
         raise TypeError(f"grade must be a float score or have .score (GradeResult), "
                         f"got {type(grade).__name__}")
     if not math.isfinite(score):
         raise ValueError(f"grade score must be finite, got {score}")
-    return score, edited
+    return score, flags
 
 
 def _details(task: Task, trajectory: Trajectory, cfg: RewardConfig, score: float) -> Metadata:
@@ -126,19 +151,22 @@ def compute_reward(task: Task, trajectory: Trajectory, grade: GradeLike | float 
     """
     if trajectory.is_infra_error or grade is None:
         return None
-    score, grader_saw_edit = _read_grade(grade)
+    score, grader_flags = _read_grade(grade)
     components = {"tests": cfg.tests_weight * score}
     for name in cfg.terms:
-        value = TERMS[name](task, trajectory, cfg)
+        value = term_fn(name, cfg)(task, trajectory)
         if value is not None:  # None: the term cannot judge this trajectory (e.g. no gold patch)
             components[name] = float(value)
     flags = hacking.detect(task, trajectory)
-    if grader_saw_edit and "edited_tests" not in flags:
-        flags += ("edited_tests",)
+    flags += tuple(f for f in dict.fromkeys(grader_flags) if f not in flags)
     details = _details(task, trajectory, cfg, score)
-    if cfg.zero_on_edited_tests and "edited_tests" in flags:
-        details["zeroed_by"] = "edited_tests"
-        return RewardBreakdown(components, 0.0, flags, details)
+    attacks = [f for f in flags if f in hacking.ATTACK_FLAGS]
+    if cfg.penalize_grader_attacks and attacks:
+        # positive shaping cannot lift an attack either: at most what the failure would get
+        shaping = min(sum(v for k, v in components.items() if k != "tests"), 0.0)
+        total = shaping - cfg.hacking.grader_attack_penalty
+        components["grader_attack"] = total - sum(components.values())
+        details["grader_attack"] = ",".join(attacks)
     return RewardBreakdown.of(components, flags, details)
 
 

@@ -9,14 +9,28 @@ Every test run in looprl (fetching a package, screening a mutation, grading) goe
 ``run_tests``: ``Grader.test_command`` + node ids or files; output goes to a file in the workspace
 (never cut by the sandbox's output cap) and is parsed from pytest's ``-rA`` short summary.
 
-Edits to tests never count: every test file and test config (``grader.test_files``, any
-``conftest.py``, pytest.ini / setup.cfg / pyproject.toml / tox.ini, test dirs) that the diff
-touches, and every file in ``grader.test_files``, is restored from the pristine base (files the
-diff created there are deleted) before the hidden ``grader.test_patch`` is applied and the tests
-run; ``edited_tests`` says the diff tried. A grader that cannot run (sandbox failure, a diff that
-does not apply, pytest usage/internal errors) raises ``RewardError``: infrastructure, never 0.
-One exception: when pytest cannot run with the agent's diff but runs on the task's base (e.g. the
-diff broke an import in a ``conftest.py``), the diff is at fault and scores 0 (``broke_test_run``).
+Grading (``grade_in``, also what screening a mutation runs) trusts nothing in the workspace but
+the package under test:
+- Pristine tests and runner: every test file and test config (``grader.test_files``, any
+  ``conftest.py``, test dirs) the diff touches, and every file in ``grader.test_files``, every
+  file pytest or the interpreter reads besides the package (pytest.ini / setup.cfg /
+  pyproject.toml / tox.ini anywhere, ``sitecustomize.py``, ``*.pth``, distribution metadata:
+  ``isolation.runner_paths``) and every module the diff adds where it would shadow pytest, the
+  standard library or the venv (``isolation.shadowing_paths``) is restored from the base (or
+  deleted) before the hidden ``grader.test_patch`` is applied and the tests run.
+- A clean runner: ``run_isolated`` runs the task's pytest options through ``pytest_runner.py``
+  (``python -I`` from the read-only tools dir; see its docstring), and outcomes come from that
+  runner's report, not from the console: every graded id must be reported passed (a missing id
+  fails), by a session that ended with the process's own exit status.
+- What cannot be neutralised is scored: library code that acts on the test run
+  (``hacking.tampering_lines``) or test files changed while the tests ran score 0.
+``GradeResult.flags`` names every monitor the diff tripped (``hacking.RUNNER_CHECKS``, and
+``tests_not_run``); ``edited_tests`` says it touched tests. A grader that cannot run (sandbox
+failure, a diff that does not apply, pytest usage/internal errors, a task command that is not
+pytest) raises ``RewardError``: infrastructure, never 0. One exception: when pytest cannot run
+with the agent's diff but runs on the task's base (e.g. the diff broke an import in a
+``conftest.py``, or its code exited the process early), the diff is at fault and scores 0
+(``broke_test_run``).
 """
 
 from __future__ import annotations
@@ -34,7 +48,15 @@ from pathlib import Path
 from looprl.errors import RewardError, SandboxError, ToolError
 from looprl.protocols import Sandbox
 from looprl.rewards.diffs import touched_paths
-from looprl.rewards.hacking import edited_test_paths, is_test_path
+from looprl.rewards.hacking import edited_test_paths, is_test_path, runner_attempts
+from looprl.rewards.isolation import (
+    RUNNER,
+    PytestCommand,
+    RunnerReport,
+    new_report_name,
+    runner_paths,
+    shadowing_paths,
+)
 from looprl.types import Metadata, Task, Trajectory
 
 # ------------------------------------------------------------------ running pytest
@@ -83,6 +105,8 @@ class TestRun:
     output_tail: str = ""
     details: dict[str, str] = field(default_factory=dict)
     """node id -> the ``E`` lines of its failure (wrong vs expected values)."""
+    report: RunnerReport | None = None
+    """``run_isolated``: the runner's report, where ``outcomes`` come from (None: not isolated)."""
 
     def passed(self) -> set[str]:
         return {t for t, o in self.outcomes.items() if o == "passed"}
@@ -131,8 +155,10 @@ def failure_details(text: str) -> dict[str, str]:
 
 
 async def run_tests(sandbox: Sandbox, command: str, targets: list[str] | tuple[str, ...], *,
-                    timeout_s: float = 120.0) -> TestRun:
+                    timeout_s: float = 120.0, report: str | None = None) -> TestRun:
     """Run ``command`` + ``targets`` (node ids or files) in ``sandbox``; parse the outcomes.
+    ``report``: the isolated runner's report file (``run_isolated``), where the outcomes come
+    from then (with the digest the runner printed), not from the console.
 
     Raises ``SandboxError`` when the sandbox itself fails (never a test outcome)."""
     args = " ".join(shlex.quote(t) for t in targets)
@@ -145,10 +171,28 @@ async def run_tests(sandbox: Sandbox, command: str, targets: list[str] | tuple[s
         raise SandboxError(f"pytest wrote no output file ({e}); sandbox stderr: "
                            f"{res.stderr[-500:]}") from None
     outcomes, messages = parse_pytest_output(text)
+    rep = None
+    if report is not None:
+        try:
+            data = await sandbox.read(report)
+        except ToolError:  # never started, or removed by the code under test: judged by the caller
+            data = b""
+        rep = RunnerReport.parse(data, res.stdout)
+        outcomes = rep.outcomes
     by_header = failure_details(text)
     details = {t: by_header[h] for t in outcomes
                if (h := t.split("::", 1)[-1].replace("::", ".")) in by_header}
-    return TestRun(outcomes, messages, res.exit_code, res.timed_out, wall, text[-4000:], details)
+    return TestRun(outcomes, messages, res.exit_code, res.timed_out, wall, text[-4000:], details,
+                   rep)
+
+
+async def run_isolated(sandbox: Sandbox, command: PytestCommand, targets: list[str] | tuple[str, ...],
+                       *, timeout_s: float = 120.0) -> TestRun:
+    """``run_tests`` through the isolated runner: outcomes from its report (printed lines count
+    for nothing; messages and details still come from the console)."""
+    report = new_report_name()
+    return await run_tests(sandbox, command.isolated(f"{sandbox.tools_dir}/{RUNNER}", report),
+                           targets, timeout_s=timeout_s, report=report)
 
 
 # ------------------------------------------------------------------ grading
@@ -160,11 +204,13 @@ _GRADER_FAILURE_EXIT = {3, 4, 5}
 
 
 class _PytestDidNotRun(RewardError):
-    """pytest exited without running the tests (usage or internal error, nothing collected)."""
+    """pytest exited without running the tests (usage or internal error, nothing collected, the
+    session never ended)."""
 
-    def __init__(self, message: str, output_tail: str, wall_s: float) -> None:
+    def __init__(self, message: str, output_tail: str, wall_s: float,
+                 flags: tuple[str, ...]) -> None:
         super().__init__(message)
-        self.output_tail, self.wall_s = output_tail, wall_s
+        self.output_tail, self.wall_s, self.flags = output_tail, wall_s, flags
 
 
 @dataclass(frozen=True)
@@ -172,9 +218,11 @@ class GradeResult:
     """The outcome of grading one diff."""
 
     score: float
-    """1.0 if every fail_to_pass and pass_to_pass test passed, else 0.0."""
+    """1.0 if every fail_to_pass and pass_to_pass test passed and nothing acted on the test run
+    (``runner_tampering`` in ``flags``), else 0.0."""
     tests: dict[str, str] = field(default_factory=dict)
-    """node id -> outcome ("passed", "failed", "error", "missing") for every graded test."""
+    """node id -> outcome ("passed", "failed", "error", "skipped", "xfailed", "missing", ...) for
+    every graded test."""
     edited_tests: bool = False
     """The diff touched tests or test config (those edits were discarded)."""
     wall_s: float = 0.0
@@ -185,6 +233,9 @@ class GradeResult:
     broke_test_run: bool = False
     """pytest could not run with the diff applied but runs on the task's base: the diff broke the
     test run itself (an import in a conftest.py, say), so every test counts as an error."""
+    flags: tuple[str, ...] = ()
+    """Monitors the grader raised: ``hacking.RUNNER_CHECKS`` names the diff tripped (their files
+    were restored, their code scored 0), ``tests_not_run`` when a graded test never reported."""
 
     @property
     def passed(self) -> bool:
@@ -196,7 +247,7 @@ class GradeResult:
                 "tests_failed": len(failed), "failed_tests": " ".join(failed[:20]),
                 "edited_tests": self.edited_tests, "grade_wall_s": round(self.wall_s, 3),
                 "grade_timed_out": self.timed_out, "grade_cached": self.cached,
-                "grade_broke_test_run": self.broke_test_run}
+                "grade_broke_test_run": self.broke_test_run, "grade_flags": " ".join(self.flags)}
 
 
 async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
@@ -209,11 +260,14 @@ async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
                           f"{(r.stderr or r.stdout)[-600:]}")
 
 
-async def _restore_tests(sb: Sandbox, task: Task, diff: str) -> None:
+async def _restore_pristine(sb: Sandbox, task: Task, diff: str) -> None:
+    """Put back the base's version of every test, test config and runner-reachable path the
+    diff touched, and of every ``grader.test_files`` file; delete the ones the base lacks."""
     base = Path(task.repo)
     paths = set(task.grader.test_files)
     paths |= {p for p in touched_paths(diff) if is_test_path(p, task.grader.test_files)}
-    paths |= set(edited_test_paths(task, diff))
+    paths |= {*edited_test_paths(task, diff), *runner_paths(diff), *shadowing_paths(task, diff)}
+    gone = []
     for p in sorted(paths):
         src = base / p
         if src.is_file():
@@ -225,7 +279,22 @@ async def _restore_tests(sb: Sandbox, task: Task, diff: str) -> None:
                 pass
             await sb.write(p, data)
         elif not src.exists():
-            await sb.exec(f"rm -rf -- {shlex.quote(p)}", timeout_s=30)
+            gone.append(p)
+    if gone:
+        r = await sb.exec("rm -rf -- " + " ".join(shlex.quote(p) for p in gone), timeout_s=30)
+        if not r.ok:
+            raise SandboxError(f"could not remove {gone[:5]} before grading: {r.stderr[-300:]}")
+
+
+async def _read_files(sb: Sandbox, paths: list[str]) -> dict[str, bytes]:
+    """The bytes of those of ``paths`` that are files in ``sb``."""
+    out = {}
+    for p in paths:
+        try:
+            out[p] = await sb.read(p)
+        except ToolError:
+            continue  # a directory, or not there
+    return out
 
 
 def _targets(task: Task) -> list[str]:
@@ -240,21 +309,34 @@ async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
     targets = _targets(task)
     if not targets:
         raise RewardError(f"task {task.id} has no fail_to_pass/pass_to_pass tests; rebuild it")
+    command = PytestCommand.parse(g.test_command)
+    flags = runner_attempts(task, diff)
     if diff.strip():
         await apply_diff(sb, diff, "agent's diff")
-    await _restore_tests(sb, task, diff)
+    await _restore_pristine(sb, task, diff)
     if g.test_patch.strip():
         await apply_diff(sb, g.test_patch, "task's hidden test patch")
-    run = await run_tests(sb, g.test_command, targets, timeout_s=g.timeout_s)
-    if not run.timed_out and (run.exit_code in _GRADER_FAILURE_EXIT or (
-            not run.outcomes and run.exit_code not in (1, 2))):
-        raise _PytestDidNotRun(f"pytest could not run the tests of task {task.id} (exit "
-                               f"{run.exit_code}); output tail:\n{run.output_tail[-1200:]}",
-                               run.output_tail[-2000:], time.monotonic() - t0)
+    watched = await _read_files(sb, sorted({*g.test_files, *touched_paths(g.test_patch)}))
+    run = await run_isolated(sb, command, targets, timeout_s=g.timeout_s)
+    assert run.report is not None
+    status = run.report.status
+    changed = await _read_files(sb, list(watched)) != watched  # test files changed during the run
+    forged = status is not None and not run.report.intact  # someone else wrote to the report
+    if (changed or forged) and "runner_tampering" not in flags:
+        flags += ("runner_tampering",)
+    if not run.timed_out and (status != run.exit_code or status in _GRADER_FAILURE_EXIT):
+        how = (f"exit {run.exit_code}" if status == run.exit_code else f"exit {run.exit_code}, "
+               f"the session {'never ended' if status is None else f'ended with {status}'}")
+        raise _PytestDidNotRun(f"pytest could not run the tests of task {task.id} ({how}); "
+                               f"output tail:\n{run.output_tail[-1200:]}",
+                               run.output_tail[-2000:], time.monotonic() - t0, flags)
     tests = {t: run.outcomes.get(t, "missing") for t in targets}
-    score = 1.0 if all(o == "passed" for o in tests.values()) and not run.timed_out else 0.0
+    if "missing" in tests.values() and not run.timed_out:
+        flags += ("tests_not_run",)
+    passed = all(o == "passed" for o in tests.values()) and not run.timed_out
+    score = 1.0 if passed and "runner_tampering" not in flags else 0.0
     return GradeResult(score, tests, bool(edited_test_paths(task, diff)),
-                       time.monotonic() - t0, run.timed_out, run.output_tail[-2000:])
+                       time.monotonic() - t0, run.timed_out, run.output_tail[-2000:], flags=flags)
 
 
 GRADE_CACHE_SIZE = 4096
@@ -283,7 +365,8 @@ async def grade(task: Task, diff: str, *, cache: bool = True) -> GradeResult:
             raise
         await grade(task, "", cache=cache)  # raises (infrastructure) if the base cannot run either
         g = GradeResult(0.0, dict.fromkeys(_targets(task), "error"), bool(edited_test_paths(task, diff)),
-                        e.wall_s, output_tail=e.output_tail, broke_test_run=True)
+                        e.wall_s, output_tail=e.output_tail, broke_test_run=True,
+                        flags=(*e.flags, "tests_not_run"))
     if cache and not g.timed_out:
         _grade_cache[key] = g
         while len(_grade_cache) > GRADE_CACHE_SIZE:

@@ -13,7 +13,10 @@ group's worth of trajectories is waiting, so the queue stays short and policy la
 Failure policy: an infrastructure failure (sandbox, engine, grader) retries that trajectory in a
 fresh sandbox up to ``max_infra_retries`` times and is then dropped — never scored. Model errors
 (broken calls, timeouts, wrong answers) are kept: they are the signal. A group with fewer than
-``min_group_size`` scored trajectories is dropped and counted.
+``min_group_size`` scored trajectories is dropped and counted. No trajectory stops the run:
+``run_agent`` turns whatever the policy emits into a trajectory, so what fails around it (the
+lease, the tools' set-up, the grader, or a bug) was not the model's doing: the attempt is logged
+and counted as an infrastructure failure.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from looprl.errors import LooprlError
 from looprl.harness.agent import AgentConfig, run_agent
@@ -43,6 +47,8 @@ PolicyFor = Callable[[Task], Engine]
 
 ResourcesFor = Callable[[Task], dict[str, Any]]
 """Per-task tool resources, e.g. ``{"search_index": ..., "test_command": ...}``."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,26 +93,93 @@ class RunnerStats:
     busy_s: float = 0.0
 
 
-class RolloutRunner:
-    """Runs groups concurrently through ``run_agent``; see the module docstring."""
+class Executor(Protocol):
+    """Where a trajectory attempt runs: in this process (``LocalExecutor``) or on a node of a Ray
+    fleet (``looprl.fleet``). The runner brackets each group with ``open_group``/``close_group``
+    so an executor can route all of a group's attempts to one engine replica."""
+
+    def open_group(self, group_id: str, size: int) -> None: ...
+
+    def close_group(self, group_id: str) -> None: ...
+
+    async def attempt(self, task: Task, group_id: str, traj_id: str) -> Trajectory:
+        """One attempt, scored, or an ``INFRA_ERROR`` trajectory (raises only for a bad config,
+        e.g. an unknown tool)."""
+        ...
+
+
+class LocalExecutor:
+    """Attempts in this process: a sandbox leased from ``pool``, the harness on the task's engine,
+    then ``score``. Whatever fails around ``run_agent`` becomes an ``INFRA_ERROR`` trajectory."""
 
     def __init__(self, policy: Engine | PolicyFor, fmt: ChatFormat, pool: Any, score: Scorer,
-                 cfg: RolloutConfig | None = None, resources_for: ResourcesFor | None = None):
+                 cfg: RolloutConfig, resources_for: ResourcesFor | None = None):
         self.policy = policy
         self.fmt = fmt
         self.pool = pool
         self.score = score
-        self.cfg = cfg or RolloutConfig()
+        self.cfg = cfg
         self.resources_for = resources_for or (lambda task: {})
-        self.stats = RunnerStats()
-        self._slots = asyncio.Semaphore(self.cfg.max_in_flight)
-        self._pending = 0
-        """Admitted trajectory attempts that have not got a slot yet."""
+
+    def open_group(self, group_id: str, size: int) -> None:
+        """One engine serves every group here: nothing to route."""
+
+    def close_group(self, group_id: str) -> None:
+        """One engine serves every group here: nothing to route."""
 
     def _engine_for(self, task: Task) -> Engine:
         if hasattr(self.policy, "generate"):
             return self.policy  # type: ignore[return-value]
         return self.policy(task)  # type: ignore[operator]
+
+    async def attempt(self, task: Task, group_id: str, traj_id: str) -> Trajectory:
+        engine = self._engine_for(task)
+        tools = make_tools(list(self.cfg.tools), **{"test_command": task.grader.test_command,
+                                                      **self.resources_for(task)})
+        try:
+            async with self.pool.lease(task.repo, task.venv) as sandbox:
+                traj = await run_agent(task, sandbox, engine, self.fmt, tools, self.cfg.agent,
+                                       group_id=group_id, trajectory_id=traj_id)
+        except Exception as e:  # noqa: BLE001 — not the model's: run_agent keeps its doings
+            _log_unexpected(e, traj_id, "setting up or leasing")
+            return infra_trajectory(task, group_id, traj_id, e)
+        if traj.is_infra_error:
+            return traj
+        try:
+            reward = await self.score(task, traj)
+        except Exception as e:  # noqa: BLE001 — the grader failed, not the model
+            _log_unexpected(e, traj_id, "grading")
+            return dataclasses.replace(traj, stop_reason=StopReason.INFRA_ERROR,
+                                       error=f"grading failed: {type(e).__name__}: {e}")
+        if reward is None:
+            return dataclasses.replace(traj, stop_reason=StopReason.INFRA_ERROR,
+                                       error="the scorer could not judge this trajectory")
+        return dataclasses.replace(traj, reward=reward)
+
+
+class RolloutRunner:
+    """Runs groups concurrently through ``run_agent``; see the module docstring."""
+
+    def __init__(self, policy: Engine | PolicyFor, fmt: ChatFormat, pool: Any, score: Scorer,
+                 cfg: RolloutConfig | None = None, resources_for: ResourcesFor | None = None):
+        cfg = cfg or RolloutConfig()
+        self._setup(LocalExecutor(policy, fmt, pool, score, cfg, resources_for), cfg)
+
+    @classmethod
+    def over(cls, executor: Executor, cfg: RolloutConfig) -> RolloutRunner:
+        """A runner whose attempts run on ``executor`` (a Ray fleet: ``looprl.fleet``); the
+        admission, slots, retries and group assembly are this class's, whatever runs them."""
+        runner = cls.__new__(cls)
+        runner._setup(executor, cfg)
+        return runner
+
+    def _setup(self, executor: Executor, cfg: RolloutConfig) -> None:
+        self.executor = executor
+        self.cfg = cfg
+        self.stats = RunnerStats()
+        self._slots = asyncio.Semaphore(self.cfg.max_in_flight)
+        self._pending = 0
+        """Admitted trajectory attempts that have not got a slot yet."""
 
     async def run_trajectory(self, task: Task, group_id: str, index: int) -> tuple[Trajectory, int]:
         """One scored trajectory (or an INFRA_ERROR one after the retries) and its failed attempts."""
@@ -125,30 +198,7 @@ class RolloutRunner:
             self._pending -= 1
         t0 = time.monotonic()
         try:
-            engine = self._engine_for(task)
-            tools = make_tools(list(self.cfg.tools), **{"test_command": task.grader.test_command,
-                                                          **self.resources_for(task)})
-            try:
-                async with self.pool.lease(task.repo, task.venv) as sandbox:
-                    traj = await run_agent(task, sandbox, engine, self.fmt, tools, self.cfg.agent,
-                                           group_id=group_id, trajectory_id=traj_id)
-            except LooprlError as e:
-                if not e.is_infra:
-                    raise
-                return _infra_trajectory(task, group_id, traj_id, e)
-            if traj.is_infra_error:
-                return traj
-            try:
-                reward = await self.score(task, traj)
-            except LooprlError as e:
-                if not e.is_infra:
-                    raise
-                return dataclasses.replace(traj, stop_reason=StopReason.INFRA_ERROR,
-                                           error=f"grading failed: {type(e).__name__}: {e}")
-            if reward is None:
-                return dataclasses.replace(traj, stop_reason=StopReason.INFRA_ERROR,
-                                           error="the scorer could not judge this trajectory")
-            return dataclasses.replace(traj, reward=reward)
+            return await self.executor.attempt(task, group_id, traj_id)
         finally:
             self.stats.busy_s += time.monotonic() - t0
             self._slots.release()
@@ -161,8 +211,12 @@ class RolloutRunner:
     async def _group(self, task: Task) -> GroupResult:
         t0 = time.monotonic()
         group_id = f"{task.id}@{uuid.uuid4().hex[:8]}"
-        results = await asyncio.gather(*(self.run_trajectory(task, group_id, i)
-                                         for i in range(self.cfg.group_size)))
+        self.executor.open_group(group_id, self.cfg.group_size)
+        try:
+            results = await asyncio.gather(*(self.run_trajectory(task, group_id, i)
+                                             for i in range(self.cfg.group_size)))
+        finally:
+            self.executor.close_group(group_id)
         kept = tuple(t for t, _ in results if not t.is_infra_error)
         infra = sum(n for _, n in results)
         self.stats.trajectories += len(results)
@@ -227,7 +281,14 @@ class RolloutRunner:
                 await asyncio.gather(admitter, *running, return_exceptions=True)
 
 
-def _infra_trajectory(task: Task, group_id: str, traj_id: str, e: LooprlError) -> Trajectory:
+def _log_unexpected(e: Exception, traj_id: str, during: str) -> None:
+    """Log a failure that is no ``LooprlError`` with its traceback (a bug to fix, not weather)."""
+    if not isinstance(e, LooprlError):
+        log.error("trajectory %s: internal error while %s", traj_id, during, exc_info=e)
+
+
+def infra_trajectory(task: Task, group_id: str, traj_id: str, e: Exception) -> Trajectory:
+    """The attempt ``traj_id`` lost to ``e``, not the model's doing: dropped, never scored."""
     return Trajectory(task_id=task.id, group_id=group_id, segments=(), messages=(),
                       counters=Counters(), stop_reason=StopReason.INFRA_ERROR,
                       error=f"{type(e).__name__}: {e}", id=traj_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from looprl.rewards.composite import RewardConfig, compute_reward
+from looprl.rewards.hacking import ATTACK_FLAGS
 from looprl.rewards.tests import grade
 from looprl.rollout.runner import Scorer
 from looprl.types import RewardBreakdown, Task, Trajectory
@@ -33,11 +34,13 @@ def make_scorer(cfg: RewardConfig | None = None) -> Scorer:
 
 def make_tests_scorer() -> Scorer:
     """A ``Scorer`` of the hidden tests alone: ``components == {"tests": 1.0 | 0.0}``, the grade's
-    per-test details kept, ``edited_tests`` raised as a flag."""
+    per-test details and flags kept. An attempt on the grader (``hacking.ATTACK_FLAGS``) scores
+    0 whatever the tests said: a benchmark never counts it as solved."""
 
     async def score(task: Task, trajectory: Trajectory) -> RewardBreakdown:
         g = await grade(task, trajectory.diff)
-        return RewardBreakdown.of({"tests": g.score}, ("edited_tests",) if g.edited_tests else (),
-                                  g.details())
+        flags = tuple(dict.fromkeys((("edited_tests",) if g.edited_tests else ()) + tuple(g.flags)))
+        attacked = bool(set(flags) & ATTACK_FLAGS)
+        return RewardBreakdown.of({"tests": 0.0 if attacked else g.score}, flags, g.details())
 
     return score

@@ -18,11 +18,21 @@ Contract used by the rest of looprl:
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from looprl.sandbox.bwrap import BwrapSandbox, SandboxLimits, check_bwrap, new_sandbox, sandbox_from
-from looprl.sandbox.pool import PoolMetrics, SandboxPool
-from looprl.sandbox.server import RemoteSandbox
-from looprl.sandbox.workspace import Snapshot, Workspace, create_workspace, fork, janitor
+from looprl.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from looprl.sandbox.bwrap import BwrapSandbox, SandboxLimits
+    from looprl.sandbox.workspace import Snapshot
+
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, _exports = lazy_exports(__name__, {
+    "bwrap": ["BwrapSandbox", "SandboxLimits", "check_bwrap", "sandbox_from"],
+    "pool": ["PoolMetrics", "SandboxPool"],
+    "server": ["RemoteSandbox"],
+    "workspace": ["Snapshot", "Workspace", "create_workspace", "fork", "janitor"],
+})
 
 
 async def create_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
@@ -32,9 +42,9 @@ async def create_sandbox(base_dir: str | os.PathLike[str], venv: str | None = No
 
     Raises ``SandboxUnavailableError`` (with the fix) when bubblewrap cannot run here.
     """
+    from looprl.sandbox.bwrap import new_sandbox
+
     return await new_sandbox(base_dir, venv, limits=limits, snapshot=snapshot)
 
 
-__all__ = ["BwrapSandbox", "PoolMetrics", "RemoteSandbox", "SandboxLimits", "SandboxPool",
-           "Snapshot", "Workspace", "check_bwrap", "create_sandbox", "create_workspace", "fork",
-           "janitor", "sandbox_from"]
+__all__ = sorted([*_exports, "create_sandbox"])

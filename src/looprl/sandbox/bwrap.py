@@ -69,13 +69,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from looprl.errors import SandboxError, SandboxUnavailableError, ToolError
+from looprl.errors import PathEscapeError, SandboxError, SandboxUnavailableError, ToolError
 from looprl.sandbox.beneath import makedirs_beneath, open_beneath
 from looprl.sandbox.cgroups import Cgroup, cgroup_janitor
 from looprl.sandbox.idmap import FIRST_UID, UID_POOL, as_fsuid
 from looprl.sandbox.launch import (
-    ERROR_PREFIX,
     Capped,
+    LaunchStatus,
     Prepared,
     check_env,
     drain,
@@ -260,12 +260,15 @@ def _which(name: str, path: str) -> str | None:
 
 
 def build_argv(bwrap: str, workdir: str, binds: list[str], cmd: str, *, venv: str | None,
-               limits: SandboxLimits, env: Mapping[str, str] | None,
+               limits: SandboxLimits, env: Mapping[str, str] | None, status_fd: int,
                seccomp_fd: int | None = None) -> list[str]:
     """The full bwrap command line for one command (``binds`` from ``bind_args``), for a
-    sandbox without a ``SandboxRoot``: bwrap builds the whole tree itself. ``seccomp_fd``: the
-    fd, in the process that execs bwrap, holding the seccomp program (``Prepared.seccomp_fd``)."""
-    argv = [*_namespaces(bwrap, limits, seccomp_fd), *system_binds(), "--proc", "/proc",
+    sandbox without a ``SandboxRoot``: bwrap builds the whole tree itself. ``status_fd`` and
+    ``seccomp_fd``: fds, in the process that execs bwrap, of its status channel (bwrap reports
+    there whether it started the command: ``launch.py``) and of the seccomp program
+    (``Prepared.status_fd``, ``Prepared.seccomp_fd``)."""
+    argv = [*_namespaces(bwrap, limits, seccomp_fd), "--json-status-fd", str(status_fd),
+            *system_binds(), "--proc", "/proc",
             "--dev", "/dev", "--size", str(limits.tmp_mb * 2**20), "--tmpfs", "/tmp",
             *binds, "--chdir", workdir,
             "--clearenv"]
@@ -309,24 +312,26 @@ def rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
 
 
 async def prepare(limits: SandboxLimits, uid: int | None,
-                  build: Callable[[int | None], list[str]] | None = None) -> Prepared | None:
+                  build: Callable[[int | None, int], list[str]] | None = None) -> Prepared | None:
     """Spawn the launcher of one command: in fresh cgroups, with fresh rlimits, as host ``uid``,
-    holding the seccomp program on ``Prepared.seccomp_fd``. With the C launcher it then waits
-    for its command line (``Prepared.go``); with the stock-tool chain the command line is needed
-    now: ``build(seccomp_fd)`` makes it (None without it: nothing can be prepared ahead)."""
+    holding the seccomp program on ``Prepared.seccomp_fd`` and the write end of its status
+    channel on ``Prepared.status_fd``. With the C launcher it then waits for its command line
+    (``Prepared.go``); with the stock-tool chain the command line is needed now:
+    ``build(seccomp_fd, status_fd)`` makes it (None without it: nothing can be prepared ahead)."""
     path = launcher_path()
     if path is None and build is None:
         return None
     cg = Cgroup(limits.memory_mb, limits.processes, enabled=limits.cgroups)
     try:
         with _filter_fd(limits) as fd:
+            status = os.pipe()
             if path is None:
                 assert build is not None
-                chain = [*tool_chain(rlimits(limits), cg.procs_files(), uid), *build(fd)]
-                return Prepared.spawn(chain, cg, seccomp_fd=fd)
+                chain = [*tool_chain(rlimits(limits), cg.procs_files(), uid), *build(fd, status[1])]
+                return Prepared.spawn(chain, cg, status=status, seccomp_fd=fd)
             pipe = os.pipe()
             chain = launcher_argv(path, cg.procs_files(), rlimits(limits), uid, pipe[0])
-            return Prepared.spawn(chain, cg, pipe, seccomp_fd=fd)
+            return Prepared.spawn(chain, cg, pipe, status, seccomp_fd=fd)
     except BaseException:
         cg.close()
         raise
@@ -342,7 +347,6 @@ async def prepare_rooted(limits: SandboxLimits, uid: int | None, root: SandboxRo
     try:
         with _filter_fd(limits) as fd:
             pipe, status = os.pipe(), os.pipe()
-            os.set_blocking(status[0], False)
             bwrap = rooted_argv(check_bwrap(), root, limits, pipe[0], status[1], fd)
             return Prepared.spawn(launcher_exec_argv(path, cg.procs_files(), rlimits(limits),
                                                      uid, bwrap), cg, pipe, status, fd)
@@ -351,29 +355,25 @@ async def prepare_rooted(limits: SandboxLimits, uid: int | None, root: SandboxRo
         raise
 
 
-_LAUNCH_ERRORS = ("bwrap:", "prlimit:", "setpriv:", "sh: 1: cannot create /sys/fs/cgroup",
-                  ERROR_PREFIX)
 _KILLED = {128 + signal.SIGKILL: "killed", 128 + signal.SIGXCPU: "CPU time limit",
            128 + signal.SIGXFSZ: "file size limit"}
 
 
 async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: SandboxLimits,
-                    uid: int | None = None, prepared: Prepared | None = None,
-                    message: bytes | None = None) -> ExecResult:
-    """Run a bwrap command line with limits, a wall timeout and capped output, as host ``uid``.
-    ``prepared``: a launcher ``prepare``d ahead for the same limits and uid (taken over); or, with
-    ``message`` instead of ``argv``, a whole sandbox ``prepare_rooted`` ahead. A sandbox that
-    reports its status (``Prepared.status``) is answered as soon as the command ends; the rest
-    of its tree is killed at once and reaped in the background (``_retire``)."""
+                    prepared: Prepared, message: bytes | None = None) -> ExecResult:
+    """Run one command with limits, a wall timeout and capped output. ``prepared``: its launcher
+    (``prepare``, then ``argv`` is the bwrap command line built for it) or, with ``message``
+    instead of ``argv``, its whole sandbox (``prepare_rooted``), taken over. The command is
+    answered as soon as its status channel says how it ended; the rest of its tree is killed at
+    once and reaped in the background (``_retire``). A command the channel does not report as
+    started is the machinery's failure: ``SandboxError`` (whatever the command printed)."""
     t0 = time.perf_counter()
-    if prepared is None:
-        assert argv is not None, "a message needs a prepared sandbox"
-        prepared = await prepare(limits, uid, lambda _fd: argv)
-        assert prepared is not None
+    assert prepared.status is not None, "every launcher has a status channel (prepare*)"
     proc, cg = prepared.proc, prepared.cg
     out, err = Capped(limits.output_bytes), Capped(limits.output_bytes)
     pumps: asyncio.Future[list[None]] | None = None
     rc: int | None = None
+    status = LaunchStatus(started=False)
     finished = False  # the status came in time: the command has ended
     try:
         assert proc.stdout is not None and proc.stderr is not None
@@ -385,9 +385,9 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
             pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
             # When we are cancelled the pumps are too; retrieve that so asyncio does not log it.
             pumps.add_done_callback(lambda f: f.cancelled() or f.exception())
-            if prepared.status is not None:
-                rc = await _within(prepared.status_code(), timeout_s)
-            if rc is None:  # no status to read, or none reported: wait for the process
+            status = await _within(prepared.read_status(), timeout_s)
+            rc = status.code
+            if rc is None:  # not started, or it killed its launcher: wait for the process
                 await _within(prepared.wait(), timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
@@ -422,12 +422,13 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
             prepared.discard()
     stdout, t1 = out.text()
     stderr, t2 = err.text()
-    if rc != 0 and stderr.startswith(_LAUNCH_ERRORS):  # the machinery failed: infrastructure
-        raise SandboxError(f"bubblewrap failed to set up the sandbox: {stderr.strip()}")
     code: int | None = rc
     if timed_out:
         code = None
         stderr += f"\n[looprl: timed out after {timeout_s:g} s; the process tree was killed]\n"
+    elif not status.started and not oom:  # (an OOM kill needs a command that ran)
+        why = status.failure or stderr.strip()[-2000:] or f"exit status {rc}, no output"
+        raise SandboxError(f"the sandbox could not start the command: {why}")
     elif oom:
         code = None
         stderr += f"\n[looprl: killed: out of memory (limit {limits.memory_mb} MB)]\n"
@@ -521,9 +522,9 @@ class BwrapSandbox:
     """``looprl.protocols.Sandbox`` over a copy-on-write workspace, commands under bubblewrap.
 
     File operations act on the workspace on the host and refuse any path that leaves it
-    (absolute, ``..``, symlinks resolving outside) with ``ToolError``. With a ``root``
-    (``root.py``: as root, with the C launcher) each next command's whole bwrap is started ahead;
-    otherwise its launcher is.
+    (absolute, ``..``, symlinks resolving outside) with ``PathEscapeError`` (a ``ToolError``).
+    With a ``root`` (``root.py``: as root, with the C launcher) each next command's whole bwrap
+    is started ahead; otherwise its launcher is.
     """
 
     def __init__(self, workspace: Workspace, venv: str | None = None,
@@ -617,31 +618,32 @@ class BwrapSandbox:
             binds = bind_args(self.workspace.path, self.workdir, self.venv,
                               staged=uid is not None)
 
-            def build(seccomp_fd: int | None) -> list[str]:
+            def build(seccomp_fd: int | None, status_fd: int) -> list[str]:
                 return build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
-                                  limits=self.limits, env=env, seccomp_fd=seccomp_fd)
+                                  limits=self.limits, env=env, status_fd=status_fd,
+                                  seccomp_fd=seccomp_fd)
 
-            check_env(command_env(self.venv, env))  # the caller's error, before any spawn
+            check_env(command_env(self.venv, env))  # the caller's errors, before any spawn
+            encode_argv([cmd])
         await self._gate.enter(False)
         try:
             prepared = self._take_ready()
             if prepared is None:
                 prepared = await (self._prepare() if self.root is not None
                                   else prepare(self.limits, uid, build))
+            assert prepared is not None  # (given ``build``, ``prepare`` always spawns one)
             if self.root is None:
-                assert prepared is not None
-                argv = build(prepared.seccomp_fd)
+                assert prepared.status_fd is not None
+                argv = build(prepared.seccomp_fd, prepared.status_fd)
             if self._closing:  # closed while this command waited for its launcher
-                if prepared is not None:
-                    prepared.discard()
+                prepared.discard()
                 raise SandboxError("sandbox was closed before the command could start")
-            if prepared is not None:
-                self._running.add(prepared)
+            self._running.add(prepared)
             try:
-                r = await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits, uid=uid,
+                r = await run_bwrap(argv, timeout_s=timeout_s, limits=self.limits,
                                     prepared=prepared, message=message)
             finally:
-                self._running.discard(prepared)  # type: ignore[arg-type]
+                self._running.discard(prepared)
             if self._closing:
                 raise SandboxError("sandbox was closed while the command ran; it was killed")
             return r
@@ -654,17 +656,21 @@ class BwrapSandbox:
         self._check_open()
         if not isinstance(path, str) or not path or "\0" in path:
             raise ToolError(f"invalid path {path!r}: give a workspace-relative path like 'src/a.py'")
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError:  # a lone surrogate no file name can hold
+            raise ToolError(f"invalid path {ascii(path)[:100]}: not valid Unicode text") from None
         p = PurePosixPath(path)
         if p.is_absolute():
-            raise ToolError(f"path {path!r} is absolute; use a path relative to the workspace root")
+            raise PathEscapeError(f"path {path!r} is absolute; use a path relative to the workspace root")
         if ".." in p.parts:
-            raise ToolError(f"path {path!r} contains '..'; paths must stay inside the workspace")
+            raise PathEscapeError(f"path {path!r} contains '..'; paths must stay inside the workspace")
         try:  # a friendly error for the common case; the open itself is what is safe
             real = os.path.realpath(os.path.join(self._root, *p.parts))
         except OSError:  # changed under us by a running command: the open decides
             return Path(self._root, *p.parts)
         if real != self._root and not real.startswith(self._root + os.sep):
-            raise ToolError(f"path {path!r} resolves outside the workspace (through a symlink)")
+            raise PathEscapeError(f"path {path!r} resolves outside the workspace (through a symlink)")
         return Path(real)
 
     def _open(self, path: str, flags: int, mode: int = 0o644) -> int:
@@ -683,7 +689,7 @@ class BwrapSandbox:
         if e.errno == errno.ENOENT:
             return ToolError(f"file not found: {path}")
         if e.errno in (errno.EXDEV, errno.ELOOP):
-            return ToolError(f"path {path!r} resolves outside the workspace (through a symlink)")
+            return PathEscapeError(f"path {path!r} resolves outside the workspace (through a symlink)")
         return ToolError(f"cannot access {path}: {e.strerror}")
 
     async def read(self, path: str) -> bytes:
@@ -732,6 +738,8 @@ class BwrapSandbox:
         self._resolve(under)
         try:
             top = self._open(under, os.O_RDONLY | os.O_DIRECTORY)
+        except PathEscapeError:
+            raise
         except ToolError:
             raise ToolError(f"{under} is not a directory in the workspace") from None
         prefix = os.path.normpath(under)

@@ -9,7 +9,7 @@ does all three in one exec, then reads the command line to run from a pipe and e
     looprl-launch [-c CGROUP_PROCS]... [-r RES:SOFT:HARD]... [-u UID] -w FD
     looprl-launch [-c ...]... [-r ...]... [-u UID] -- PROGRAM ARGS...      (exec it right away)
     looprl-launch -x -w FD [-s FD]   (the message is CWD, KEY=VALUE..., "", then the command
-                                      line; -s: run it as a child, write its exit status to FD;
+                                      line; -s: run it as a child and report on FD (below);
                                       a program without a / is looked up on the message's PATH,
                                       and run by /bin/sh -c when it is found nowhere)
 
@@ -23,6 +23,17 @@ spawned, already in fresh cgroups with fresh rlimits and the sandbox's uid, bloc
 Joining a cgroup v1 costs an RCU grace period (~1 ms idle, 10+ ms on a loaded host); a prepared
 launcher has paid it before the command arrives. A prepared launcher that is never used sees EOF
 on its pipe (sandbox closed, or this process died) and exits 0 without running anything.
+
+Whether a command ran is told by a status channel, never by its output (a command can print
+anything, ``bwrap: ...`` included): a pipe only the machinery writes to, read as ``LaunchStatus``.
+A ``-s`` launcher writes ``R`` once the sandbox is up (before it forks the child that will run
+the command), then either the command's exit status (128+N: killed by signal N) or ``F`` and why
+it failed (the child reports its own failures on a close-on-exec pipe, so a command that
+started can report nothing there). ``R`` with no end is a command that killed its launcher: its
+own doing. Without a ``-s`` launcher, bubblewrap's own ``--json-status-fd`` tells: it writes an
+``exit-code`` only for a command it started. The command cannot reach either channel (held by
+the launcher, undumpable; closed in bwrap's child). No report that the command started means
+the machinery failed: infrastructure.
 
 Without a C compiler (or with ``LOOPRL_SANDBOX_LAUNCHER=tools``), ``launcher_path()`` is None and
 ``bwrap.py`` falls back to the stock-tool chain (``tool_chain``), with no prepared launchers.
@@ -39,6 +50,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import resource
 import shlex
@@ -47,6 +59,7 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -54,8 +67,9 @@ from looprl import paths
 from looprl.errors import SandboxError, ToolError
 from looprl.sandbox.cgroups import Cgroup
 
-ERROR_PREFIX = "looprl-launch:"
-"""Every failure of the launcher itself starts stderr with this (an infrastructure error)."""
+MAX_ARG_BYTES = 131_072
+"""The kernel's limit on one argument or environment string, its NUL included (MAX_ARG_STRLEN):
+a longer one fails the exec, which would read as the machinery failing."""
 
 _SOURCE = r"""
 #define _GNU_SOURCE
@@ -71,8 +85,19 @@ _SOURCE = r"""
 #include <sys/wait.h>
 #include <unistd.h>
 
+static int report_fd = -1;           /* -s: where die() also reports its reason (one line) */
+static const char *report_tag = "";  /* "F " on the status channel, "" to the waiting parent */
+
 static void die(const char *what, const char *arg) {
-    fprintf(stderr, "looprl-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
+    char msg[512];
+    int n = snprintf(msg, sizeof msg, "looprl-launch: %s %s: %s\n", what, arg ? arg : "",
+                     strerror(errno));
+    if (n < 0 || n >= (int)sizeof msg) n = (int)sizeof msg - 1;
+    msg[n - 1] = '\n';
+    for (int i = 0; i < n - 1; i++) if (msg[i] == '\n') msg[i] = ' ';
+    if (write(2, msg, n) < 0) { /* nothing left to tell it to */ }
+    if (report_fd >= 0 && (write(report_fd, report_tag, strlen(report_tag)) < 0
+                           || write(report_fd, msg, n) < 0)) { /* no reason then */ }
     _exit(125);
 }
 
@@ -122,22 +147,48 @@ int main(int argc, char **argv) {
     if (wait_fd < 0) { errno = EINVAL; die("missing", "-w FD"); }
     if (ext && status_fd >= 0) {
         /* -s: fork now, before the command comes: the child waits for it and execs it, this
-           process writes its status ("%d\n", 128+signal when killed) as soon as it ends, so
-           the host need not wait for the namespaces to be torn down */
+           process reports on status_fd: "R" first (the sandbox is up: written before the
+           child exists, so a command that kills this process cannot have it unsaid), then
+           "F why" if the child or this process failed, else the command's status ("%d\n",
+           128+signal when killed) as soon as it ends, so the host need not wait for the
+           namespaces to be torn down */
         prctl(PR_SET_DUMPABLE, 0);         /* the command cannot reach status_fd via /proc */
+        if (write(status_fd, "R\n", 2) != 2) die("write", "status");
+        report_fd = status_fd;
+        report_tag = "F ";
+        int err[2];                        /* the child's failures; closed by its exec */
+        if (pipe2(err, O_CLOEXEC) != 0) die("pipe", NULL);
         pid_t child = fork();
         if (child < 0) die("fork", NULL);
         if (child > 0) {
             close(wait_fd);
+            close(err[1]);
+            char why[512];
+            ssize_t got = 0, r;
+            while (got < (ssize_t)sizeof why - 1
+                   && ((r = read(err[0], why + got, sizeof why - 1 - got)) > 0
+                       || (r < 0 && errno == EINTR)))
+                if (r > 0) got += r;
             int st = 0;
             while (waitpid(child, &st, 0) < 0) if (errno != EINTR) die("waitpid", NULL);
             int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            char line[16];
-            int n = snprintf(line, sizeof line, "%d\n", code);
+            char line[600];
+            int n;
+            if (got > 0) {                 /* one line: the reason without its newlines */
+                why[got] = '\0';
+                for (char *c = why; *c; c++) if (*c == '\n') *c = ' ';
+                n = snprintf(line, sizeof line, "F %s\n", why);
+                code = 125;
+            } else {
+                n = snprintf(line, sizeof line, "%d\n", code);
+            }
             if (write(status_fd, line, n) != n) die("write", "status");
             return code;
         }
         close(status_fd);                  /* (execve makes the child dumpable again) */
+        close(err[0]);
+        report_fd = err[1];
+        report_tag = "";
     }
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
@@ -253,11 +304,16 @@ def launcher_argv(path: str, procs_files: list[str], rlimits: list[tuple[int, in
 
 def encode_argv(argv: list[str]) -> bytes:
     """The command line as the launcher reads it: each argument NUL-terminated (encoded as
-    ``os.fsencode`` does)."""
+    ``os.fsencode`` does). An argument no exec can take is the caller's ``ToolError``."""
     for a in argv:
         if "\0" in a:
             raise ToolError(f"command contains a NUL byte: {a[:80]!r}; remove it")
-    return os.fsencode("\0".join(argv) + "\0") if argv else b""
+    data = os.fsencode("\0".join(argv) + "\0") if argv else b""
+    longest = max((len(a) for a in data.split(b"\0")), default=0)
+    if longest >= MAX_ARG_BYTES:
+        raise ToolError(f"a command line argument of {longest} bytes is longer than the kernel "
+                        f"takes ({MAX_ARG_BYTES - 1}); write long input to a file and read that")
+    return data
 
 
 def check_env(env: Mapping[str, str]) -> None:
@@ -279,31 +335,81 @@ def launcher_exec_argv(path: str, procs_files: list[str], rlimits: list[tuple[in
     return [*launcher_argv(path, procs_files, rlimits, uid, 0)[:-2], "--", *program]
 
 
+@dataclass(frozen=True)
+class LaunchStatus:
+    """What a command's status channel said (module docstring): whether the command itself ran,
+    and how it ended."""
+
+    started: bool
+    """The command was executed: how it ends is its own doing. False: the machinery failed."""
+    code: int | None = None
+    """Its exit status (128+N: killed by signal N); None when not reported."""
+    failure: str = ""
+    """The launcher's own account of why it could not start the command."""
+
+
+def parse_status(data: bytes) -> LaunchStatus:
+    """Read a status channel: a ``-s`` launcher's lines or bubblewrap's JSON records.
+
+    >>> parse_status(b"R\\n3\\n")
+    LaunchStatus(started=True, code=3, failure='')
+    >>> parse_status(b"R\\n")  # the command ran and killed its launcher: its own doing
+    LaunchStatus(started=True, code=None, failure='')
+    >>> parse_status(b"R\\nF looprl-launch: chdir /w: No such file or directory\\n").started
+    False
+    >>> parse_status(b'{ "child-pid": 7 }\\n{ "exit-code": 1 }\\n').code
+    1
+    >>> parse_status(b'{ "child-pid": 7 }\\n').started  # bwrap could not set up or exec
+    False
+    """
+    ready, code, failure = False, None, ""
+    for line in data.decode(errors="replace").splitlines():
+        line = line.strip()
+        if line == "R":
+            ready = True
+        elif line.startswith("F "):
+            failure = line[2:].strip() or "the launcher failed"
+        elif line.isdigit():
+            code = int(line)
+        elif line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and isinstance(record.get("exit-code"), int):
+                    code = record["exit-code"]
+    started = not failure and (code is not None or ready)
+    return LaunchStatus(started, code if started else None, failure)
+
+
 class Prepared:
     """A spawned launcher for one command: set up, blocked on its pipe until ``go(argv)``.
 
     A plain ``subprocess.Popen`` (waited through a pidfd, its pipes read with ``add_reader``), so
     it is bound to no event loop: a sandbox made under one ``asyncio.run`` works under the next.
     ``cg`` is the command's ``Cgroup`` (owned: ``run_bwrap`` closes it). Dropping the object
-    closes the pipe, so an unused launcher exits on its own. ``status``: the read end of the
-    pipe a ``-s`` launcher writes the command's exit status to (None: wait for the process).
+    closes the pipe, so an unused launcher exits on its own. ``status``: the read end of its
+    status channel (``read_status``), which a ``-s`` launcher or bwrap writes to.
     """
 
     def __init__(self, proc: subprocess.Popen[bytes], cg: Cgroup, ctl: BinaryIO | None,
-                 status: int | None = None, seccomp_fd: int | None = None):
+                 status: int | None = None, seccomp_fd: int | None = None,
+                 status_fd: int | None = None):
         self.proc = proc
         self.cg = cg
         self._ctl = ctl
         self.status = status
         self.seccomp_fd = seccomp_fd
         """The fd number, in the launcher, of the seccomp program its bwrap is to read."""
+        self.status_fd = status_fd
+        """The fd number, in the launcher, of its status channel's write end (for bwrap's
+        ``--json-status-fd``, when the command line is built after the spawn)."""
 
     @classmethod
     def spawn(cls, chain: list[str], cg: Cgroup, pipe: tuple[int, int] | None = None,
               status: tuple[int, int] | None = None, seccomp_fd: int | None = None) -> Prepared:
         """Start ``chain`` (stdout/stderr piped, in its own session). ``pipe``: the (read, write)
         ends of its command pipe: the child gets the read end, this side keeps the write end.
-        ``status``: (read, write) ends of its status pipe: the child gets the write end.
+        ``status``: (read, write) ends of its status pipe: the child gets the write end (under
+        the same number), this side reads the other, non-blocking.
         ``seccomp_fd``: handed to the child under the same number (the caller closes its own)."""
         keep = ([] if pipe is None else [pipe[0]]) + ([] if status is None else [status[1]])
         lend = keep + ([] if seccomp_fd is None else [seccomp_fd])
@@ -322,8 +428,11 @@ class Prepared:
         for f in (proc.stdout, proc.stderr):  # read by ``pump``/``drain``: never block on them
             assert f is not None
             os.set_blocking(f.fileno(), False)
+        if status is not None:
+            os.set_blocking(status[0], False)
         return cls(proc, cg, None if pipe is None else os.fdopen(pipe[1], "wb", buffering=0),
-                   None if status is None else status[0], seccomp_fd)
+                   None if status is None else status[0], seccomp_fd,
+                   None if status is None else status[1])
 
     def usable(self) -> bool:
         """Still waiting for its command."""
@@ -360,9 +469,9 @@ class Prepared:
             os.close(fd)
         return self.proc.wait()
 
-    async def status_code(self) -> int | None:
-        """The command's exit status as its ``-s`` launcher reports it, as soon as the command
-        ends; None when the launcher ended without reporting (its setup failed)."""
+    async def read_status(self) -> LaunchStatus:
+        """What the status channel says, as soon as it tells how the command ended (or closes:
+        everything holding its write end is gone)."""
         assert self.status is not None
         loop = asyncio.get_running_loop()
         buf = b""
@@ -373,12 +482,14 @@ class Prepared:
                 await readable
             finally:
                 loop.remove_reader(self.status)
-            chunk = os.read(self.status, 64)
+            try:
+                chunk = os.read(self.status, 4096)
+            except BlockingIOError:
+                continue
             buf += chunk
-            if not chunk or buf.endswith(b"\n"):
-                break
-        text = buf.decode(errors="replace").strip()
-        return int(text) if text.isdigit() else None
+            st = parse_status(buf)
+            if not chunk or (buf.endswith(b"\n") and (st.code is not None or st.failure)):
+                return st
 
     def kill_now(self) -> None:
         """SIGKILL the process group, without waiting. (Its pid namespace dies with it; what

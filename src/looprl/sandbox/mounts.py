@@ -1,6 +1,7 @@
 """The mounts of a sandboxed command, as bwrap arguments: the read-only system (/usr, the /bin and
 /lib* links, a small staged /etc), the workspace read-write, the task's venv read-only, and the
-harness's own programs (``TOOLS_DIR``: ruff, which ``read_lints`` runs inside the sandbox).
+harness's own programs (``TOOLS_DIR``: ruff, which ``read_lints`` runs inside the sandbox, and
+the grader's pytest runner).
 
     argv += [*system_binds(), *bind_args(workspace_dir, workdir, venv, staged=True)]
 """
@@ -107,13 +108,19 @@ same whatever the task's environment holds: tools that run a program on model-wr
 it there, inside the sandbox (``read_lints``), not on the host."""
 
 
+GRADER_RUNNER = Path(__file__).resolve().parents[1] / "rewards" / "pytest_runner.py"
+"""The grader's pytest entry point (``rewards/isolation.py`` runs it by this name): a standalone
+script bound as a file, so this layer imports nothing from the rewards layer."""
+
+
 @functools.lru_cache(maxsize=1)
 def harness_tools() -> tuple[tuple[str, str], ...]:
     """(name, host path) of the harness's programs every sandbox gets at ``TOOLS_DIR``: ruff, the
-    one next to this Python (the harness's venv) or else on PATH; none when it is not installed
-    (``read_lints`` then says so)."""
+    one next to this Python (the harness's venv) or else on PATH (none when it is not installed:
+    ``read_lints`` then says so), and ``GRADER_RUNNER``."""
     ruff = installed_program("ruff")
-    return (("ruff", os.path.realpath(ruff)),) if ruff else ()
+    ruff_tool = (("ruff", os.path.realpath(ruff)),) if ruff else ()
+    return (*ruff_tool, (GRADER_RUNNER.name, str(GRADER_RUNNER)))
 
 
 def tool_binds(staged: bool) -> list[str]:

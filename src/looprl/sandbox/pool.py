@@ -222,8 +222,18 @@ class SandboxPool:
             await self._sem().acquire()
         finally:
             self._queued -= 1
+        making = asyncio.ensure_future(self._make(base_dir, venv, snapshot))
         try:
-            inner, key = await self._make(base_dir, venv, snapshot)
+            inner, key = await asyncio.shield(making)
+        except asyncio.CancelledError:
+            # e.g. the env server's client left: creation runs partly in a thread, so let it
+            # finish and close what it made (cancelling it would leak a mounted workspace)
+            try:
+                with contextlib.suppress(Exception):
+                    await (await making)[0].close()
+            finally:
+                self._sem().release()
+            raise
         except BaseException:
             self._sem().release()
             raise

@@ -3,75 +3,281 @@
 ``RemoteSandbox`` implements ``looprl.protocols.Sandbox`` against this server, so the harness
 cannot tell a remote sandbox from a local one. Every route but ``/v1/health`` needs
 ``Authorization: Bearer <token>``. A model-actionable failure (bad path, missing file) comes back
-as HTTP 422 and is raised as ``ToolError``; anything else (the sandbox crashed, the lease expired,
-the server is gone) is raised as ``SandboxError`` — infrastructure, never the model's fault.
+as HTTP 422 ``{"error": "tool"}`` and is raised as ``ToolError``; anything else (the sandbox
+crashed, the lease was released, the server is gone or refused the request) is raised as
+``SandboxError`` — infrastructure, never the model's fault.
 
-    looprl sandbox serve --port 8377 --token s3cret            # or EnvServer(...) in-process
+    looprl sandbox serve --port 8377 --token s3cret --allowed-root /data/repos
     sb = await RemoteSandbox.create("http://127.0.0.1:8377", "s3cret", "/data/repos/attrs")
     r = await sb.exec("python -m pytest -q")
     await sb.close()
 
-Routes (JSON): POST /v1/sandboxes · POST /v1/sandboxes/{id}/{exec,read,write,walk,snapshot}
-· GET /v1/sandboxes/{id}/diff · DELETE /v1/sandboxes/{id} · POST /v1/snapshots/{id}/release
-· GET /v1/metrics · GET /v1/health.
+Routes (JSON): POST /v1/sandboxes · POST /v1/sandboxes/{id}/{exec,read,write,walk,snapshot,
+heartbeat} · GET /v1/sandboxes/{id}/diff · DELETE /v1/sandboxes/{id} ·
+POST /v1/snapshots/{id}/release · GET /v1/metrics · GET /v1/health.
+
+Safe by default (``EnvServerConfig``):
+
+- ``base_dir`` and ``venv`` (and the interpreter prefix a venv's ``pyvenv.cfg`` names) must
+  resolve, symlinks followed, under an allowed root: 403 otherwise. The default root is looprl's
+  home (``LOOPRL_HOME``: fetched packages, built tasks); ``--allowed-root`` replaces it. The
+  sandboxes' own directory (``sandbox_root()``) is never allowed, so one lease cannot mount
+  another's workspace; a venv may also use the server's own interpreter (``sys.base_prefix``).
+- The token is checked from the headers before any body is read (401), bodies are capped (413),
+  every field is validated (422 naming it: bad base64, NaN/Infinity or out-of-range timeouts, lone
+  surrogates, unknown fields); an unknown or released lease is 404.
+- Leases die with their client: each request renews its lease, ``RemoteSandbox`` sends a heartbeat
+  every ``idle_timeout_s / 4``, and a lease with no request in flight and none for
+  ``idle_timeout_s`` is released (a crashed or killed client frees its slot within that time, not
+  after the hour-long ``lease_timeout_s``). A create whose client disconnects while queued never
+  takes a slot; a command whose client disconnects is killed.
+- SIGTERM: queued creates answer 503 at once, running requests get ``drain_s`` seconds, then every
+  sandbox is closed and the process exits.
+
+What this does NOT protect against: a host user who can write under an allowed root (they can swap
+a symlink between the check and the mount, or plant a venv); reads of anything under the allowed
+roots by any token holder (all of it can be mounted read-only into a sandbox); a token holder
+leasing every slot (one shared token, no per-client quotas); large responses (``read`` and ``diff``
+return what the workspace holds, bounded only by the sandbox's disk limit); anyone who can read the
+traffic (plain HTTP). See ``looprl.asgi`` for the HTTP-level limits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import hmac
+import binascii
+import contextlib
 import os
 import socket
+import sys
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
 
 import httpx
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import Field
 
+from looprl import paths
+from looprl.asgi import (
+    Drain,
+    Guard,
+    StrictBody,
+    bearer,
+    install_error_handlers,
+    make_server,
+    unless_gone,
+)
 from looprl.errors import SandboxError, ToolError
-from looprl.sandbox.pool import SandboxPool
-from looprl.sandbox.workspace import Snapshot
+from looprl.sandbox.mounts import venv_paths
+from looprl.sandbox.pool import PooledSandbox, SandboxPool
+from looprl.sandbox.workspace import Snapshot, sandbox_root
 from looprl.types import ExecResult, FileEntry
 
-
-class CreateReq(BaseModel):
-    base_dir: str
-    venv: str | None = None
-    timeout_s: float | None = None
-    snapshot_id: str | None = None
+MAX_WALK_ENTRIES = 100_000
+"""A walk lists at most this many entries (the response is built in memory)."""
+MAX_SNAPSHOTS = 1024
+"""Snapshots held at once (each pins a frozen layer on the host until released)."""
 
 
-class ExecReq(BaseModel):
-    cmd: str
-    timeout_s: float = 60.0
+@dataclass(frozen=True)
+class EnvServerConfig:
+    """Limits of one environment server (``looprl sandbox serve`` flags)."""
+
+    allowed_roots: tuple[str, ...] = ()
+    """``base_dir`` / ``venv`` must lie under one of these; empty: looprl's home only."""
+    idle_timeout_s: float = 60.0
+    """A lease with no request for this long (and none running) is released: its client is gone.
+    60 s: well above the 15 s heartbeat, well below the hour a dead client held a slot before."""
+    max_body_bytes: int = 16 << 20
+    """Largest request body (a ``write`` of ~12 MB of file content, base64-encoded)."""
+    drain_s: float = 30.0
+    """On SIGTERM: how long running requests may finish before they are cancelled."""
+
+    def __post_init__(self) -> None:
+        if not (self.idle_timeout_s > 0 and self.drain_s > 0 and self.max_body_bytes > 0):
+            raise ValueError("EnvServerConfig needs idle_timeout_s > 0, drain_s > 0 and "
+                             "max_body_bytes > 0")
+
+    def roots(self) -> tuple[Path, ...]:
+        return tuple(Path(os.path.realpath(r)) for r in self.allowed_roots or (str(paths.home()),))
+
+
+PositiveS = Annotated[float, Field(gt=0)]
+
+
+class CreateReq(StrictBody):
+    base_dir: str = Field(min_length=1, max_length=4096)
+    venv: str | None = Field(None, min_length=1, max_length=4096)
+    timeout_s: PositiveS | None = None
+    """Lease lifetime; at most the server's ``lease_timeout_s``."""
+    snapshot_id: str | None = Field(None, max_length=128)
+
+
+class ExecReq(StrictBody):
+    cmd: str = Field(max_length=1 << 20)
+    timeout_s: PositiveS = 60.0
+    """At most the server's ``lease_timeout_s``."""
     env: dict[str, str] | None = None
 
 
-class PathReq(BaseModel):
-    path: str
+class PathReq(StrictBody):
+    path: str = Field(max_length=4096)
     data_b64: str = ""
 
 
-class WalkReq(BaseModel):
-    under: str = "."
-    max_entries: int = 100_000
+class WalkReq(StrictBody):
+    under: str = Field(".", max_length=4096)
+    max_entries: int = Field(MAX_WALK_ENTRIES, ge=1, le=MAX_WALK_ENTRIES)
 
 
-def create_app(pool: SandboxPool, token: str) -> FastAPI:
-    """A FastAPI app serving ``pool``; requests must carry ``Bearer <token>``."""
+def _forbidden(msg: str) -> HTTPException:
+    return HTTPException(403, msg)
+
+
+def _bad(msg: str) -> HTTPException:
+    return HTTPException(422, msg)
+
+
+def _under(p: Path, roots: tuple[Path, ...]) -> bool:
+    return any(p == r or p.is_relative_to(r) for r in roots)
+
+
+def check_dirs(base_dir: str, venv: str | None, roots: tuple[Path, ...]) -> tuple[str, str | None]:
+    """``base_dir`` and ``venv`` resolved (symlinks followed), or 403 outside ``roots`` (or inside
+    the sandboxes' own directory), 422 when not a usable directory. A venv's interpreter prefix
+    (``pyvenv.cfg``'s ``home``) is mounted too, so it must pass the same check, or be this server's
+    own interpreter."""
+    hint = "start the server with --allowed-root DIR covering it"
+    inner = Path(os.path.realpath(sandbox_root()))
+    out: list[str | None] = []
+    for field, value in (("base_dir", base_dir), ("venv", venv)):
+        if value is None:
+            out.append(None)
+            continue
+        if "\0" in value or not os.path.isabs(value):
+            raise _bad(f"'{field}' {value!r} must be an absolute path on the server")
+        real = Path(os.path.realpath(value))
+        if _under(real, (inner,)) or not _under(real, roots):
+            raise _forbidden(f"'{field}' {value!r} (resolved: {real}) is outside the server's "
+                             f"allowed roots {[str(r) for r in roots]}; {hint}")
+        if not real.is_dir():
+            raise _bad(f"'{field}' {str(real)!r} does not exist or is not a directory")
+        out.append(str(real))
+    if out[1] is not None:
+        try:
+            mounted = venv_paths(out[1])
+        except SandboxError as e:
+            raise _bad(str(e)) from None
+        own = Path(os.path.realpath(sys.base_prefix))
+        for m in mounted[1:]:
+            real = Path(os.path.realpath(m))
+            if real != own and (_under(real, (inner,)) or not _under(real, roots)):
+                raise _forbidden(f"venv {venv!r} uses the interpreter at {real}, outside the "
+                                 f"server's allowed roots; {hint}")
+    return out[0] or "", out[1]
+
+
+class Leases:
+    """Which leases still have a client: every request renews its lease; ``reap`` releases those
+    idle past ``idle_timeout_s`` with no request running (see module docstring)."""
+
+    def __init__(self, pool: SandboxPool, idle_timeout_s: float) -> None:
+        self.pool, self.idle_timeout_s = pool, idle_timeout_s
+        self.seen: dict[str, float] = {}
+        self.running: dict[str, int] = {}
+        self.gone: OrderedDict[str, str] = OrderedDict()
+        """Recently ended leases -> why (the 404 says it), bounded."""
+        self.reaped_total = 0
+        self.on_reap: Callable[[str], None] = lambda sid: None
+        """Called with a reaped lease's id (the app releases the snapshots it made)."""
+
+    def add(self, leased: PooledSandbox) -> None:
+        self.seen[leased.id] = time.monotonic()
+
+    def get(self, sid: str) -> PooledSandbox:
+        try:
+            return self.pool.get(sid)
+        except SandboxError as e:
+            why = self.gone.get(sid)
+            raise HTTPException(404, f"no live sandbox lease {sid!r}: {why}" if why else str(e)
+                                ) from None
+
+    @contextlib.contextmanager
+    def using(self, sid: str) -> Iterator[PooledSandbox]:
+        leased = self.get(sid)
+        self.running[sid] = self.running.get(sid, 0) + 1
+        try:
+            yield leased
+        finally:
+            self.running[sid] -= 1
+            if not self.running[sid]:
+                del self.running[sid]
+            if sid in self.seen:
+                self.seen[sid] = time.monotonic()
+
+    def forget(self, sid: str, why: str) -> None:
+        self.seen.pop(sid, None)
+        self.gone[sid] = why
+        while len(self.gone) > 4096:
+            self.gone.popitem(last=False)
+
+    async def reap(self) -> None:
+        """Release the leases whose client went away; runs until cancelled."""
+        while True:
+            await asyncio.sleep(min(1.0, self.idle_timeout_s / 4))
+            now = time.monotonic()
+            for sid, t in list(self.seen.items()):
+                if now - t < self.idle_timeout_s or self.running.get(sid):
+                    continue
+                self.forget(sid, f"released after {self.idle_timeout_s:g} s without a request or "
+                                 "heartbeat (its client went away)")
+                try:
+                    leased = self.pool.get(sid)
+                except SandboxError:
+                    continue  # already returned
+                self.reaped_total += 1
+                self.on_reap(sid)
+                await self.pool.release(leased)
+
+
+def create_app(pool: SandboxPool, token: str, cfg: EnvServerConfig | None = None,
+               drain: Drain | None = None) -> FastAPI:
+    """A FastAPI app serving ``pool``; requests must carry ``Bearer <token>``. ``drain``: set by
+    the server on SIGTERM (``looprl.asgi.run``)."""
     if not token:
         raise ValueError("the environment server needs a non-empty bearer token")
+    cfg = cfg or EnvServerConfig()
+    roots = cfg.roots()
     app = FastAPI(title="looprl environment server")
-    snapshots: dict[str, Snapshot] = {}
+    app.add_middleware(Guard, authorized=bearer(token), open_paths={"/v1/health"},
+                       max_body=lambda _path: cfg.max_body_bytes,
+                       auth_hint="pass the server's --token (or LOOPRL_SANDBOX_TOKEN)")
+    install_error_handlers(app)
+    snapshots: dict[str, tuple[Snapshot, str]] = {}
+    """id -> (snapshot, the lease that made it): a reaped lease's snapshots go with it."""
+    leases = Leases(pool, cfg.idle_timeout_s)
 
-    def auth(request: Request) -> None:
-        got = request.headers.get("authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
-            raise HTTPException(401, "missing or wrong bearer token")
+    def drop_snapshots_of(sid: str) -> None:
+        for snap_id, (snap, owner) in list(snapshots.items()):
+            if owner == sid:
+                del snapshots[snap_id]
+                snap.release()
+
+    leases.on_reap = drop_snapshots_of
+    reaper: list[asyncio.Task[None]] = []
+    app.state.leases = leases
+
+    def max_s(field: str, value: float | None) -> None:
+        if value is not None and value > pool.lease_timeout_s:
+            raise _bad(f"'{field}' {value:g} s is over the server's lease timeout of "
+                       f"{pool.lease_timeout_s:g} s")
 
     @app.exception_handler(ToolError)
     async def _tool_error(_: Request, e: ToolError) -> JSONResponse:
@@ -81,80 +287,119 @@ def create_app(pool: SandboxPool, token: str) -> FastAPI:
     async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
         return JSONResponse({"error": "sandbox", "message": str(e)}, status_code=503)
 
-    guard = [Depends(auth)]
+    @app.on_event("startup")
+    async def _startup() -> None:
+        reaper.append(asyncio.ensure_future(leases.reap()))
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         h = pool.health()
         return {"ok": h["ok"], "detail": h["detail"]}
 
-    @app.get("/v1/metrics", dependencies=guard)
+    @app.get("/v1/metrics")
     async def metrics() -> dict[str, Any]:
-        return pool.health()
+        return {**pool.health(), "reaped_total": leases.reaped_total}
 
-    @app.post("/v1/sandboxes", dependencies=guard)
-    async def create(req: CreateReq) -> dict[str, Any]:
+    @app.post("/v1/sandboxes")
+    async def create(req: CreateReq, request: Request) -> dict[str, Any]:
+        max_s("timeout_s", req.timeout_s)
+        base, venv = check_dirs(req.base_dir, req.venv, roots)
         snap = None
         if req.snapshot_id is not None:
-            snap = snapshots.get(req.snapshot_id)
-            if snap is None:
-                raise SandboxError(f"unknown snapshot {req.snapshot_id!r}")
-        sb = await pool.acquire(req.base_dir, req.venv, snapshot=snap, timeout_s=req.timeout_s)
-        return {"id": sb.id, "cow_backend": sb.inner.cow_backend, "tools_dir": sb.tools_dir}
+            if req.snapshot_id not in snapshots:
+                raise HTTPException(404, f"unknown snapshot {req.snapshot_id!r} (released, or made "
+                                         "by a lease whose client went away)")
+            snap = snapshots[req.snapshot_id][0]
+        sb = await unless_gone(request, drain, pool.acquire(base, venv, snapshot=snap,
+                                                            timeout_s=req.timeout_s),
+                               undo=pool.release)
+        leases.add(sb)
+        return {"id": sb.id, "cow_backend": sb.inner.cow_backend, "tools_dir": sb.tools_dir,
+                "idle_timeout_s": cfg.idle_timeout_s}
 
-    @app.post("/v1/sandboxes/{sid}/exec", dependencies=guard)
-    async def exec_(sid: str, req: ExecReq) -> dict[str, Any]:
-        r = await pool.get(sid).exec(req.cmd, timeout_s=req.timeout_s, env=req.env)
+    @app.post("/v1/sandboxes/{sid}/heartbeat")
+    async def heartbeat(sid: str) -> dict[str, Any]:
+        with leases.using(sid):
+            return {"idle_timeout_s": cfg.idle_timeout_s}
+
+    @app.post("/v1/sandboxes/{sid}/exec")
+    async def exec_(sid: str, req: ExecReq, request: Request) -> dict[str, Any]:
+        max_s("timeout_s", req.timeout_s)
+        with leases.using(sid) as sb:
+            # a running command may finish during the drain; cut just before its deadline
+            r = await unless_gone(request, drain, sb.exec(req.cmd, timeout_s=req.timeout_s,
+                                                          env=req.env),
+                                  grace_s=max(0.1, cfg.drain_s - 0.5))
         return r.to_dict()
 
-    @app.post("/v1/sandboxes/{sid}/read", dependencies=guard)
+    @app.post("/v1/sandboxes/{sid}/read")
     async def read(sid: str, req: PathReq) -> dict[str, Any]:
-        data = await pool.get(sid).read(req.path)
+        with leases.using(sid) as sb:
+            data = await sb.read(req.path)
         return {"data_b64": base64.b64encode(data).decode()}
 
-    @app.post("/v1/sandboxes/{sid}/write", dependencies=guard)
+    @app.post("/v1/sandboxes/{sid}/write")
     async def write(sid: str, req: PathReq) -> dict[str, Any]:
-        await pool.get(sid).write(req.path, base64.b64decode(req.data_b64))
+        try:
+            data = base64.b64decode(req.data_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad("'data_b64' is not valid base64 (standard alphabet, padded)") from None
+        with leases.using(sid) as sb:
+            await sb.write(req.path, data)
         return {}
 
-    @app.post("/v1/sandboxes/{sid}/walk", dependencies=guard)
+    @app.post("/v1/sandboxes/{sid}/walk")
     async def walk(sid: str, req: WalkReq) -> dict[str, Any]:
-        entries = await pool.get(sid).walk(req.under, max_entries=req.max_entries)
+        with leases.using(sid) as sb:
+            entries = await sb.walk(req.under, max_entries=req.max_entries)
         return {"entries": [e.to_dict() for e in entries]}
 
-    @app.get("/v1/sandboxes/{sid}/diff", dependencies=guard)
+    @app.get("/v1/sandboxes/{sid}/diff")
     async def diff(sid: str) -> dict[str, Any]:
-        return {"diff": await pool.get(sid).diff()}
+        with leases.using(sid) as sb:
+            return {"diff": await sb.diff()}
 
-    @app.post("/v1/sandboxes/{sid}/snapshot", dependencies=guard)
+    @app.post("/v1/sandboxes/{sid}/snapshot")
     async def snapshot(sid: str) -> dict[str, Any]:
-        snap = await pool.get(sid).snapshot()
-        snapshots[snap.id] = snap
+        if len(snapshots) >= MAX_SNAPSHOTS:
+            raise HTTPException(409, f"the server holds {len(snapshots)} snapshots, its limit; "
+                                     "release some (POST /v1/snapshots/{id}/release)")
+        with leases.using(sid) as sb:
+            snap = await sb.snapshot()
+        snapshots[snap.id] = (snap, sid)
         return {"snapshot_id": snap.id}
 
-    @app.post("/v1/snapshots/{snap_id}/release", dependencies=guard)
+    @app.post("/v1/snapshots/{snap_id}/release")
     async def release_snapshot(snap_id: str) -> dict[str, Any]:
-        snap = snapshots.pop(snap_id, None)
-        if snap is not None:
-            snap.release()
+        held = snapshots.pop(snap_id, None)
+        if held is not None:
+            held[0].release()
         return {}
 
-    @app.delete("/v1/sandboxes/{sid}", dependencies=guard)
+    @app.delete("/v1/sandboxes/{sid}")
     async def close(sid: str) -> dict[str, Any]:
-        await pool.get(sid).close()
+        sb = leases.get(sid)
+        leases.forget(sid, "closed by its client")
+        await pool.release(sb)
         return {}
 
     @app.on_event("shutdown")
     async def _shutdown() -> None:
+        for task in reaper:
+            task.cancel()
         await pool.close()
-        for snap in snapshots.values():
+        for snap, _ in snapshots.values():
             snap.release()
 
     return app
 
 
 class RemoteSandbox:
-    """``looprl.protocols.Sandbox`` over HTTP; build with ``await RemoteSandbox.create(...)``."""
+    """``looprl.protocols.Sandbox`` over HTTP; build with ``await RemoteSandbox.create(...)``.
+
+    While open it sends a heartbeat every ``idle_timeout_s / 4`` (the server says how long), so
+    the server keeps its lease through long model turns and releases it soon after this client
+    is gone (its process killed, its event loop closed, ``close`` never called)."""
 
     def __init__(self, url: str, token: str, sandbox_id: str, client: httpx.AsyncClient,
                  base_dir: str, venv: str | None, tools_dir: str):
@@ -163,6 +408,18 @@ class RemoteSandbox:
         self.tools_dir = tools_dir
         """The server's sandboxes' ``tools_dir`` (it says where, at the lease)."""
         self._client = client
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    def _start_heartbeat(self, idle_timeout_s: float) -> None:
+        self._heartbeat = asyncio.ensure_future(self._beat(max(0.05, idle_timeout_s / 4)))
+
+    async def _beat(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self._req("POST", "/heartbeat", timeout_s=max(every_s, 5.0))
+            except SandboxError:
+                pass  # the next real call reports what happened to the lease
 
     @classmethod
     async def create(cls, url: str, token: str, base_dir: str, venv: str | None = None, *,
@@ -177,7 +434,9 @@ class RemoteSandbox:
         except BaseException:
             await client.aclose()
             raise
-        return cls(url, token, body["id"], client, str(base_dir), venv, body["tools_dir"])
+        sb = cls(url, token, body["id"], client, str(base_dir), venv, body["tools_dir"])
+        sb._start_heartbeat(float(body["idle_timeout_s"]))
+        return sb
 
     async def _req(self, method: str, route: str, body: dict[str, Any] | None = None,
                    timeout_s: float | None = None) -> dict[str, Any]:
@@ -222,6 +481,8 @@ class RemoteSandbox:
             await self.release_snapshot(snap)
 
     async def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         try:
             await self._req("DELETE", "")
         except SandboxError:
@@ -261,21 +522,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EnvServer:
     """Runs the environment server (uvicorn) in a background thread; a context manager.
 
-        with EnvServer(token="t", max_running=8) as srv:
+        with EnvServer(token="t", max_running=8, cfg=EnvServerConfig(allowed_roots=(repos,))) as srv:
             sb = await RemoteSandbox.create(srv.url, "t", base)
+
+    Leaving it drains as SIGTERM does (``cfg.drain_s``), then closes every sandbox.
     """
 
     def __init__(self, token: str, *, host: str = "127.0.0.1", port: int = 0,
-                 pool: SandboxPool | None = None, max_running: int = 16):
-        import uvicorn
-
+                 pool: SandboxPool | None = None, max_running: int = 16,
+                 cfg: EnvServerConfig | None = None):
         self.host, self.port = host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.pool = pool or SandboxPool(max_running=max_running)
-        config = uvicorn.Config(create_app(self.pool, token), host=host, port=self.port,
-                                log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
+        cfg = cfg or EnvServerConfig()
+        drain = Drain()
+        self.app = create_app(self.pool, token, cfg, drain)
+        self.server = make_server(self.app, host=host, port=self.port, drain=drain,
+                                  drain_s=cfg.drain_s)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="env-server")
+        self._join_s = cfg.drain_s + 20
 
     def __enter__(self) -> EnvServer:
         self.thread.start()
@@ -287,8 +552,8 @@ class EnvServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
+        self.server.begin_drain()
+        self.thread.join(timeout=self._join_s)
 
 
 def default_token() -> str:

@@ -10,9 +10,11 @@
 ``looprl.harness.tools.semantic_search``.
 """
 
-from looprl.search.chunk import Chunk, chunk_file
-from looprl.search.embed import Embedder, EmbedTrainConfig, load_embedder, train
-from looprl.search.index import CodeIndex, Hit, SearchConfig, Store, open_base, read_tree
+from looprl.lazy import lazy_exports
 
-__all__ = ["Chunk", "CodeIndex", "EmbedTrainConfig", "Embedder", "Hit", "SearchConfig", "Store",
-           "chunk_file", "load_embedder", "open_base", "read_tree", "train"]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "chunk": ["Chunk", "chunk_file"],
+    "embed": ["EmbedTrainConfig", "Embedder", "load_embedder", "train"],
+    "index": ["CodeIndex", "Hit", "SearchConfig", "Store", "open_base", "read_tree"],
+})

@@ -22,11 +22,6 @@ app = typer.Typer(help="The code-embedding model: train it, evaluate it.", no_ar
 search_app = typer.Typer(help="Semantic code search over a directory.", no_args_is_help=True)
 
 
-def _fail(e: Exception) -> typer.Exit:
-    typer.echo(f"error: {e}", err=True)
-    return typer.Exit(2)
-
-
 @app.command()
 def train(overrides: Annotated[list[str] | None, typer.Option(
         "-o", help="Dotted override of EmbedTrainConfig, e.g. -o time_budget_s=300.")] = None,
@@ -37,11 +32,8 @@ def train(overrides: Annotated[list[str] | None, typer.Option(
     from looprl.search.embed import EmbedTrainConfig
     from looprl.search.embed import train as run_train
 
-    try:
-        cfg = load_config(EmbedTrainConfig, config, overrides or [])
-        res = run_train(cfg)
-    except ConfigError as e:
-        raise _fail(e) from e
+    cfg = load_config(EmbedTrainConfig, config, overrides or [])
+    res = run_train(cfg)
     save_config(cfg, Path(res.path) / "train_config.json")
     typer.echo(f"saved {res.path}: {res.steps} steps over {res.pairs} pairs in {res.seconds:.0f} s, "
                f"final loss {res.final_loss:.3f}, held-back top-1 {res.val_acc1:.3f}")
@@ -49,7 +41,7 @@ def train(overrides: Annotated[list[str] | None, typer.Option(
 
 @app.command("eval")
 def evaluate_cmd(model: Annotated[Path | None, typer.Option(help="Embedder dir.")] = None,
-                 queries: Annotated[int, typer.Option(help="Number of queries.")] = 400,
+                 queries: Annotated[int, typer.Option(help="Number of queries.", min=1)] = 400,
                  fusion: Annotated[str, typer.Option(help="zscore | score | rrf | dense | bm25")] = "zscore",
                  ) -> None:
     """Recall@10 / MRR on held-out packages: fused vs dense vs BM25 vs grep."""
@@ -57,10 +49,8 @@ def evaluate_cmd(model: Annotated[Path | None, typer.Option(help="Embedder dir."
     from looprl.search.evaluate import evaluate
     from looprl.search.index import SearchConfig
 
-    try:
-        res = evaluate(load_embedder(model), n_queries=queries, cfg=SearchConfig(fusion=fusion))
-    except (ConfigError, ValueError) as e:
-        raise _fail(e) from e
+    cfg = SearchConfig(fusion=fusion)  # a bad --fusion fails before the model loads
+    res = evaluate(load_embedder(model), n_queries=queries, cfg=cfg)
     typer.echo(f"{res.n_queries} queries over {res.n_chunks} chunks")
     typer.echo(f"recall@10  fused {res.recall10:.3f}  dense {res.recall10_dense:.3f}  "
                f"bm25 {res.recall10_bm25:.3f}  grep {res.recall10_grep:.3f}")
@@ -99,24 +89,18 @@ def _open(root: Path, model: Path | None, quiet: bool = False):
 def index(root: Annotated[Path, typer.Argument(help="Directory to index.")],
           model: Annotated[Path | None, typer.Option(help="Embedder dir.")] = None) -> None:
     """Build or update the index of ROOT (only new or changed files are embedded)."""
-    try:
-        _open(root, model)
-    except ConfigError as e:
-        raise _fail(e) from e
+    _open(root, model)
 
 
 @search_app.command()
 def query(root: Annotated[Path, typer.Argument(help="Indexed directory.")],
           text: Annotated[str, typer.Argument(help="What to look for.")],
-          k: Annotated[int, typer.Option("-k", help="Results.")] = 10,
+          k: Annotated[int, typer.Option("-k", help="Results.", min=1)] = 10,
           glob: Annotated[str | None, typer.Option(help="Only paths matching this glob.")] = None,
           model: Annotated[Path | None, typer.Option(help="Embedder dir.")] = None) -> None:
     """Search ROOT (its index is brought up to date first)."""
     from looprl.search.index import CodeIndex
 
-    try:
-        store, emb = _open(root, model, quiet=True)
-    except ConfigError as e:
-        raise _fail(e) from e
+    store, emb = _open(root, model, quiet=True)
     for n, h in enumerate(CodeIndex(store, emb).search(text, k=k, path_glob=glob), 1):
         typer.echo(f"{n}. {h.path}:{h.start_line}-{h.end_line} {h.kind} {h.name}")

@@ -35,6 +35,7 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
 from looprl import paths
 from looprl.errors import ConfigError
+from looprl.models.loading import hf_progress_bars  # noqa: F401 — HF's bars off unless asked
 from looprl.search.pairs import HELDOUT_PACKAGES, Pair, mine_pairs, site_packages_dir
 
 META_FILE = "looprl_embed.json"

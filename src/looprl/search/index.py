@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - the fallback is only slower
     _xxhash = None
 
 from looprl import paths
+from looprl.config import check_choice
 from looprl.search.bm25 import BM25, Stats, term_counts, terms, top_n
 from looprl.search.chunk import (
     CHUNKER_VERSION,
@@ -87,6 +88,9 @@ class SearchConfig:
     """HNSW search breadth (recall vs speed)."""
     strip_docstrings: bool = False
     """Index code without docstrings (the benchmark does, since it queries with them)."""
+
+    def __post_init__(self) -> None:
+        check_choice("fusion", self.fusion, FUSIONS)
 
 
 @dataclass(frozen=True)
@@ -420,8 +424,6 @@ class CodeIndex:
     def __init__(self, base: Store, embedder: Embedder, cfg: SearchConfig | None = None) -> None:
         if cfg is None:
             cfg = SearchConfig(strip_docstrings=base.strip)
-        if cfg.fusion not in FUSIONS:
-            raise ValueError(f"unknown fusion {cfg.fusion!r}; choose one of {sorted(FUSIONS)}")
         assert base.model_id == embedder.model_id, "base index was built with another model"
         self.base, self.embedder, self.cfg = base, embedder, cfg
         self.overlay = Store(embedder.dim, embedder.model_id, base.strip)

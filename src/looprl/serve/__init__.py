@@ -1,6 +1,9 @@
 """looprl.serve: the agent behind an HTTP API for users (``api.make_app``), recording their
 feedback in ``looprl.feedback``'s store; ``looprl serve`` (``cli.py``) runs it."""
 
-from looprl.serve.api import ServeConfig, make_app
+from looprl.lazy import lazy_exports
 
-__all__ = ["ServeConfig", "make_app"]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "api": ["ServeConfig", "make_app"],
+})

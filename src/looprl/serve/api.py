@@ -13,9 +13,13 @@ Routes (JSON, ``Authorization: Bearer <token>`` on all but /healthz):
 
 - ``POST /v1/sessions`` {user, prompt, repo} -> {session_id, arm, policy_version, diff, files,
   stop_reason, messages (summary), turns, latency_s}
-- ``POST /v1/sessions/{id}/feedback`` {kind: kept|reverted|partially_kept|follow_up, files?, text?}
-  -> {event_id, reward}
+- ``POST /v1/sessions/{id}/feedback`` {event_id, kind: kept|reverted|partially_kept|follow_up,
+  files?, text?, at?} -> {event_id, duplicate, replays, reward}. ``event_id`` is the client's id
+  for the user's action (e.g. a uuid4 made when it happened), resent unchanged on retry: a replay
+  is answered like the original and counted, never stored twice. ``at`` (unix seconds) is when the
+  user acted; outcomes follow ``at``, not arrival (``feedback.signals``).
 - ``GET /v1/sessions/{id}`` -> the session, its events and current reward
+- ``GET /v1/stats`` -> {sessions, events, replays_ignored}
 - ``GET /v1/ab`` -> per-arm metrics, B - A intervals and the promote/keep/rollback decision,
   over this experiment's sessions served by the arms' current policy versions
 - ``POST /v1/reload`` -> re-read each arm's policy source (a policies dir: its ``current.json``)
@@ -24,19 +28,25 @@ Routes (JSON, ``Authorization: Bearer <token>`` on all but /healthz):
   tokens carry the exact version that sampled them.
 - ``GET /healthz``
 
-Errors: a bad request is 4xx with a message saying how to fix it (401 token, 404 unknown session,
-422 bad field or repo path, 409 feedback on a failed session). Infrastructure failures (sandbox,
-engine) are 503 with ``"infrastructure": true``; the session is stored with stop_reason
-``infra_error`` so operators see it, and it is never scored as the model's fault.
+Errors: a bad request is 4xx with a message saying how to fix it (401 token, checked before the
+body is read; 403 repo outside the allowed roots; 404 unknown session; 409 feedback on a failed
+session or an ``event_id`` reused for another event; 413 body or text over its limit; 422 bad
+field, NaN, invalid Unicode or unknown field). Infrastructure failures (sandbox, engine) are 503
+with ``"infrastructure": true``; the session is stored with stop_reason ``infra_error`` so
+operators see it, and it is never scored as the model's fault. A session whose client disconnects
+is cancelled (stored as ``infra_error``). SIGTERM: queued sessions answer 503 at once, running ones
+get ``drain_s`` seconds.
 
-What this does NOT protect against: ``repo`` is a path on the server, readable by the sandbox;
-restrict it with ``allowed_roots``. The token is one shared secret (no per-user auth, no TLS).
+What this does NOT protect against: ``repo`` is a path on the server that the agent reads; any
+token holder can run the agent over any directory under ``allowed_roots`` (default: looprl's home
+only) and read the result. The token is one shared secret (no per-user auth, no quotas: one client
+can occupy every session slot; no TLS). ``user`` is whatever the client says (arm assignment and
+A/B metrics trust it). See ``looprl.asgi`` for the HTTP-level limits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 import time
 import uuid
@@ -45,16 +55,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import Field
 
+from looprl import paths
+from looprl.asgi import Drain, Guard, StrictBody, bearer, install_error_handlers, unless_gone
 from looprl.errors import ConfigError, LooprlError, PolicyError, SandboxError
 from looprl.feedback.ab import ab_report, assign_arm
 from looprl.feedback.signals import session_reward
 from looprl.feedback.store import (
+    EventConflictError,
     FailedSessionError,
     FeedbackStore,
+    FeedbackTooLargeError,
     UnknownSessionError,
     diff_files,
 )
@@ -92,23 +106,45 @@ class ServeConfig:
     venv: str | None = None
     """Python environment made visible in sandboxes (None: the system's)."""
     allowed_roots: tuple[str, ...] = ()
-    """Repo paths must lie under one of these (empty: any directory on the server)."""
+    """Repo paths must lie under one of these (empty: looprl's home, ``LOOPRL_HOME``, only)."""
+    drain_s: float = 60.0
+    """On SIGTERM: how long running sessions may finish before they are cancelled."""
     max_concurrent: int = 2
     """Sessions running at once (sandboxes and decoding share the CPU)."""
     min_sessions: int = 100
     """Scored sessions per arm before /v1/ab decides anything but keep."""
 
 
-class SessionReq(BaseModel):
-    user: str
-    prompt: str
-    repo: str
+MAX_PROMPT_CHARS = 100_000
+"""A session's prompt, in characters (a task description with pasted logs fits)."""
+BODY_LIMITS = {"sessions": 1 << 20, "feedback": 256 << 10, "other": 64 << 10}
+"""Request body bytes by route: a prompt of MAX_PROMPT_CHARS, a follow-up of
+``store.MAX_TEXT_CHARS`` (JSON-escaped), and anything else."""
 
 
-class FeedbackReq(BaseModel):
-    kind: str
-    files: list[str] | None = None
+def body_limit(path: str) -> int:
+    if path == "/v1/sessions":
+        return BODY_LIMITS["sessions"]
+    return BODY_LIMITS["feedback" if path.endswith("/feedback") else "other"]
+
+
+class SessionReq(StrictBody):
+    user: str = Field(max_length=256)
+    prompt: str = Field(max_length=MAX_PROMPT_CHARS)
+    repo: str = Field(max_length=4096)
+
+
+class FeedbackReq(StrictBody):
+    event_id: str = Field(description="the client's id for this user action; resend it on retry")
+    kind: str = Field(max_length=32)
+    files: list[str] | None = Field(None, max_length=10_000)
     text: str | None = None
+    at: float | None = None
+    """When the user acted (unix seconds); default: when the event arrives."""
+
+
+class OutsideRootsError(ConfigError):
+    """A repo path outside the server's allowed roots (403)."""
 
 
 class InfraFailure(LooprlError):
@@ -134,17 +170,24 @@ def summarize_messages(messages: tuple[Message, ...] | list[Message], max_chars:
 
 
 def check_repo(repo: str, allowed_roots: tuple[str, ...]) -> str:
-    """The absolute repo directory, or ``ConfigError`` saying what a valid one is."""
+    """The repo directory with symlinks resolved; ``OutsideRootsError`` when it lies outside the
+    allowed roots (empty: looprl's home) or among the sandboxes' own workspaces, checked before
+    whether it exists so that nothing outside is revealed; ``ConfigError`` for the rest."""
+    from looprl.sandbox.workspace import sandbox_root
+
     if not repo.strip():
         raise ConfigError("'repo' is empty: pass the absolute path of a directory on the server")
-    p = Path(repo).expanduser()
-    if not p.is_absolute():
+    if "\0" in repo or not os.path.isabs(repo):
         raise ConfigError(f"'repo' {repo!r} must be an absolute path on the server")
-    p = p.resolve()
+    p = Path(os.path.realpath(repo))
+    roots = [Path(os.path.realpath(r)) for r in allowed_roots or (str(paths.home()),)]
+    workspaces = Path(os.path.realpath(sandbox_root()))
+    if p.is_relative_to(workspaces) or not any(p.is_relative_to(r) for r in roots):
+        raise OutsideRootsError(f"'repo' {repo!r} is outside the allowed roots "
+                                f"{[str(r) for r in roots]}; start the server with "
+                                "--allowed-root DIR covering it")
     if not p.is_dir():
         raise ConfigError(f"'repo' {str(p)!r} is not a directory on the server")
-    if allowed_roots and not any(p.is_relative_to(Path(r).resolve()) for r in allowed_roots):
-        raise ConfigError(f"'repo' {str(p)!r} is outside the allowed roots {list(allowed_roots)}")
     return str(p)
 
 
@@ -167,6 +210,8 @@ class Server:
         self._reload_lock: asyncio.Lock | None = None
         self.sandbox_factory = sandbox_factory or _bwrap_sandbox
         self._slots: asyncio.Semaphore | None = None
+        self.drain = Drain()
+        """Set on SIGTERM by the server running the app (``looprl.asgi.make_server``)."""
 
     def arm_for(self, user: str) -> str:
         if "B" not in self.engines:
@@ -176,8 +221,9 @@ class Server:
     def version_of(self, arm: str) -> int:
         return self.policy_versions.get(arm, self.engines[arm].policy_version)
 
-    async def run_session(self, req: SessionReq) -> dict[str, Any]:
-        """Run the agent for one request and store the session (raises ``InfraFailure``)."""
+    async def run_session(self, req: SessionReq, request: Request) -> dict[str, Any]:
+        """Run the agent for one request and store the session (raises ``InfraFailure``; gives
+        up, unstored, while queued when ``request``'s client leaves or the server drains)."""
         if not req.user.strip() or not req.prompt.strip():
             raise ConfigError("'user' and 'prompt' must be non-empty strings")
         repo = check_repo(req.repo, self.cfg.allowed_roots)
@@ -185,14 +231,19 @@ class Server:
         version = self.version_of(arm)
         task = Task(id=f"serve-{sid}", repo=repo, prompt=req.prompt,
                     grader=Grader(self.cfg.test_command), venv=self.cfg.venv)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.cfg.max_concurrent)
+        slots = self._slots = self._slots or asyncio.Semaphore(self.cfg.max_concurrent)
+
+        async def give_back(_: bool) -> None:
+            slots.release()
+
+        await unless_gone(request, self.drain, slots.acquire(), undo=give_back)
         t0 = time.monotonic()
         traj: Trajectory | None = None
-        try:
-            async with self._slots:
-                traj = await self._run_agent(task, arm, sid)
+        try:  # a session cut by its client leaving or by the drain's deadline is stored unscored
+            traj = await unless_gone(request, self.drain, self._run_agent(task, arm, sid),
+                                     grace_s=max(0.1, self.cfg.drain_s - 0.5))
         finally:  # stored even when the sandbox never started (trajectory None = infra_error)
+            slots.release()
             await asyncio.to_thread(self.store.add_session, user=req.user, arm=arm,
                                     policy_version=version, prompt=req.prompt, repo=repo,
                                     trajectory=traj, latency_s=time.monotonic() - t0,
@@ -247,9 +298,10 @@ class Server:
             payload["files"] = req.files
         if req.text is not None:
             payload["text"] = req.text
-        ev = self.store.add_event(sid, req.kind, payload)
-        return {"event_id": ev.id, "session_id": sid, "kind": ev.kind,
-                "reward": self.reward_of(sid)}
+        rec = self.store.add_event(sid, req.kind, payload, event_id=req.event_id, at=req.at)
+        ev = rec.event
+        return {"event_id": ev.client_id, "duplicate": rec.duplicate, "replays": ev.replays,
+                "session_id": sid, "kind": ev.kind, "at": ev.at, "reward": self.reward_of(sid)}
 
     def reward_of(self, sid: str) -> dict[str, Any] | None:
         s = self.store.session(sid, with_trajectory=False)
@@ -262,8 +314,9 @@ class Server:
                 "policy_version": s.policy_version, "prompt": s.prompt, "repo": s.repo,
                 "diff": s.diff, "files": list(s.files), "stop_reason": s.stop_reason,
                 "latency_s": s.latency_s, "created_at": s.created_at,
-                "events": [{"id": e.id, "kind": e.kind, "payload": e.payload,
-                            "created_at": e.created_at} for e in self.store.events(sid)],
+                "events": [{"event_id": e.client_id, "kind": e.kind, "payload": e.payload,
+                            "at": e.at, "created_at": e.created_at, "sentiment": e.sentiment,
+                            "replays": e.replays} for e in self.store.events(sid)],
                 "reward": self.reward_of(sid)}
 
     def ab(self) -> dict[str, Any]:
@@ -286,20 +339,27 @@ def make_app(engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
                  policy_sources=policy_sources, sandbox_factory=sandbox_factory)
     app = FastAPI(title="looprl agent server")
     app.state.server = srv
-
-    def auth(request: Request) -> None:
-        got = request.headers.get("authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {cfg.token}".encode()):
-            raise HTTPException(401, "missing or wrong bearer token: send "
-                                     "'Authorization: Bearer <token>' (the server's --token)")
+    app.state.drain = srv.drain
+    app.add_middleware(Guard, authorized=bearer(cfg.token), open_paths={"/healthz"},
+                       max_body=body_limit)
+    install_error_handlers(app)
 
     @app.exception_handler(UnknownSessionError)
     async def _unknown(_: Request, e: UnknownSessionError) -> JSONResponse:
         return JSONResponse({"error": "not_found", "message": str(e)}, status_code=404)
 
     @app.exception_handler(FailedSessionError)
-    async def _failed(_: Request, e: FailedSessionError) -> JSONResponse:
+    @app.exception_handler(EventConflictError)
+    async def _conflict(_: Request, e: ConfigError) -> JSONResponse:
         return JSONResponse({"error": "conflict", "message": str(e)}, status_code=409)
+
+    @app.exception_handler(FeedbackTooLargeError)
+    async def _too_large(_: Request, e: FeedbackTooLargeError) -> JSONResponse:
+        return JSONResponse({"error": "too_large", "message": str(e)}, status_code=413)
+
+    @app.exception_handler(OutsideRootsError)
+    async def _forbidden(_: Request, e: OutsideRootsError) -> JSONResponse:
+        return JSONResponse({"error": "forbidden", "message": str(e)}, status_code=403)
 
     @app.exception_handler(ConfigError)
     async def _bad(_: Request, e: ConfigError) -> JSONResponse:
@@ -316,31 +376,33 @@ def make_app(engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
         return JSONResponse({"error": "infrastructure", "infrastructure": True,
                              "message": f"{type(e).__name__}: {e}"}, status_code=503)
 
-    guard = [Depends(auth)]
-
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return {"ok": True, "arms": {a: srv.version_of(a) for a in srv.engines},
                 "pid": os.getpid()}
 
-    @app.post("/v1/sessions", dependencies=guard)
-    async def create_session(req: SessionReq) -> dict[str, Any]:
-        return await srv.run_session(req)
+    @app.post("/v1/sessions")
+    async def create_session(req: SessionReq, request: Request) -> dict[str, Any]:
+        return await srv.run_session(req, request)
 
-    @app.post("/v1/sessions/{sid}/feedback", dependencies=guard)
+    @app.post("/v1/sessions/{sid}/feedback")
     async def feedback(sid: str, req: FeedbackReq) -> dict[str, Any]:
         return await asyncio.to_thread(srv.feedback, sid, req)
 
-    @app.get("/v1/sessions/{sid}", dependencies=guard)
+    @app.get("/v1/sessions/{sid}")
     async def get_session(sid: str) -> dict[str, Any]:
         return await asyncio.to_thread(srv.describe, sid)
 
-    @app.post("/v1/reload", dependencies=guard)
+    @app.post("/v1/reload")
     async def reload() -> dict[str, Any]:
         return await srv.reload()
 
-    @app.get("/v1/ab", dependencies=guard)
+    @app.get("/v1/ab")
     async def ab() -> dict[str, Any]:
         return await asyncio.to_thread(srv.ab)
+
+    @app.get("/v1/stats")
+    async def stats() -> dict[str, int]:
+        return await asyncio.to_thread(store.stats)
 
     return app

@@ -1,19 +1,31 @@
 """``looprl serve``: the agent behind the session/feedback API (``serve/api.py``), one or two arms.
 
-    looprl serve --model policies --store feedback.db --port 8400 --token s3cret
+    looprl serve --model policies --store feedback.db --port 8400 --token s3cret --allowed-root /srv/repos
     looprl serve --model policies --model-b policies/v0003 --split-b 0.1 --experiment v2-vs-v3 ...
+    looprl serve --engine openai --engine-url http://gpu-box:8000/v1 --tokenizer MODEL_DIR ...
+    looprl serve --engine vllm --model /models/qwen-coder -E gpu_memory_utilization=0.8 ...
 
 ``--model`` is a model directory or a policies directory written by ``looprl feedback cycle``
 (its ``current.json`` names the promoted version; ``POST /v1/reload`` swaps a newer promotion
 into the running engine). Sessions are labelled with each policy's
 version, which is what the cycle and the A/B report select on.
+
+``--engine`` picks what samples the agent's turns, by name behind the ``Engine`` seam
+(``inference.make_engine``): ``torch`` (in this process, the default), ``vllm`` (in this
+process, GPU), ``openai`` (any OpenAI-compatible server, e.g. ``looprl model serve`` or vLLM's:
+``--engine-url`` per arm, token ids in and out through ``/v1/completions``), or a plugin's name.
+``-E KEY=VALUE`` passes more keyword arguments to the engine (values read as JSON when they
+parse). A remote engine serves what it serves: ``--model`` then only names the policy whose
+version labels the sessions and whose promotions ``/v1/reload`` pushes to the engine; the harness
+renders its format with ``--tokenizer`` (default: the ``--model`` directory).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -23,51 +35,140 @@ app = typer.Typer(help="Serve the agent to users and record feedback on its edit
 
 @app.callback()
 def serve(
-    model: Annotated[Path, typer.Option(help="model dir, or policies dir with current.json (arm A)")],
     store: Annotated[Path, typer.Option(help="SQLite feedback store (created if missing)")],
+    model: Annotated[Path | None, typer.Option(
+        help="model dir, or policies dir with current.json (arm A)")] = None,
     model_b: Annotated[Path | None, typer.Option("--model-b", help="candidate for arm B")] = None,
-    port: Annotated[int, typer.Option(help="TCP port")] = 8400,
+    engine: Annotated[str, typer.Option(
+        help="what samples the turns: torch, vllm, openai, or a plugin's engine name")] = "torch",
+    engine_url: Annotated[str | None, typer.Option(
+        help="--engine openai: the server's base URL for arm A (http://host:port/v1)")] = None,
+    engine_url_b: Annotated[str | None, typer.Option(
+        "--engine-url-b", help="--engine openai: the server for arm B")] = None,
+    engine_model: Annotated[str, typer.Option(
+        help="--engine openai: the model name the server serves")] = "looprl",
+    engine_api_key: Annotated[str | None, typer.Option(
+        envvar="LOOPRL_ENGINE_API_KEY", show_envvar=True,
+        help="--engine openai: the server's API key")] = None,
+    engine_option: Annotated[list[str], typer.Option(
+        "--engine-option", "-E", help="KEY=VALUE keyword argument for the engine (repeatable)")
+    ] = [],  # noqa: B006
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="the served model's tokenizer dir (default: --model's; needed for a remote engine)")
+    ] = None,
+    port: Annotated[int, typer.Option(help="TCP port", min=0, max=65535)] = 8400,
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     token: Annotated[str | None, typer.Option(
         help="bearer token (default: LOOPRL_SERVE_TOKEN or a random one, printed)")] = None,
     experiment: Annotated[str, typer.Option(help="A/B experiment name (part of the arm hash)")] = "default",
-    split_b: Annotated[float, typer.Option(help="share of users on arm B")] = 0.5,
-    allowed_root: Annotated[list[str], typer.Option(help="repos must lie under this (repeatable)")] = [],  # noqa: B006
+    split_b: Annotated[float, typer.Option(help="share of users on arm B", min=0.0, max=1.0)] = 0.5,
+    allowed_root: Annotated[list[str], typer.Option(
+        help="repos must lie under this (repeatable; default: looprl's home only)")] = [],  # noqa: B006
     venv: Annotated[str | None, typer.Option(help="Python env visible in sandboxes")] = None,
     max_turns: Annotated[int, typer.Option(help="agent turns per session")] = 30,
     max_new_tokens: Annotated[int, typer.Option(help="tokens per turn")] = 1024,
     context_window: Annotated[int, typer.Option(help="tokens per segment")] = 8192,
     max_concurrent: Annotated[int, typer.Option(help="sessions at once")] = 2,
     min_sessions: Annotated[int, typer.Option(help="scored sessions per arm before an A/B decision")] = 100,
+    drain: Annotated[float, typer.Option(
+        help="on SIGTERM: seconds running sessions may finish before they are cancelled")] = 60.0,
 ) -> None:
     """Serve POLICY (and a candidate) through /v1/sessions, /v1/sessions/{id}/feedback, /v1/ab."""
     import base64
 
-    import uvicorn
-
+    from looprl.asgi import run
     from looprl.feedback.cycle import read_policy
     from looprl.feedback.store import FeedbackStore
     from looprl.harness.agent import AgentConfig
-    from looprl.inference import TorchEngine
     from looprl.serve.api import ServeConfig, make_app
 
+    for r in allowed_root:
+        if not Path(r).is_dir():
+            raise typer.BadParameter(f"--allowed-root {r} is not a directory")
+    if not drain > 0:
+        raise typer.BadParameter("--drain must be > 0 seconds")
     tok = token or os.environ.get("LOOPRL_SERVE_TOKEN") or base64.urlsafe_b64encode(os.urandom(18)).decode()
-    refs = {"A": read_policy(model)}
-    if model_b is not None:
-        refs["B"] = read_policy(model_b)
-    engines = {arm: TorchEngine.from_path(ref.path) for arm, ref in refs.items()}
+    refs = {arm: read_policy(m) for arm, m in (("A", model), ("B", model_b)) if m is not None}
+    options = _engine_options(engine_option)
+    tokenizer_dir = tokenizer or (refs["A"].path if "A" in refs else None)
+    if engine == "openai":
+        urls = {arm: u for arm, u in (("A", engine_url), ("B", engine_url_b)) if u}
+        if "A" not in urls or set(refs) - set(urls):
+            raise typer.BadParameter("--engine openai needs --engine-url for arm A (and "
+                                     "--engine-url-b with --model-b)", param_hint="--engine-url")
+        if tokenizer_dir is None:
+            raise typer.BadParameter("a remote engine needs the served model's tokenizer to "
+                                     "render the harness's format: pass --tokenizer DIR",
+                                     param_hint="--tokenizer")
+        chat_tok = _tokenizer(tokenizer_dir)
+        specs = {arm: {"base_url": u, "model": engine_model, "api_key": engine_api_key,
+                       "tokenizer": chat_tok, **options} for arm, u in urls.items()}
+    else:
+        if "A" not in refs:
+            raise typer.BadParameter(f"--engine {engine} runs a model in this process: pass "
+                                     "--model DIR", param_hint="--model")
+        key = {"torch": "path", "vllm": "model_path"}.get(engine, "path")
+        specs = {arm: {key: str(ref.path), **options} for arm, ref in refs.items()}
+        # a torch engine has the model's own tokenizer; others may not expose one
+        chat_tok = None if engine == "torch" else _tokenizer(tokenizer_dir)
+    engines = _make_engines(engine, specs)
     cfg = ServeConfig(token=tok, experiment=experiment, split_b=split_b,
                       agent=AgentConfig(max_turns=max_turns, max_new_tokens=max_new_tokens,
                                         context_window=context_window),
                       venv=venv, allowed_roots=tuple(allowed_root), max_concurrent=max_concurrent,
-                      min_sessions=min_sessions)
-    app_ = make_app(engines, engines["A"].tokenizer, FeedbackStore(store), cfg,
-                    policy_versions={arm: ref.version for arm, ref in refs.items()},
-                    policy_sources={"A": str(model), **({"B": str(model_b)} if model_b else {})})
-    arms = ", ".join(f"{a}=v{r.version} ({r.path})" for a, r in refs.items())
-    typer.echo(f"looprl agent server on http://{host}:{port} — arms {arms} — token {tok}")
+                      min_sessions=min_sessions, drain_s=drain)
     try:
-        uvicorn.run(app_, host=host, port=port, log_level="warning")
+        app_ = make_app(engines, chat_tok, FeedbackStore(store), cfg,
+                        policy_versions={arm: ref.version for arm, ref in refs.items()},
+                        policy_sources={arm: str(m) for arm, m in (("A", model), ("B", model_b))
+                                        if m is not None})
+        arms = ", ".join(f"{a}=v{refs[a].version} ({refs[a].path})" if a in refs
+                         else f"{a}={specs[a]['base_url']}" for a in engines)
+        typer.echo(f"looprl agent server on http://{host}:{port} — {engine} engine, arms {arms} "
+                   f"— token {tok}")
+        run(app_, host=host, port=port, drain=app_.state.drain, drain_s=drain)
     finally:
         for e in engines.values():
-            e.close()
+            close = getattr(e, "close", None)  # an in-process engine stops its decode thread
+            if close is not None:
+                close()
+
+
+def _tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    from looprl.errors import ConfigError
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"no tokenizer in {path} ({type(e).__name__}); pass --tokenizer DIR "
+                          "holding the served model's tokenizer files") from None
+
+
+def _engine_options(pairs: list[str]) -> dict[str, Any]:
+    """``-E KEY=VALUE`` pairs as keyword arguments; a value that parses as JSON is that value."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise typer.BadParameter(f"{pair!r} is not KEY=VALUE with a Python name as KEY",
+                                     param_hint="--engine-option")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _make_engines(name: str, specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One engine per arm, through the engine registry (built-ins and plugins)."""
+    from looprl.inference import make_engine
+
+    engines: dict[str, Any] = {}
+    try:
+        for arm, kwargs in specs.items():
+            engines[arm] = make_engine(name, **kwargs)
+    except TypeError as e:  # an engine option it does not take
+        raise typer.BadParameter(f"engine {name!r}: {e}", param_hint="--engine-option") from None
+    return engines

@@ -8,23 +8,14 @@ The async loop (``trainer/grpo.py``) sits on top: it collects groups from rollou
 step, publishes weights (``looprl.weights``) and checkpoints (``save_checkpoint``).
 """
 
-from looprl.trainer.advantages import ADVANTAGES, group_advantages, is_zero_variance
-from looprl.trainer.batch import MicroBatch, TrainBatch, build_batch, pack_segments
-from looprl.trainer.checkpoint import Resumed, latest_checkpoint, load_checkpoint, save_checkpoint
-from looprl.trainer.losses import LOSSES, LossInputs, LossOutput, LossParams, get_loss
-from looprl.trainer.sft import SFTConfig, SFTResult, sft
-from looprl.trainer.step import (
-    GRPOConfig,
-    GRPOStep,
-    StepMetrics,
-    make_optimizer,
-    token_logprobs,
-    train_step,
-)
+from looprl.lazy import lazy_exports
 
-__all__ = [
-    "ADVANTAGES", "LOSSES", "GRPOConfig", "GRPOStep", "LossInputs", "LossOutput", "LossParams",
-    "MicroBatch", "Resumed", "SFTConfig", "SFTResult", "StepMetrics", "TrainBatch", "build_batch",
-    "get_loss", "group_advantages", "is_zero_variance", "latest_checkpoint", "load_checkpoint",
-    "make_optimizer", "pack_segments", "save_checkpoint", "sft", "token_logprobs", "train_step",
-]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "advantages": ["ADVANTAGES", "group_advantages", "is_zero_variance"],
+    "batch": ["MicroBatch", "TrainBatch", "build_batch", "pack_segments"],
+    "checkpoint": ["Resumed", "latest_checkpoint", "load_checkpoint", "save_checkpoint"],
+    "losses": ["LOSSES", "LossInputs", "LossOutput", "LossParams", "get_loss"],
+    "sft": ["SFTConfig", "SFTResult", "sft"],
+    "step": ["GRPOConfig", "GRPOStep", "StepMetrics", "make_optimizer", "token_logprobs", "train_step"],
+})

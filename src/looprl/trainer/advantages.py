@@ -73,7 +73,7 @@ def group_advantages(rewards_G: Sequence[float], std_norm: str = "never",
     """Advantages of one group by the named variant (see ``ADVANTAGES``)."""
     if std_norm not in ADVANTAGES:
         raise ConfigError(f"unknown std_norm {std_norm!r}; choose one of {sorted(ADVANTAGES)} "
-                          f"(e.g. -o trainer.std_norm=never)")
+                          f"(e.g. -o grpo.std_norm=never)")
     if len(rewards_G) == 0:
         return []
     return ADVANTAGES[std_norm](rewards_G, eps)

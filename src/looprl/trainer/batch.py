@@ -1,10 +1,14 @@
-"""Groups -> TrainBatch: pack trajectories' segments into padded micro-batches of tensors.
+"""Groups -> TrainBatch: credit every model token with an advantage, then pack trajectories'
+segments into padded micro-batches of tensors.
 
-    batch = build_batch(groups, std_norm="never", micro_batch_tokens=4096)
-    for mb in batch.micro_batches: ...   # mb.tokens_B_T, mb.loss_mask_B_T, mb.advantages_B, ...
+    batch = build_batch(groups, Credit(std_norm="never"), micro_batch_tokens=4096)
+    for mb in batch.micro_batches: ...   # mb.tokens_B_T, mb.loss_mask_B_T, mb.advantages_B_T, ...
 
 One row per segment. Every segment of a trajectory (a self-summarization chain has several) gets
-the trajectory's advantage. Infra-error trajectories (and ones without a reward) are dropped
+the trajectory's advantage (``Credit`` says how it is made from the group's rewards); with
+``Credit.broken_call_advantage`` the tokens of a broken tool call's own block get that instead,
+whatever the trajectory's outcome (token-level credit: the broken call, not the trajectory, is
+what was wrong; the valid calls and text around it keep the trajectory's advantage). Infra-error trajectories (and ones without a reward) are dropped
 before advantages are computed — they are never scored as the model's fault. A group whose
 remaining rewards are all equal has no signal: it is counted, and skipped when
 ``skip_zero_variance`` (the default).
@@ -20,6 +24,7 @@ longer than the budget gets a micro-batch of its own.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,19 +35,50 @@ from looprl.types import Group, Segment, Trajectory
 
 
 @dataclass(frozen=True)
+class Credit:
+    """How a group's rewards become advantages of its trajectories' tokens."""
+
+    std_norm: str = "never"
+    """Group advantage scaling (``advantages.ADVANTAGES``): never (Dr. GRPO), always, unless_equal."""
+    skip_zero_variance: bool = True
+    """Skip groups whose rewards are all equal (they carry no advantage signal)."""
+    skip_without_pass: bool = False
+    """Skip groups where no trajectory passed the tests (``GRPOConfig.skip_groups_without_pass``)."""
+    flat_failures: bool = False
+    """A group's failed trajectories get one reward (``flatten_failures``)."""
+    negative_scale: float = 1.0
+    """Negative advantages are multiplied by this (``scale_negatives``)."""
+    balance_negatives: bool = False
+    """Scale a group's negative advantages down so that its failures push down no more token
+    mass (advantage x model tokens, summed) than its passes push up (``balance_negatives``)."""
+    broken_call_advantage: float | None = None
+    """The advantage of every token of a broken tool call's block (``broken_spans``), in
+    passing and failing trajectories alike; None = those tokens get the trajectory's."""
+
+
+@dataclass(frozen=True)
 class MicroBatch:
-    """Padded rows (padding: token ``pad_id``, mask 0, attention 0, version -1)."""
+    """Padded rows (padding: token ``pad_id``, mask 0, attention 0, version -1, advantage 0)."""
 
     tokens_B_T: torch.Tensor  # long
     attention_mask_B_T: torch.Tensor  # long, 1 on real tokens
     loss_mask_B_T: torch.Tensor  # float, 1 on model-sampled tokens
     old_logprobs_B_T: torch.Tensor  # float, the sampling engine's logprobs
     policy_version_B_T: torch.Tensor  # long, -1 on non-model tokens
-    advantages_B: torch.Tensor  # float
+    advantages_B: torch.Tensor  # float, the row's trajectory's advantage
+    advantages_B_T: torch.Tensor  # float, each token's (the row's, unless token-level credit)
 
     @property
     def num_rows(self) -> int:
         return int(self.tokens_B_T.shape[0])
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same rows on ``device`` (the model's: batches are built on the CPU)."""
+        if self.tokens_B_T.device == device:
+            return self
+        return MicroBatch(*(t.to(device) for t in (
+            self.tokens_B_T, self.attention_mask_B_T, self.loss_mask_B_T, self.old_logprobs_B_T,
+            self.policy_version_B_T, self.advantages_B, self.advantages_B_T)))
 
 
 @dataclass(frozen=True)
@@ -75,11 +111,15 @@ class TrainBatch:
 class _Row:
     segment: Segment
     advantage: float
+    token_advantages: tuple[float, ...] | None = None
+    """Per token of ``segment`` when they differ from ``advantage`` (token-level credit)."""
 
 
 def passed_tests(t: Trajectory) -> bool:
-    """The trajectory's hidden tests all passed (its ``tests`` reward term is 1)."""
-    return t.reward is not None and t.reward.components.get("tests", 0.0) >= 1.0
+    """The trajectory's hidden tests all passed (its ``tests`` reward term is 1) and it made no
+    attempt on the grader (which cancels that term: ``grader_attack``)."""
+    return (t.reward is not None and t.reward.components.get("tests", 0.0) >= 1.0
+            and "grader_attack" not in t.reward.components)
 
 
 def flatten_failures(rewards_G: Sequence[float], passed_G: Sequence[bool]) -> list[float]:
@@ -106,9 +146,59 @@ def scale_negatives(advantages_G: Sequence[float], scale: float) -> list[float]:
     return [a * scale if a < 0 else a for a in advantages_G]
 
 
-def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool, *,
-          skip_without_pass: bool = False, flat_failures: bool = False,
-          negative_scale: float = 1.0) -> tuple[list[_Row], int, int, list[float], int]:
+def balance_negatives(advantages_G: Sequence[float], tokens_G: Sequence[int]) -> list[float]:
+    """Negative advantages scaled down (never up) so that the group's negative token mass,
+    sum |A| x model tokens, is at most its positive mass. With no length normalisation a
+    failure pushes down every one of its tokens; failures are many and long (flailing to the
+    turn limit) and passes short, so tokens both share (the call format) would be pushed down
+    on net. Balanced, a token as common in passes as in failures gets no net push; the tokens
+    that set failures apart still do.
+
+    >>> balance_negatives([0.75, -0.25, -0.25, -0.25], [10, 40, 40, 40])  # 7.5 up vs 30 down
+    [0.75, -0.0625, -0.0625, -0.0625]
+    >>> balance_negatives([0.5, -0.5], [100, 10])  # failures already push less: unchanged
+    [0.5, -0.5]
+    """
+    pos = sum(a * n for a, n in zip(advantages_G, tokens_G, strict=True) if a > 0)
+    neg = sum(-a * n for a, n in zip(advantages_G, tokens_G, strict=True) if a < 0)
+    if neg <= pos or neg == 0:
+        return list(advantages_G)
+    return [a * pos / neg if a < 0 else a for a in advantages_G]
+
+
+def broken_spans(t: Trajectory) -> list[tuple[int, int, int]]:
+    """(segment index, start, end) token spans of the broken tool calls' blocks, from
+    ``metadata["broken_spans"]`` (recorded by the agent loop); [] when there were none.
+
+    >>> from looprl.types import Counters, StopReason
+    >>> t = Trajectory("t", "g", (), (), Counters(), StopReason.FINISHED,
+    ...                metadata={"broken_spans": "[[0, 5, 9]]"})
+    >>> broken_spans(t)
+    [(0, 5, 9)]
+    """
+    raw = t.metadata.get("broken_spans")
+    return [tuple(span) for span in json.loads(raw)] if raw else []  # type: ignore[misc]
+
+
+def _trajectory_rows(t: Trajectory, advantage: float, credit: Credit) -> list[_Row]:
+    spans = broken_spans(t) if credit.broken_call_advantage is not None else []
+    rows = []
+    for i, seg in enumerate(t.segments):
+        if seg.num_model_tokens == 0:
+            continue
+        mine = [(a, b) for s, a, b in spans if s == i]
+        if not mine:
+            rows.append(_Row(seg, advantage))
+            continue
+        adv_T = [advantage] * len(seg.token_ids_T)
+        for a, b in mine:
+            adv_T[a:b] = [float(credit.broken_call_advantage)] * (b - a)  # type: ignore[arg-type]
+        rows.append(_Row(seg, advantage, tuple(adv_T)))
+    return rows
+
+
+def _rows(groups: Sequence[Group], credit: Credit
+          ) -> tuple[list[_Row], int, int, list[float], int]:
     rows: list[_Row] = []
     zero_var = dropped = no_pass = 0
     rewards: list[float] = []
@@ -120,17 +210,21 @@ def _rows(groups: Sequence[Group], std_norm: str, skip_zero_variance: bool, *,
         passed_G = [passed_tests(t) for t in valid]
         if not any(passed_G):
             no_pass += 1
-            if skip_without_pass:
+            if credit.skip_without_pass:
                 continue
-        if flat_failures:
+        if credit.flat_failures:
             rewards_G = flatten_failures(rewards_G, passed_G)
         if is_zero_variance(rewards_G) or len(valid) < 2:
             zero_var += 1
-            if skip_zero_variance:
+            if credit.skip_zero_variance:
                 continue
-        advantages_G = scale_negatives(group_advantages(rewards_G, std_norm), negative_scale)
+        advantages_G = scale_negatives(group_advantages(rewards_G, credit.std_norm),
+                                       credit.negative_scale)
+        if credit.balance_negatives:
+            advantages_G = balance_negatives(
+                advantages_G, [sum(s.num_model_tokens for s in t.segments) for t in valid])
         for traj, adv in zip(valid, advantages_G, strict=True):
-            rows.extend(_Row(s, adv) for s in traj.segments if s.num_model_tokens > 0)
+            rows.extend(_trajectory_rows(traj, adv, credit))
     return rows, zero_var, dropped, rewards, no_pass
 
 
@@ -207,6 +301,7 @@ def _collate(rows: list[_Row], pad_id: int) -> MicroBatch:
     mask = torch.zeros((B, T), dtype=torch.float32)
     old = torch.zeros((B, T), dtype=torch.float32)
     ver = torch.full((B, T), -1, dtype=torch.long)
+    adv_T = torch.zeros((B, T), dtype=torch.float32)
     for b, r in enumerate(rows):
         s, n = r.segment, len(r.segment.token_ids_T)
         tokens[b, :n] = torch.tensor(s.token_ids_T, dtype=torch.long)
@@ -214,37 +309,36 @@ def _collate(rows: list[_Row], pad_id: int) -> MicroBatch:
         mask[b, :n] = torch.tensor(s.loss_mask_T, dtype=torch.float32)
         old[b, :n] = torch.tensor(s.logprobs_T, dtype=torch.float32)
         ver[b, :n] = torch.tensor(s.policy_version_T, dtype=torch.long)
+        adv_T[b, :n] = torch.tensor(r.token_advantages) if r.token_advantages else r.advantage
     # The first token has no prediction (nothing before it): never trained on.
     mask[:, 0] = 0.0
     adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
-    return MicroBatch(tokens, attn, mask, old, ver, adv)
+    return MicroBatch(tokens, attn, mask, old, ver, adv, adv_T)
+
+
+def _pack_rows(rows: Sequence[_Row], micro_batch_tokens: int, pad_id: int,
+               share_prefix: bool) -> tuple[MicroBatch, ...]:
+    bins = _pack([r.segment.token_ids_T for r in rows], micro_batch_tokens, share_prefix)
+    return tuple(_collate([rows[i] for i in b], pad_id) for b in bins)
 
 
 def pack_segments(segments: Sequence[Segment], advantages_N: Sequence[float], *,
                   micro_batch_tokens: int = 4096, pad_id: int = 0,
                   share_prefix: bool = True) -> tuple[MicroBatch, ...]:
-    """Segments (one row each) packed into micro-batches (used by GRPO and SFT); see the module
-    docstring for the cost. ``share_prefix=False``: the forward will not share prefixes (DDP)."""
-    rows = [_Row(s, a) for s, a in zip(segments, advantages_N, strict=True)]
-    bins = _pack([r.segment.token_ids_T for r in rows], micro_batch_tokens, share_prefix)
-    return tuple(_collate([rows[i] for i in b], pad_id) for b in bins)
+    """Segments (one row each, every token with its row's advantage) packed into micro-batches
+    (used by SFT and tests); see the module docstring for the cost. ``share_prefix=False``: the
+    forward will not share prefixes (DDP)."""
+    return _pack_rows([_Row(s, a) for s, a in zip(segments, advantages_N, strict=True)],
+                      micro_batch_tokens, pad_id, share_prefix)
 
 
-def build_batch(groups: Sequence[Group], *, std_norm: str = "never", micro_batch_tokens: int = 4096,
-                skip_zero_variance: bool = True, pad_id: int = 0,
-                share_prefix: bool = True, skip_without_pass: bool = False,
-                flat_failures: bool = False, negative_scale: float = 1.0) -> TrainBatch:
-    """Pack ``groups`` into micro-batches of at most ``micro_batch_tokens`` tokens of forward
-    (a shared prefix counted once: module docstring). ``skip_without_pass`` leaves out groups
-    where no trajectory passed the tests (``GRPOConfig.skip_groups_without_pass``);
-    ``flat_failures`` gives a group's failed trajectories one reward (``flatten_failures``);
-    ``negative_scale`` multiplies negative advantages (``scale_negatives``)."""
-    rows, zero_var, dropped, rewards, no_pass = _rows(
-        groups, std_norm, skip_zero_variance, skip_without_pass=skip_without_pass,
-        flat_failures=flat_failures, negative_scale=negative_scale)
-    mbs = pack_segments([r.segment for r in rows], [r.advantage for r in rows],
-                        micro_batch_tokens=micro_batch_tokens, pad_id=pad_id,
-                        share_prefix=share_prefix)
+def build_batch(groups: Sequence[Group], credit: Credit = Credit(), *,
+                micro_batch_tokens: int = 4096, pad_id: int = 0,
+                share_prefix: bool = True) -> TrainBatch:
+    """Credit ``groups``' tokens (``credit``) and pack them into micro-batches of at most
+    ``micro_batch_tokens`` tokens of forward (a shared prefix counted once: module docstring)."""
+    rows, zero_var, dropped, rewards, no_pass = _rows(groups, credit)
+    mbs = _pack_rows(rows, micro_batch_tokens, pad_id, share_prefix)
     return TrainBatch(
         micro_batches=mbs,
         num_sequences=len(rows),

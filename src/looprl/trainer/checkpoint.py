@@ -7,14 +7,20 @@
 
 Layout: ``<root>/step_00000012/`` holding ``model.safetensors``, ``optimizer.pt``, ``rng.pt``
 (torch CPU generator) and ``meta.json`` (step, data position, weight-store version, python and
-numpy RNG states, resolved config). A checkpoint is written to a temporary directory and renamed
-into place, so a process killed mid-save leaves either the previous checkpoint or the new one —
-never a half-written one (temporary leftovers are ignored and cleaned). Not protected: a power
-loss before the OS flushes (no fsync of the directory).
+numpy RNG states, resolved config, the tokenizer's fingerprint: a checkpoint is not loaded into a
+model with another tokenizer). A checkpoint is written to a temporary directory, its files
+and the directory fsynced, then renamed into place (and the parent fsynced), so a process killed
+or a machine losing power mid-save leaves either the previous checkpoint or the new one — never a
+half-written one (temporary leftovers are ignored and cleaned). Saving a step that already exists
+(e.g. a final save right after a periodic one) moves the old one aside first and puts it back if
+the save is interrupted; pruning removes ``meta.json`` first, so a half-deleted checkpoint is
+never taken for a complete one.
 
 The contract for exact resume: save after an optimizer step with ``sampler_state`` describing
 the next batch to train on; after loading, continue from it. Batches trained after the last
 checkpoint by a killed process are lost with their weights, and trained again (once) on resume.
+A trainer that also publishes to a weight store reconciles the store with the checkpoint on
+resume (``GRPOLoop.resume``).
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ import torch
 from torch import nn
 
 from looprl.errors import ConfigError
+from looprl.models.fingerprint import model_fingerprint
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+_ASIDE = ".replaced-"
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,9 @@ class Resumed:
     sampler_state: dict[str, Any]
     weight_version: int | None
     config: dict[str, Any]
+    discarded_versions: tuple[int, ...] = ()
+    """Weight versions published after this checkpoint, removed from the store on resume
+    (``GRPOLoop.resume``; empty from ``load_checkpoint``)."""
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -79,6 +90,15 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dict(config), default=str))
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file's or a directory's entries to disk (a rename is durable once its directory is)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     *, sampler_state: dict[str, Any] | None = None,
                     weight_version: int | None = None, config: Any = None,
@@ -94,15 +114,27 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, optimizer: to
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
     meta = {"step": step, "sampler_state": sampler_state or {}, "weight_version": weight_version,
-            "rng": capture_rng(), "config": _config_dict(config)}
+            "rng": capture_rng(), "config": _config_dict(config),
+            "tokenizer": model_fingerprint(model)}
     (tmp / "meta.json").write_text(json.dumps(meta))
-    if final.exists():
-        shutil.rmtree(final)
+    for f in (*tmp.iterdir(), tmp):
+        _fsync(f)
+    aside = root / f"{_ASIDE}{final.name}"
+    shutil.rmtree(aside, ignore_errors=True)  # superseded by this save
+    if final.exists():  # killed between these renames: latest_checkpoint puts it back
+        os.replace(final, aside)
     os.replace(tmp, final)
+    _fsync(root)
+    shutil.rmtree(aside, ignore_errors=True)
     if keep is not None:
         for old in _complete(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
     return final
+
+
+def _remove(path: Path) -> None:
+    (path / "meta.json").unlink(missing_ok=True)  # no longer complete, whatever else survives
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _complete(root: Path) -> list[Path]:
@@ -119,6 +151,12 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     if root.is_dir():
         for p in root.glob(".tmp-step_*"):
             shutil.rmtree(p, ignore_errors=True)
+        for p in root.glob(f"{_ASIDE}step_*"):  # a re-save killed between its two renames
+            final = root / p.name.removeprefix(_ASIDE)
+            if final.exists():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.replace(p, final)
     done = _complete(root)
     return done[-1] if done else None
 
@@ -131,6 +169,10 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
         raise ConfigError(f"{path} is not a complete checkpoint (no meta.json); use "
                           "latest_checkpoint(dir) to find the newest complete one")
     meta = json.loads((path / "meta.json").read_text())
+    saved, ours = meta.get("tokenizer"), model_fingerprint(model)
+    if saved and ours and saved != ours:
+        raise ConfigError(f"checkpoint {path} was trained with tokenizer {saved}, this model's "
+                          f"is {ours}: resume it with the model (and tokenizer) it was made from")
     try:
         missing, unexpected = safetensors.torch.load_model(
             _unwrap(model), str(path / "model.safetensors"), strict=False)

@@ -3,7 +3,8 @@
     looprl trainer sft MODEL_DIR trajectories.jsonl --out OUT_DIR -o epochs=2 -o lr=1e-4
 
 Reads ``Trajectory`` records (one JSON per line, as the rollout runner and the oracle write them),
-trains on their model tokens, saves the model (and tokenizer) with ``save_pretrained`` and the
+refuses them when another tokenizer made their ids (``looprl.models.fingerprint``), trains on
+their model tokens, saves the model (and tokenizer) with ``save_pretrained`` and the
 resolved config plus the per-step losses next to it.
 """
 
@@ -18,8 +19,7 @@ from rich.console import Console
 
 from looprl.config import load_config, save_config
 from looprl.errors import ConfigError
-from looprl.trainer.sft import SFTConfig, sft
-from looprl.types import Trajectory
+from looprl.records import read_trajectories
 
 app = typer.Typer(help="Supervised fine-tuning on harness trajectories.", no_args_is_help=True)
 console = Console()
@@ -30,36 +30,37 @@ def _group() -> None:
     """Supervised fine-tuning on harness trajectories."""
 
 
-def read_trajectories(path: Path) -> list[Trajectory]:
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(Trajectory.from_json(line))
-        except (KeyError, ValueError, TypeError) as e:
-            raise ConfigError(f"{path}:{i} is not a Trajectory record ({e!r}); write one "
-                              "Trajectory.to_json() per line") from None
-    return out
-
-
 @app.command("sft")
 def sft_cmd(
-    model_dir: Annotated[Path, typer.Argument(help="HF model directory (config.json + safetensors).")],
-    data: Annotated[Path, typer.Argument(help="JSONL of Trajectory records.")],
-    out: Annotated[Path, typer.Option("--out", help="Where to save the fine-tuned model.")],
-    config: Annotated[Path | None, typer.Option("--config", help="TOML with SFTConfig fields.")] = None,
+    model_dir: Annotated[Path, typer.Argument(help="HF model directory (config.json + safetensors).",
+                                              exists=True, file_okay=False)],
+    data: Annotated[Path, typer.Argument(help="JSONL of Trajectory records.", exists=True,
+                                         dir_okay=False)],
+    out: Annotated[Path, typer.Option("--out", help="Where to save the fine-tuned model.",
+                                      file_okay=False)],
+    config: Annotated[Path | None, typer.Option("--config", help="TOML with SFTConfig fields.",
+                                                exists=True, dir_okay=False)] = None,
     override: Annotated[list[str] | None, typer.Option("-o", help="key=value, e.g. -o lr=1e-4")] = None,
 ) -> None:
     """Fine-tune MODEL_DIR on the model tokens of the trajectories in DATA."""
+    from looprl.models.fingerprint import check_trajectories, model_fingerprint
     from looprl.models.loading import load_model
+    from looprl.trainer.sft import SFTConfig, sft
 
     cfg = load_config(SFTConfig, config, override or [])
+    trajectories = read_trajectories(data)  # a bad file fails before the model loads
+    if not trajectories:
+        raise ConfigError(f"{data} holds no trajectories; write one Trajectory.to_json() per line")
     lm = load_model(model_dir)
+    unstamped = check_trajectories(trajectories, model_fingerprint(lm.model),
+                                   vocab_size=lm.model.config.vocab_size, source=str(data))
+    if unstamped:
+        console.print(f"[yellow]warning: {unstamped} of {len(trajectories)} trajectories record no "
+                      "tokenizer (older files): make sure this model's tokenizer made them[/]")
     pad = lm.tokenizer.pad_token_id
     if pad is not None and pad != cfg.pad_id:
         cfg = SFTConfig(**{**cfg.__dict__, "pad_id": int(pad)})
-    res = sft(lm.model, read_trajectories(data), cfg)
+    res = sft(lm.model, trajectories, cfg)
     out.mkdir(parents=True, exist_ok=True)
     lm.model.save_pretrained(out)
     lm.tokenizer.save_pretrained(out)

@@ -12,35 +12,69 @@ trainer by more than ``max_staleness`` versions are dropped and counted, their t
 once more (it was never trained on); zero-variance groups are
 skipped and counted; infra-failed trajectories never reach here (the runner drops them).
 
-Resume: ``loop.resume()`` loads the newest checkpoint under ``run_dir/ckpt`` (model, optimizer,
-RNGs, weight version and the ids of the tasks already trained); ``run`` then hands those weights to
-the engine first. A killed run's groups after its last checkpoint never reached the saved weights,
-so their tasks are sampled again: no group is lost and none is trained twice into one model.
+Resume (exact at any kill point, including ``kill -9`` during a publish or a checkpoint write)::
+
+    loop = GRPOLoop(step, engine, runner, sampler, cfg, store=store, run_dir=run_dir)
+    resumed = loop.resume()       # before run(); None: no checkpoint, a fresh start
+    stats = await loop.run()
+
+The checkpoint is the source of truth. ``resume()`` loads the newest complete checkpoint under
+``run_dir/ckpt`` (model, optimizer, RNGs, step, weight version, the ids of the tasks trained into
+those weights), then rolls the store back to that version (``WeightStore.rollback``): versions
+published after it — by steps whose weights the checkpoint never saw, with ``checkpoint_every >
+1`` or a kill between a publish and its checkpoint — are removed (``resumed.discarded_versions``),
+and the checkpoint's version is republished if the store lost or damaged it. Store and checkpoint
+then hold one version; ``run`` hands those weights to the engine before any rollout, so every
+resumed token is sampled from them, and the next publish is version + 1. Without a checkpoint the
+store is rolled back to the start version. ``metrics.jsonl`` and TensorBoard drop the rows of
+the lost steps (``MetricLogger.rewind``), so they describe the resumed model. The lost steps' tasks are not in the
+checkpoint's trained set, so they are sampled again: no task is lost, and none is trained twice
+into one model. A fresh run (no ``resume()``) into a store that already holds newer versions is
+refused before it trains (resume it, or give it an empty store).
+
+Under torchrun (``GRPOStep(..., dist=...)``) every rank runs this loop with its own engine and
+runner on its own share of the tasks, and takes ``groups_per_step / world_size`` groups a step;
+the step all-reduces gradients (``trainer.ddp``), so ranks may bring different numbers of groups
+(a rank that has run out of tasks trains on padding). Rank 0's clock decides when the budget is
+spent; the loop ends when no rank has a group left. Every rank learns which tasks the step
+trained (they join every sampler's trained set, so rank 0's checkpoint holds them all) and its
+engine takes the new weights; rank 0 alone publishes, checkpoints and writes the log, about all
+ranks' groups. Pass the weight store to rank 0 only, and the same ``run_dir`` to every rank: all
+of them resume from its checkpoint.
 
 ``sync=True`` runs the same code synchronously (generate a step's groups, then train), the
-baseline for ``benchmarks/async.py``. Per-step metrics go to ``metrics.jsonl`` and TensorBoard;
+baseline for ``benchmarks/async.py``. Per-step metrics go to ``metrics.jsonl`` and the trackers of
+``LoopConfig.loggers`` (``looprl.trainer.loggers``: TensorBoard, W&B, plugins);
 ``reward_curve.png`` is written at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import random
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from looprl.protocols import Engine, WeightStore
+from looprl.errors import WeightStoreError
+from looprl.protocols import WeightSink, WeightStore
 from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import GroupResult, RolloutRunner
+from looprl.trainer import ddp
 from looprl.trainer.batch import passed_tests
-from looprl.trainer.checkpoint import Resumed, latest_checkpoint, load_checkpoint, save_checkpoint
+from looprl.trainer.checkpoint import Resumed, latest_checkpoint
+from looprl.trainer.loggers import Loggers, make_loggers, read_metrics, scalars
 from looprl.trainer.step import GRPOStep
 from looprl.types import Group, Task
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -63,8 +97,15 @@ class LoopConfig:
     """Synchronous baseline: roll out a step's groups, then train, then roll out again."""
     checkpoint_every: int = 0
     """Steps between checkpoints (0 = only at the end)."""
+    save_trajectories: bool = True
+    """Append every trained trajectory (messages, tokens, reward breakdown; its step in
+    ``metadata["train_step"]``) to ``run_dir/trajectories/train.jsonl``: what the dashboard's
+    trajectory viewer reads."""
     seed: int = 0
     """Shuffles the task order (single epoch)."""
+    loggers: tuple[str, ...] = ("tensorboard",)
+    """Trackers beside ``metrics.jsonl`` (always written): ``tensorboard``, ``wandb`` (the
+    ``wandb`` extra), or a plugin; see ``looprl.trainer.loggers``."""
 
 
 class TaskSampler:
@@ -137,52 +178,84 @@ class LoopStats:
 class GRPOLoop:
     """Owns one training run's async loop; see the module docstring."""
 
-    def __init__(self, step: GRPOStep, engine: Engine, runner: RolloutRunner, sampler: TaskSampler,
-                 cfg: LoopConfig, *, store: WeightStore | None = None, run_dir: Path | None = None,
-                 start_version: int = 0, config_to_save: Any = None):
+    def __init__(self, step: GRPOStep, engine: WeightSink, runner: RolloutRunner,
+                 sampler: TaskSampler, cfg: LoopConfig, *, store: WeightStore | None = None,
+                 run_dir: Path | None = None, start_version: int = 0, config_to_save: Any = None):
         self.step, self.engine, self.runner, self.sampler, self.cfg = step, engine, runner, sampler, cfg
         self.store = store
-        self.run_dir = Path(run_dir) if run_dir else None
+        self._ckpt_root = Path(run_dir) / "ckpt" if run_dir else None
+        # the log and the trackers are rank 0's (about every rank's groups)
+        self.run_dir = Path(run_dir) if run_dir and self.dist.is_main else None
         self.version = start_version
         self.stats = LoopStats()
         self.config_to_save = config_to_save
         self._resumed: Resumed | None = None
-        self._writer = None
+        self._loggers: Loggers | None = None
         if self.run_dir:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self._writer = SummaryWriter(str(self.run_dir / "tb"))
-            except ImportError:  # tensorboard is optional for library users
-                self._writer = None
+            self._loggers = make_loggers(cfg.loggers, self.run_dir, run_name=self.run_dir.name,
+                                         config=_as_dict(config_to_save))
+
+    @property
+    def dist(self) -> ddp.DistInfo:
+        """The ranks this loop runs on (the step's: one process unless under torchrun)."""
+        return self.step.sharding.dist
 
     def resume(self, ckpt_root: Path | None = None) -> Resumed | None:
-        """Continue from the newest complete checkpoint (default ``run_dir/ckpt``); None if there
-        is none. Metrics rows logged after that checkpoint (steps whose weights were lost) are
-        dropped from ``metrics.jsonl``, so the log and the curve describe the resumed model."""
-        root = Path(ckpt_root) if ckpt_root else (self.run_dir / "ckpt" if self.run_dir else None)
-        path = latest_checkpoint(root) if root else None
-        if path is None:
-            return None
-        r = load_checkpoint(path, self.step.model, self.step.optimizer)
-        self.sampler.mark_trained(r.sampler_state.get("trained", []))
-        self.version = int(r.weight_version if r.weight_version is not None else r.step)
-        self.stats.steps = r.step
+        """Continue from the newest complete checkpoint (default ``run_dir/ckpt``) and roll the
+        store back to its version; None if there is none (the store is then rolled back to the
+        start version). Call before ``run``; see the module docstring."""
+        root = Path(ckpt_root) if ckpt_root else self._ckpt_root
+        # rank 0 picks it (and clears leftovers of interrupted saves); every rank loads it
+        path = ddp.broadcast_object(latest_checkpoint(root) if root and self.dist.is_main
+                                    else None, self.dist)
+        r = None
+        if path is not None:
+            r = self.step.sharding.load(path, self.step.optimizer)
+            self.sampler.mark_trained(r.sampler_state.get("trained", []))
+            self.version = int(r.weight_version if r.weight_version is not None else r.step)
+            self.stats.steps = r.step
+        weights = self._weights() if r is not None else None  # a collective under FSDP
+        if self.store is not None:
+            discarded = tuple(self.store.rollback(self.version, weights))
+            r = dataclasses.replace(r, discarded_versions=discarded) if r is not None else None
         self._resumed = r
-        if self.run_dir and (self.run_dir / "metrics.jsonl").exists():
-            rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()
-                    if line.strip()]
-            kept = [row for row in rows if int(row.get("step", 0)) <= r.step]
-            self.stats.history = kept
-            (self.run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in kept))
+        self._trim_metrics(self.stats.steps)
         return r
 
+    def _trim_metrics(self, last_step: int) -> None:
+        """Keep the metrics rows of steps up to ``last_step`` (the others' weights were lost);
+        a row cut short by a kill is dropped. Rewritten atomically."""
+        if self.run_dir is None:
+            return
+        self.stats.history = read_metrics(self.run_dir / "metrics.jsonl", last_step)
+        if self._loggers is not None:
+            self._loggers.rewind(last_step)
+        trajs = self.run_dir / "trajectories" / "train.jsonl"
+        if trajs.exists():  # the lost steps' trajectories go with their metrics rows
+            kept = [line for line in trajs.read_text(encoding="utf-8").splitlines()
+                    if _train_step(line) <= last_step]
+            tmp = trajs.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, trajs)
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.step.sharding.state_dict().items()}
+
     async def run(self, progress: Any = None) -> LoopStats:
-        """Train until the task set is exhausted, ``max_steps`` or ``max_minutes``."""
-        self._t0 = time.monotonic()
+        """Train until the task set is exhausted, ``max_steps`` or ``max_minutes`` (a resumed
+        run's budget counts the time its kept steps took before the stop)."""
+        done_s = float(self.stats.history[-1].get("elapsed_s", 0.0)) if self._resumed and \
+            self.stats.history else 0.0
+        self._t0 = time.monotonic() - done_s
+        ddp.per_rank(self.cfg.groups_per_step, self.dist, "loop.groups_per_step")
+        latest = self.store.latest() if self.store is not None else None
+        if latest is not None and latest > self.version:
+            raise WeightStoreError(
+                f"the weight store already holds version {latest}, beyond this run's {self.version}: "
+                "resume the run that published it (loop.resume(), --resume) or use an empty store")
         if self._resumed is not None:  # the engine samples from the resumed weights
-            state = {k: v.detach().clone() for k, v in self.step.model.state_dict().items()}
-            await self.engine.update_weights(state, self.version)
+            await self.engine.update_weights(self._weights(), self.version)
         if self.cfg.sync:
             await self._run_sync(progress)
         else:
@@ -193,6 +266,19 @@ class GRPOLoop:
     def _out_of_budget(self) -> bool:
         return (self.stats.steps >= self.cfg.max_steps
                 or time.monotonic() - self._t0 > 60 * self.cfg.max_minutes)
+
+    async def _stop(self) -> bool:
+        """Out of budget (rank 0's clock decides for every rank)."""
+        return await asyncio.to_thread(ddp.broadcast_object, self._out_of_budget(), self.dist)
+
+    async def _any_rank(self, items: Sequence[Any]) -> bool:
+        """Whether some rank has ``items``; in a thread, so this rank's rollouts go on while it
+        waits for the others."""
+        return await asyncio.to_thread(ddp.any_rank, bool(items), self.dist)
+
+    @property
+    def _per_rank(self) -> int:
+        return ddp.per_rank(self.cfg.groups_per_step, self.dist, "loop.groups_per_step")
 
     async def _run_async(self, progress: Any) -> None:
         queue: asyncio.Queue[GroupResult] = asyncio.Queue(maxsize=self.cfg.queue_size)
@@ -209,9 +295,9 @@ class GRPOLoop:
 
         producer = asyncio.create_task(produce())
         try:
-            while not self._out_of_budget():
+            while not await self._stop():
                 groups = await self._take(queue, exhausted, producer)
-                if not groups:
+                if not await self._any_rank(groups):
                     break
                 await self._train(groups, progress)
         finally:
@@ -222,7 +308,7 @@ class GRPOLoop:
                     producer: asyncio.Task[None]) -> list[Group]:
         groups: list[Group] = []
         t0 = time.monotonic()
-        while len(groups) < self.cfg.groups_per_step:
+        while len(groups) < self._per_rank:
             if exhausted.is_set() and queue.empty():
                 if producer.done() and producer.exception():
                     raise producer.exception()  # type: ignore[misc]
@@ -250,22 +336,25 @@ class GRPOLoop:
 
     async def _run_sync(self, progress: Any) -> None:
         tasks = iter(self.sampler)
-        while not self._out_of_budget():
-            batch = [t for _, t in zip(range(self.cfg.groups_per_step), tasks, strict=False)]
-            if not batch:
+        while not await self._stop():
+            batch = [t for _, t in zip(range(self._per_rank), tasks, strict=False)]
+            if not await self._any_rank(batch):
                 break
             t0 = time.monotonic()
             groups = [g for r in [r async for r in self.runner.run(batch)]
-                      if (g := self._admit(r)) is not None]
+                      if (g := self._admit(r)) is not None] if batch else []
             self.stats.trainer_idle_s += time.monotonic() - t0
-            if groups:
+            if await self._any_rank(groups):
                 await self._train(groups, progress)
 
     async def _train(self, groups: list[Group], progress: Any) -> None:
         t0 = time.monotonic()
         metrics = await asyncio.to_thread(self.step.on_groups, groups, current_version=self.version)
+        if self.dist.enabled:  # every rank's groups: all are marked trained, rank 0 logs them
+            groups = [g for share in await asyncio.to_thread(ddp.gather_objects, groups, self.dist)
+                      for g in share]
         self.version += 1
-        state = {k: v.detach().clone() for k, v in self.step.model.state_dict().items()}
+        state = self._weights()
         publish_s = 0.0
         if self.store is not None:
             tp = time.monotonic()
@@ -305,26 +394,45 @@ class GRPOLoop:
             "runner/infra_errors": self.runner.stats.infra_errors,
         }
         self.stats.history.append(row)
+        if self._loggers is not None:
+            self._loggers.log(self.stats.steps, row)
         if self.run_dir:
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-        if self._writer is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._writer.add_scalar(k, v, self.stats.steps)
+            if self.cfg.save_trajectories:
+                (self.run_dir / "trajectories").mkdir(exist_ok=True)
+                with open(self.run_dir / "trajectories" / "train.jsonl", "a",
+                          encoding="utf-8") as f:
+                    f.writelines(dataclasses.replace(
+                        t, metadata={**t.metadata, "train_step": self.stats.steps}).to_json() + "\n"
+                        for t in trajs)
 
     def checkpoint(self) -> Path | None:
-        if not self.run_dir:
+        """Save a checkpoint (every rank calls it; rank 0 writes it and gets its path)."""
+        if self._ckpt_root is None:
             return None
-        return save_checkpoint(self.run_dir / "ckpt", self.stats.steps, self.step.model,
-                               self.step.optimizer, sampler_state=self.sampler.state_dict(),
-                               weight_version=self.version, config=self.config_to_save)
+        return self.step.sharding.save(self._ckpt_root, self.stats.steps, self.step.optimizer,
+                                       sampler_state=self.sampler.state_dict(),
+                                       weight_version=self.version, config=self.config_to_save)
 
     def _finish(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self._loggers is not None:
+            self._loggers.close()
         if self.run_dir and self.stats.history:
             plot_curves(self.stats.history, self.run_dir / "reward_curve.png")
+
+
+def _as_dict(config: Any) -> dict[str, Any] | None:
+    """The config to hand trackers (W&B shows it beside the run)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return config if isinstance(config, dict) else None
+
+
+def _train_step(line: str) -> int:
+    """The ``train_step`` of a saved trajectory line; a line cut short by a kill sorts last."""
+    try:
+        return int(json.loads(line)["metadata"]["train_step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62
 
 
 def plot_curves(history: list[dict[str, float]], path: Path) -> Path:
@@ -339,7 +447,7 @@ def plot_curves(history: list[dict[str, float]], path: Path) -> Path:
     for ax, key, title in ((axes[0], "reward/total_mean", "mean reward"),
                            (axes[1], "rollout/pass_rate", "pass rate (hidden tests)"),
                            (axes[2], "train/is_ratio_mean", "IS ratio trainer/engine (mean)")):
-        ys = [h.get(key, float("nan")) for h in history]
+        ys = [scalars(h).get(key, float("nan")) for h in history]  # a skipped step: a gap
         ax.plot(steps, ys, marker="o", ms=3)
         ax.set_title(title)
         ax.set_xlabel("step")

@@ -80,6 +80,9 @@ class LossInputs:
     prox_logprobs_B_T: torch.Tensor | None = None
     """None: the current policy (detached) is the step's starting policy."""
     ref_logprobs_B_T: torch.Tensor | None = None
+    advantages_B_T: torch.Tensor | None = None
+    """Per-token advantages where token-level credit makes them differ from the row's
+    (``batch.Credit``); None = every token gets ``advantages_B``."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,8 @@ class _Terms:
     lp: torch.Tensor
     prox: torch.Tensor
     old: torch.Tensor
-    adv_B_1: torch.Tensor
+    adv: torch.Tensor
+    """[B, 1] or [B, T]: each token's advantage, the sequence KL folded in (detached)."""
     kl_B_T: torch.Tensor
 
 
@@ -135,13 +139,15 @@ def _terms(inp: LossInputs, p: LossParams) -> _Terms:
     if p.kl_coef != 0.0:
         if inp.ref_logprobs_B_T is None:
             raise ConfigError("kl_coef > 0 needs reference logprobs: pass a ref_model to train_step "
-                              "or set -o trainer.kl_coef=0")
+                              "or set -o grpo.kl_coef=0")
         if p.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError(f"unknown kl_estimator {p.kl_estimator!r}; choose {sorted(KL_ESTIMATORS)}")
+            raise ConfigError(f"unknown kl_estimator {p.kl_estimator!r}; choose one of {sorted(KL_ESTIMATORS)} "
+                              "(e.g. -o grpo.kl_estimator=k1)")
         ref = torch.where(m, inp.ref_logprobs_B_T.to(lp.dtype), zero)
         kl = torch.where(m, KL_ESTIMATORS[p.kl_estimator](lp.detach(), ref), zero)
-    adv = inp.advantages_B.to(lp.dtype) - p.kl_coef * kl.sum(-1)
-    return _Terms(m.to(lp.dtype), lp, prox, old, adv[:, None].detach(), kl)
+    base = inp.advantages_B[:, None] if inp.advantages_B_T is None else inp.advantages_B_T
+    adv = base.to(lp.dtype) - p.kl_coef * kl.sum(-1, keepdim=True)
+    return _Terms(m.to(lp.dtype), lp, prox, old, adv.detach(), kl)
 
 
 def _metrics(t: _Terms, loss: torch.Tensor, clipped: torch.Tensor) -> LossOutput:
@@ -162,10 +168,10 @@ def _clipped_token_loss(t: _Terms, p: LossParams) -> tuple[torch.Tensor, torch.T
     """Per-token ``-w * surrogate`` and where the clipped branch was taken."""
     w = torch.exp(t.prox - t.old).clamp(max=p.tis_cap).detach()
     rho = torch.exp(t.lp - t.prox)
-    s1 = rho * t.adv_B_1
+    s1 = rho * t.adv
     if not p.clip:
         return -w * s1, torch.zeros_like(s1, dtype=torch.bool)
-    s2 = rho.clamp(1.0 - p.clip_eps_low, 1.0 + p.clip_eps_high) * t.adv_B_1
+    s2 = rho.clamp(1.0 - p.clip_eps_low, 1.0 + p.clip_eps_high) * t.adv
     return -w * torch.minimum(s1, s2), s2 < s1
 
 
@@ -189,7 +195,7 @@ def cispo(inp: LossInputs, p: LossParams) -> LossOutput:
     """``-sg(min(pi_theta / pi_engine, tis_cap)) * A * lp``, summed like ``dr_grpo``."""
     t = _terms(inp, p)
     w = torch.exp(t.lp.detach() - t.old).clamp(max=p.tis_cap)
-    tok = -w * t.adv_B_1 * t.lp
+    tok = -w * t.adv * t.lp
     loss = (tok * t.mask).sum() / (inp.num_sequences * p.norm_tokens)
     return _metrics(t, loss, torch.exp(t.lp.detach() - t.old) > p.tis_cap)
 
@@ -200,5 +206,5 @@ LOSSES: dict[str, LossFn] = {"dr_grpo": dr_grpo, "grpo": grpo, "cispo": cispo}
 def get_loss(name: str) -> LossFn:
     if name not in LOSSES:
         raise ConfigError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)} "
-                          f"(e.g. -o trainer.loss=dr_grpo)")
+                          f"(e.g. -o grpo.loss=dr_grpo)")
     return LOSSES[name]

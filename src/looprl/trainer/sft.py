@@ -6,11 +6,14 @@
 The loss is the negative log-likelihood of the tokens the model is meant to produce
 (``Segment.loss_mask_T == 1``); prompt and tool-output tokens are context only. Because the
 trajectories come from the same harness the policy serves in, SFT teaches exactly the chat and
-tool-call format RL and production use. Infra-error trajectories are skipped.
+tool-call format RL and production use. Infra-error trajectories are skipped. A model with MTP
+heads (``looprl.models.mtp``) has them distilled on the same forwards (at the same learning rate).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -20,7 +23,9 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from looprl.config import FieldError
 from looprl.errors import ConfigError
+from looprl.models.mtp import capture_hidden, clip_grad_norms, distill_spans, heads_of
 from looprl.trainer.batch import pack_segments
 from looprl.trainer.step import shares_prefixes, token_logprobs
 from looprl.types import Segment, Trajectory
@@ -49,6 +54,19 @@ class SFTConfig:
     pad_id: int = 0
     autocast_bf16: bool = False
     """Forward under bf16 autocast (fp32 master weights): ~1.8x faster on CPUs with AMX."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.lr < math.inf:
+            raise FieldError("lr", f"must be a finite number > 0, got {self.lr!r}")
+        if not self.max_grad_norm > 0.0:
+            raise FieldError("max_grad_norm", f"must be > 0 (inf = no clip), got {self.max_grad_norm!r}")
+        if not 0.0 <= self.weight_decay < math.inf:
+            raise FieldError("weight_decay", f"must be a finite number >= 0, got {self.weight_decay!r}")
+        for name in ("epochs", "batch_sequences", "micro_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"must be >= 1, got {getattr(self, name)!r}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise FieldError("max_steps", f"must be >= 1 or none, got {self.max_steps!r}")
 
 
 @dataclass(frozen=True)
@@ -87,19 +105,26 @@ def _batches(n: int, cfg: SFTConfig) -> list[list[int]]:
 def sft_step(model: nn.Module, optimizer: torch.optim.Optimizer, segments: Sequence[Segment],
              cfg: SFTConfig) -> tuple[float, int]:
     """One optimizer step on ``segments``; returns (mean NLL per model token, model tokens)."""
-    mbs = pack_segments(segments, [0.0] * len(segments), micro_batch_tokens=cfg.micro_batch_tokens,
-                        pad_id=cfg.pad_id,
-                        share_prefix=shares_prefixes(model))
+    device = next(model.parameters()).device  # batches are built on the CPU
+    mbs = [mb.to(device) for mb in pack_segments(
+        segments, [0.0] * len(segments), micro_batch_tokens=cfg.micro_batch_tokens,
+        pad_id=cfg.pad_id, share_prefix=shares_prefixes(model))]
     n_tok = sum(float(mb.loss_mask_B_T.sum()) for mb in mbs)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
+    heads = heads_of(model)
     for mb in mbs:
-        lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
-                            autocast_bf16=cfg.autocast_bf16)
+        # the forward's hidden states and logits also distill the model's MTP heads, if any
+        with capture_hidden(model) if heads is not None else contextlib.nullcontext([]) as seen:
+            lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
+                                autocast_bf16=cfg.autocast_bf16)
         loss = -(lp * mb.loss_mask_B_T).sum() / max(n_tok, 1.0)
+        nll = float(loss.detach())
+        if heads is not None:
+            loss = loss + distill_spans(heads, model, seen, mb.tokens_B_T, mb.attention_mask_B_T).loss / len(mbs)
         loss.backward()
-        total += float(loss.detach())
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        total += nll
+    clip_grad_norms(model, cfg.max_grad_norm)  # the heads' gradients are clipped apart
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return total, int(n_tok)

@@ -2,7 +2,7 @@
 
     cfg = GRPOConfig(lr=1e-5, loss="dr_grpo")
     opt = make_optimizer(model, cfg)
-    batch = build_batch(groups, std_norm=cfg.std_norm, micro_batch_tokens=cfg.micro_batch_tokens)
+    batch = build_batch(groups, cfg.credit(), micro_batch_tokens=cfg.micro_batch_tokens)
     metrics = train_step(model, ref_model, opt, batch, cfg)      # or GRPOStep(...).on_groups(groups)
 
 A step: for every micro-batch, forward, logprobs of the taken tokens, loss from ``LOSSES``,
@@ -19,6 +19,7 @@ logprobs is what the truncated importance weight corrects.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import math
@@ -30,9 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from looprl.errors import ConfigError
-from looprl.trainer.batch import MIN_SHARED_PREFIX, MicroBatch, TrainBatch, build_batch
-from looprl.trainer.losses import LossInputs, LossParams, get_loss
+from looprl.config import FieldError, check_choice
+from looprl.models.fingerprint import check_trajectories, model_fingerprint
+from looprl.models.mtp import DistillOut, capture_hidden, clip_grad_norms, distill_spans, heads_of
+from looprl.trainer import ddp
+from looprl.trainer.advantages import ADVANTAGES
+from looprl.trainer.batch import MIN_SHARED_PREFIX, Credit, MicroBatch, TrainBatch, build_batch
+from looprl.trainer.losses import KL_ESTIMATORS, LOSSES, LossInputs, LossParams, get_loss
 from looprl.types import Group
 
 
@@ -87,13 +92,62 @@ class GRPOConfig:
     trajectories are many and long (flailing to the turn limit) while passes are short, so the
     format tokens both share are pushed down on net: stop 20, from qs21's SFT, every tool call
     was broken after ~57 steps at 1.0."""
+    balance_negatives: bool = False
+    """Scale a group's negative advantages down so its failures push down no more token mass
+    (advantage x model tokens) than its passes push up (``batch.balance_negatives``): the
+    format tokens passes and failures share get no net push from the failures' length."""
+    broken_call_advantage: float | None = None
+    """Token-level credit for broken tool calls: every token of a broken call's own block gets
+    this advantage (e.g. -0.5) in passing and failing trajectories alike; None = the
+    trajectory's advantage."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast (faster at batch >= 16 on CPUs with AMX)."""
+    parallel: str = "ddp"
+    """Under torchrun: ddp (a replica per rank, gradients all-reduced) or fsdp (FSDP2: weights,
+    gradients and optimizer state sharded over the ranks); see ``trainer.ddp``. One process
+    ignores it."""
+    activation_checkpointing: bool = False
+    """Recompute each layer's activations in the backward instead of keeping them (HF's
+    gradient checkpointing): less memory for about one more forward per step."""
+    mtp_lr: float = 1e-3
+    """Learning rate of the model's MTP heads (``looprl.models.mtp``) when it has them: every
+    micro-batch's forward also distills them (KL to the policy's own distributions, the policy
+    detached), so the engine's drafts keep up with the moving policy. The heads have their own
+    param group and gradient clip; the policy's update is the same with or without them."""
+
+    def credit(self) -> Credit:
+        """How the step turns groups' rewards into token advantages (``batch.Credit``)."""
+        return Credit(std_norm=self.std_norm, skip_zero_variance=self.skip_zero_variance,
+                      skip_without_pass=self.skip_groups_without_pass,
+                      flat_failures=self.flat_failures,
+                      negative_scale=self.negative_advantage_scale,
+                      balance_negatives=self.balance_negatives,
+                      broken_call_advantage=self.broken_call_advantage)
 
     def __post_init__(self) -> None:
+        # Checked at load: a typo here would otherwise surface after pretraining and SFT.
+        check_choice("loss", self.loss, LOSSES)
+        check_choice("std_norm", self.std_norm, ADVANTAGES)
+        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        check_choice("parallel", self.parallel, ddp.PARALLEL)
         if not 0.0 <= self.negative_advantage_scale <= 1.0:
-            raise ConfigError(f"grpo.negative_advantage_scale must be in [0, 1] (1 = standard "
-                              f"GRPO), got {self.negative_advantage_scale!r}")
+            raise FieldError("negative_advantage_scale", "must be in [0, 1] (1 = standard GRPO), "
+                             f"got {self.negative_advantage_scale!r}")
+        for name in ("lr", "temperature", "mtp_lr"):
+            if not 0.0 < getattr(self, name) < math.inf:
+                raise FieldError(name, f"must be a finite number > 0, got {getattr(self, name)!r}")
+        for name in ("tis_cap", "max_grad_norm"):
+            if not getattr(self, name) > 0.0:
+                raise FieldError(name, f"must be > 0 (inf = no cap), got {getattr(self, name)!r}")
+        for name in ("kl_coef", "weight_decay", "clip_eps_low", "clip_eps_high"):
+            if not 0.0 <= getattr(self, name) < math.inf:
+                raise FieldError(name, f"must be a finite number >= 0, got {getattr(self, name)!r}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise FieldError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
+        for name in ("norm_tokens", "micro_batch_tokens", "mini_batches"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"must be >= 1, got {getattr(self, name)!r}")
 
     def loss_params(self) -> LossParams:
         return LossParams(kl_coef=self.kl_coef, kl_estimator=self.kl_estimator,
@@ -125,14 +179,25 @@ class StepMetrics:
     mean_reward: float = 0.0
     mean_staleness: float = 0.0
     """Mean (current version - sampling version) over model tokens, when the version is given."""
+    mtp_kl: float = 0.0
+    """MTP heads: mean KL(policy || head) over heads and positions (0 without heads)."""
+    mtp_accept: float = 0.0
+    """MTP heads: mean estimated acceptance of a temperature-1 draft, 1 - TV (0 without heads)."""
 
     def to_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()}
 
 
 def make_optimizer(model: nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                             betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+    """AdamW over the policy (and, in a group of their own at ``mtp_lr``, its MTP heads)."""
+    heads = heads_of(model)
+    own = {id(p) for p in heads.parameters()} if heads is not None else set()
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad and id(p) not in own]}]
+    if heads is not None:
+        groups.append({"params": [p for p in heads.parameters() if p.requires_grad],
+                       "lr": cfg.mtp_lr, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                             weight_decay=cfg.weight_decay)
 
 
 def gather_logprobs(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor) -> torch.Tensor:
@@ -154,8 +219,10 @@ def shared_prefix_len(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
 
 def shares_prefixes(model: nn.Module) -> bool:
     """Whether ``token_logprobs`` runs a prefix its rows share once for ``model`` (not under DDP,
-    which expects one forward per backward); packing costs micro-batches the same way."""
-    return not isinstance(model, nn.parallel.DistributedDataParallel)
+    which expects one forward per backward; nor FSDP, where ranks must run as many forwards; nor
+    with activation checkpointing, which turns the KV cache off); packing costs micro-batches
+    the same way."""
+    return not (ddp.is_wrapped(model) or ddp.checkpoints_activations(model))
 
 
 def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
@@ -167,7 +234,8 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
     schemas of every trajectory, a group's whole prompt) run that prefix once, batch 1, and
     the rest of each row attends to its KV: the same values and gradients as the full
     forward (gradients flow back through the shared KV), for a fraction of the compute."""
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else contextlib.nullcontext()
+    ctx = (torch.autocast(tokens_B_T.device.type, dtype=torch.bfloat16) if autocast_bf16
+           else contextlib.nullcontext())  # on the device the batch is on: CPU or CUDA
     T = tokens_B_T.shape[1]
     P = shared_prefix_len(tokens_B_T, attention_mask_B_T) if share_prefix else 0
     if P < MIN_SHARED_PREFIX or P >= T - 1 or not shares_prefixes(model):
@@ -233,41 +301,62 @@ class _Acc:
     ratio_max: float = 0.0
     clip: float = 0.0
     tokens: int = 0
+    mtp_kl: float = 0.0
+    mtp_accept: float = 0.0
+    mtp_positions: int = 0
+
+    def add_mtp(self, d: DistillOut) -> None:
+        self.mtp_kl += sum(d.kl_K) / max(len(d.kl_K), 1) * d.positions
+        self.mtp_accept += sum(d.accept_K) / max(len(d.accept_K), 1) * d.positions
+        self.mtp_positions += d.positions
 
 
 def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.optim.Optimizer,
-               batch: TrainBatch, cfg: GRPOConfig, *, current_version: int | None = None
-               ) -> StepMetrics:
-    """Train on ``batch`` once: accumulate gradients over micro-batches, clip, step."""
+               batch: TrainBatch, cfg: GRPOConfig, *, current_version: int | None = None,
+               dist: ddp.DistInfo = ddp.ONE_PROCESS) -> StepMetrics:
+    """Train on ``batch`` once: accumulate gradients over micro-batches, clip, step. Under
+    torchrun (``dist``) ``batch`` is this rank's share and the metrics are the whole step's."""
     t0 = time.perf_counter()
+    device = next(model.parameters()).device  # batches are built on the CPU
+    batch = dataclasses.replace(batch, micro_batches=tuple(mb.to(device)
+                                                           for mb in batch.micro_batches))
     loss_fn, params = get_loss(cfg.loss), cfg.loss_params()
-    minis = _split(batch.micro_batches, cfg.mini_batches)
+    minis, seqs = _updates(batch.micro_batches, cfg.mini_batches, dist, device)
     model.train()
     prox: dict[int, torch.Tensor] = {}
     if len(minis) > 1:  # the step's starting policy, for PPO clipping across updates
         with torch.no_grad():
-            prox = {id(mb): _logprobs(model, mb, cfg) for mb in batch.micro_batches}
+            prox = {id(mb): _logprobs(model, mb, cfg) for mini in minis for mb in mini}
     acc, norms, updates, skipped = _Acc(), [], 0, 0
-    for mini in minis:
+    heads = heads_of(model)
+    for mini, n_seq in zip(minis, seqs, strict=True):
         optimizer.zero_grad(set_to_none=True)
-        n_seq = sum(mb.num_rows for mb in mini)
         for i, mb in enumerate(mini):
             with _no_sync(model, i == len(mini) - 1):
-                lp = _logprobs(model, mb, cfg)
+                # the forward's hidden states and logits also distill the MTP heads, if any
+                with capture_hidden(model) if heads is not None else contextlib.nullcontext([]) as seen:
+                    lp = _logprobs(model, mb, cfg)
                 ref = None
                 if ref_model is not None and cfg.kl_coef != 0.0:
                     with torch.no_grad():
                         ref = _logprobs(ref_model, mb, cfg)
                 out = loss_fn(LossInputs(lp, mb.old_logprobs_B_T, mb.loss_mask_B_T, mb.advantages_B,
-                                         n_seq, prox.get(id(mb)), ref), params)
-                out.loss.backward()
+                                         n_seq, prox.get(id(mb)), ref, mb.advantages_B_T), params)
+                # DDP and FSDP average gradients over ranks; the loss is normalised by the
+                # whole step's sequences, so the ranks' sum is one process's gradient
+                loss = out.loss * dist.world_size
+                if heads is not None:
+                    mtp = distill_spans(heads, model, seen, mb.tokens_B_T, mb.attention_mask_B_T)
+                    loss = loss + mtp.loss / len(mini)
+                    acc.add_mtp(mtp)
+                loss.backward()
             acc.loss += float(out.loss.detach()) / len(minis)
             acc.kl += out.kl_mean * out.tokens
             acc.ratio += out.is_ratio_mean * out.tokens
             acc.ratio_max = max(acc.ratio_max, out.is_ratio_max)
             acc.clip += out.clip_fraction * out.tokens
             acc.tokens += out.tokens
-        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        norm = clip_grad_norms(model, cfg.max_grad_norm)  # the policy's norm (heads clipped apart)
         norms.append(norm)
         if math.isfinite(norm):
             optimizer.step()
@@ -275,47 +364,120 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
         else:
             skipped += 1
         optimizer.zero_grad(set_to_none=True)
-    n = max(acc.tokens, 1)
-    staleness = 0.0
-    if current_version is not None and batch.num_model_tokens:
+    lag = 0.0
+    if current_version is not None:
         lag = sum(float(((current_version - mb.policy_version_B_T) * mb.loss_mask_B_T).sum())
                   for mb in batch.micro_batches)
-        staleness = lag / batch.num_model_tokens
+    c = _Counts(batch.num_sequences, len(batch.micro_batches), batch.zero_variance_groups,
+                batch.dropped_infra, batch.no_pass_groups, batch.num_model_tokens, lag,
+                batch.mean_reward * batch.groups, batch.groups)
+    if dist.enabled:  # this rank's share -> the whole step
+        acc, c = _all_reduce(acc, c, dist)
+    n = max(acc.tokens, 1)
     return StepMetrics(
         loss=acc.loss, kl_mean=acc.kl / n, is_ratio_mean=acc.ratio / n, is_ratio_max=acc.ratio_max,
         clip_fraction=acc.clip / n, grad_norm=max(norms) if norms else 0.0, tokens=acc.tokens,
-        sequences=batch.num_sequences, micro_batches=len(batch.micro_batches), updates=updates,
+        sequences=c.sequences, micro_batches=c.micro_batches, updates=updates,
         skipped_updates=skipped, wall_s=time.perf_counter() - t0,
-        zero_variance_groups=batch.zero_variance_groups, dropped_infra=batch.dropped_infra,
-        no_pass_groups=batch.no_pass_groups,
-        mean_reward=batch.mean_reward, mean_staleness=staleness)
+        zero_variance_groups=c.zero_variance_groups, dropped_infra=c.dropped_infra,
+        no_pass_groups=c.no_pass_groups,
+        mean_reward=c.reward_sum / c.groups if c.groups else 0.0,
+        mean_staleness=c.lag / c.model_tokens if current_version is not None and c.model_tokens
+        else 0.0,
+        mtp_kl=acc.mtp_kl / max(acc.mtp_positions, 1), mtp_accept=acc.mtp_accept / max(acc.mtp_positions, 1))
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """A batch's counters that a distributed step sums over ranks."""
+
+    sequences: int
+    micro_batches: int
+    zero_variance_groups: int
+    dropped_infra: int
+    no_pass_groups: int
+    model_tokens: int
+    lag: float
+    """Summed (current version - sampling version) over model tokens."""
+    reward_sum: float
+    """Mean reward x groups: the step's mean reward is the ranks' means weighted by groups."""
+    groups: int
+
+
+def _all_reduce(acc: _Acc, c: _Counts, dist: ddp.DistInfo) -> tuple[_Acc, _Counts]:
+    """The step's sums over ranks (the loss of each rank is already normalised by the whole
+    step's sequences, so the losses add up)."""
+    fields = [f.name for f in dataclasses.fields(_Acc) if f.name != "ratio_max"]
+    summed = ddp.all_reduce([getattr(acc, f) for f in fields] + list(dataclasses.astuple(c)), dist)
+    ratio_max = ddp.all_reduce([acc.ratio_max], dist, op="max")[0]
+    out = _Acc(**{f: type(getattr(acc, f))(v) for f, v in zip(fields, summed, strict=False)},
+               ratio_max=ratio_max)
+    counts = [type(v)(s) for v, s in zip(dataclasses.astuple(c), summed[len(fields):], strict=True)]
+    return out, _Counts(*counts)
+
+
+def _updates(mbs: Sequence[MicroBatch], n: int, dist: ddp.DistInfo, device: torch.device
+             ) -> tuple[list[list[MicroBatch]], list[int]]:
+    """The step's ``n`` optimizer updates (consecutive slices of ``mbs``) and the sequences each
+    normalises by. Under torchrun every rank makes as many updates, each slice padded with
+    empty micro-batches (loss mask 0) to the longest rank's (forwards and backwards are
+    collectives), and the count is the whole update's over ranks."""
+    if not dist.enabled:
+        minis = _split(mbs, n)
+        return minis, [sum(mb.num_rows for mb in m) for m in minis]
+    n = int(min(n, ddp.all_reduce([len(mbs)], dist, op="max")[0]))
+    if n == 0:
+        return [], []
+    minis = [list(mbs[len(mbs) * j // n:len(mbs) * (j + 1) // n]) for j in range(n)]
+    longest = ddp.all_reduce([len(m) for m in minis], dist, op="max")
+    seqs = ddp.all_reduce([sum(mb.num_rows for mb in m) for m in minis], dist)
+    pad = _empty_micro_batch(device)
+    return [m + [pad] * (int(k) - len(m)) for m, k in zip(minis, longest, strict=True)], \
+        [int(s) for s in seqs]
+
+
+def _empty_micro_batch(device: torch.device) -> MicroBatch:
+    """One row of two tokens that trains nothing (loss mask 0): a forward and backward that
+    keeps a rank with fewer micro-batches in step with the others' collectives."""
+    ones = torch.ones(1, 2, dtype=torch.long, device=device)
+    zeros = torch.zeros(1, 2, device=device)
+    return MicroBatch(ones * 0, ones, zeros, zeros, ones * -1, torch.zeros(1, device=device), zeros)
 
 
 class GRPOStep:
     """The step with its state: model, optional frozen reference, optimizer, config.
 
     ``on_groups(groups)`` packs and trains; the async loop calls it with each batch of groups.
+    Under torchrun (``dist``) the model is wrapped as ``cfg.parallel`` says (``self.sharding``:
+    full weights and checkpoints) and ``on_groups`` takes this rank's groups; an ``optimizer``
+    passed in must be over the wrapped model (``ddp.wrap`` it first).
     """
 
     def __init__(self, model: nn.Module, cfg: GRPOConfig, *, ref_model: nn.Module | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, pad_id: int = 0) -> None:
-        self.model, self.cfg, self.ref_model, self.pad_id = model, cfg, ref_model, pad_id
-        self.optimizer = optimizer or make_optimizer(model, cfg)
+                 optimizer: torch.optim.Optimizer | None = None, pad_id: int = 0,
+                 dist: ddp.DistInfo | None = None) -> None:
+        if cfg.activation_checkpointing:
+            ddp.checkpoint_activations(model)
+        self.sharding = ddp.Sharding(model, dist, cfg.parallel)
+        self.model, self.cfg, self.ref_model, self.pad_id = self.sharding.model, cfg, ref_model, pad_id
+        self.optimizer = optimizer or make_optimizer(self.model, cfg)
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
+        self.tokenizer = model_fingerprint(model)
+        """The fingerprint of the tokenizer the model was loaded with (None: built in code)."""
+        self.vocab_size: int | None = getattr(getattr(model, "config", None), "vocab_size", None)
 
     def batch(self, groups: Sequence[Group]) -> TrainBatch:
-        return build_batch(groups, std_norm=self.cfg.std_norm,
-                           micro_batch_tokens=self.cfg.micro_batch_tokens,
-                           skip_zero_variance=self.cfg.skip_zero_variance, pad_id=self.pad_id,
-                           share_prefix=shares_prefixes(self.model),
-                           skip_without_pass=self.cfg.skip_groups_without_pass,
-                           flat_failures=self.cfg.flat_failures,
-                           negative_scale=self.cfg.negative_advantage_scale)
+        return build_batch(groups, self.cfg.credit(),
+                           micro_batch_tokens=self.cfg.micro_batch_tokens, pad_id=self.pad_id,
+                           share_prefix=shares_prefixes(self.model))
 
     def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
         return train_step(self.model, self.ref_model, self.optimizer, batch, self.cfg,
-                          current_version=current_version)
+                          current_version=current_version, dist=self.sharding.dist)
 
     def on_groups(self, groups: Sequence[Group], *, current_version: int | None = None) -> StepMetrics:
+        """Train on ``groups``; ids another tokenizer made are refused (``ConfigError``)."""
+        check_trajectories([t for g in groups for t in g.trajectories], self.tokenizer,
+                           vocab_size=self.vocab_size, source="GRPO step")
         return self.on_batch(self.batch(groups), current_version=current_version)

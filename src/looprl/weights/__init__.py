@@ -4,15 +4,12 @@
     store = LocalWeightStore()                 # LOOPRL_HOME/weights; FsspecWeightStore("s3://...")
     store.publish(model.state_dict(), version) # trainer
     got = store.load()                         # engine: latest intact weights, fallback reported
+    store.rollback(v, model.state_dict())      # trainer resumed from its checkpoint of version v
 """
 
-from looprl.weights.store import (
-    FsspecWeightStore,
-    Loaded,
-    LocalWeightStore,
-    PublishInfo,
-    WeightStoreConfig,
-    prune,
-)
+from looprl.lazy import lazy_exports
 
-__all__ = ["FsspecWeightStore", "Loaded", "LocalWeightStore", "PublishInfo", "WeightStoreConfig", "prune"]
+# Imported on first use: importing one module of the package (its cli.py) stays light.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "store": ["FsspecWeightStore", "Loaded", "LocalWeightStore", "PublishInfo", "WeightStoreConfig", "prune"],
+})

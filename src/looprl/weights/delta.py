@@ -21,7 +21,6 @@ lossless: a reader reproduces the published bits exactly (checked by sha256 in t
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 
 import numpy as np
@@ -42,10 +41,6 @@ def tensor_bytes(t: torch.Tensor) -> np.ndarray:
 def bytes_to_tensor(raw: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """Inverse of ``tensor_bytes``."""
     return torch.from_numpy(raw.copy()).view(dtype).reshape(shape)
-
-
-def sha256(raw: np.ndarray) -> str:
-    return hashlib.sha256(raw.tobytes()).hexdigest()
 
 
 def shuffle(raw: np.ndarray, itemsize: int) -> np.ndarray:
@@ -109,8 +104,15 @@ def encode(raw: np.ndarray, parent: np.ndarray | None, *, itemsize: int, codec: 
     return zstandard.ZstdCompressor(level=level).compress(shuffle(body, itemsize).tobytes())
 
 
-def decode(blob: bytes, parent: np.ndarray | None, *, itemsize: int, codec: str = "xor") -> np.ndarray:
-    """Inverse of ``encode``; raises ``zstandard.ZstdError`` on a damaged frame."""
+def decode(blob: bytes, parent: np.ndarray | None, *, itemsize: int, codec: str = "xor",
+           size: int | None = None) -> np.ndarray:
+    """Inverse of ``encode``; raises ``zstandard.ZstdError`` on a damaged frame. ``size``: the
+    bytes the tensor must have; a frame that declares another size raises ``ValueError`` before
+    anything is allocated (a flipped size field could otherwise ask for terabytes)."""
+    if size is not None:
+        declared = zstandard.get_frame_parameters(blob).content_size
+        if declared != size:
+            raise ValueError(f"frame declares {declared} bytes, the tensor has {size}")
     planes = np.frombuffer(zstandard.ZstdDecompressor().decompress(blob), dtype=np.uint8)
     body = unshuffle(planes, itemsize)
     if parent is None:

@@ -1,9 +1,11 @@
 """The harness tools: one file per tool, picked by name through ``TOOLS``.
 
     tools = make_tools(DEFAULT_TOOLS, test_command="python -m pytest")
+    tools = make_tools(["read_file", "edit_file", "my_pkg.tools:CountLines"])   # a plugin
 
 ``make_tools`` passes each tool only the per-task resources its constructor names (a search
-index, the task's test command, ...), so adding a tool is one import and one registry line.
+index, the task's test command, ...), so adding a tool is one import and one registry line, or
+a plugin outside looprl (``looprl.plugins``: an entry point or ``module:attr``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from looprl.harness.tools.run_terminal import RunTerminal
 from looprl.harness.tools.run_tests import RunTests
 from looprl.harness.tools.semantic_search import SemanticSearch
 from looprl.harness.tools.write_file import WriteFile
+from looprl.plugins import find
 from looprl.protocols import Tool
 
 TOOLS: dict[str, type] = {
@@ -48,15 +51,20 @@ is offered only when a run configures one."""
 
 
 def make_tools(names: tuple[str, ...] | list[str] = DEFAULT_TOOLS, **resources: Any) -> list[Tool]:
-    """Instantiate tools by name; each receives the ``resources`` its ``__init__`` accepts."""
-    unknown = [n for n in names if n not in TOOLS]
-    if unknown:
-        raise ConfigError(f"unknown tool(s) {unknown}; available: {sorted(TOOLS)}")
-    tools = []
+    """Instantiate tools by name (built-in or plugin); each receives the ``resources`` its
+    ``__init__`` accepts."""
+    tools: list[Tool] = []
     for name in names:
-        cls = TOOLS[name]
+        cls = find("tools", name, TOOLS)
         accepted = inspect.signature(cls.__init__).parameters
-        tools.append(cls(**{k: v for k, v in resources.items() if k in accepted}))
+        tool = cls(**{k: v for k, v in resources.items() if k in accepted})
+        if not isinstance(tool, Tool):
+            raise ConfigError(f"tool {name!r} ({cls!r}) does not follow looprl.protocols.Tool: "
+                              "it needs name, description, parameters, read_only and async run")
+        tools.append(tool)
+    seen = [t.name for t in tools]
+    if len(set(seen)) != len(seen):
+        raise ConfigError(f"two tools share a name in {seen}; each tool's name must be unique")
     return tools
 
 

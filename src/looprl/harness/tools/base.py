@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from looprl.errors import ToolCallError, ToolError
+from looprl.errors import PathEscapeError, ToolCallError, ToolError
 from looprl.protocols import Sandbox, Tool
 from looprl.types import FileEntry
 
@@ -23,6 +23,8 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 PATH_RULE = ("paths are relative to the workspace root (e.g. 'src/pkg/mod.py' or '.'); "
              "absolute paths, '..' and symlinks leading outside the workspace are not allowed")
+MAX_PATH_BYTES = 4096
+"""Longest path a tool accepts (Linux's PATH_MAX); each name in it at most 255 bytes (NAME_MAX)."""
 
 
 @dataclass
@@ -111,30 +113,38 @@ def _short(value: Any, n: int = 40) -> str:
 
 
 def check_path(path: str) -> str:
-    """Normalise a workspace-relative path; reject absolute paths and '..' escapes (``ToolError``).
+    """Normalise a workspace-relative path; reject absolute paths and '..' escapes
+    (``PathEscapeError``) and paths no file system takes (``ToolError``).
 
-    Symlinks that lead out are refused by the sandbox itself (it knows the real tree); tools wrap
-    its refusal with the same rule (``PATH_RULE``).
+    Symlinks that lead out are refused by the sandbox itself (it knows the real tree) with
+    ``PathEscapeError``; tools wrap its refusal with the same rule (``PATH_RULE``).
     """
     raw = path.strip()
     if not raw:
         raise ToolError(f"empty path; {PATH_RULE}")
+    try:
+        size = len(raw.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ToolError(f"{ascii(path)[:100]} is not valid Unicode text; {PATH_RULE}") from None
+    if size > MAX_PATH_BYTES or any(len(n.encode()) > 255 for n in raw.split("/")):
+        raise ToolError(f"path of {size} bytes ({path[:60]!r}...) is too long: at most "
+                        f"{MAX_PATH_BYTES} bytes, 255 per name")
     if raw.startswith(("/", "~")) or (len(raw) > 1 and raw[1] == ":"):
-        raise ToolError(f"{path!r} is absolute; {PATH_RULE}")
+        raise PathEscapeError(f"{path!r} is absolute; {PATH_RULE}")
     if "\x00" in raw:
         raise ToolError(f"{path!r} contains a NUL byte; {PATH_RULE}")
     norm = posixpath.normpath(raw.replace("\\", "/"))
     if norm == ".." or norm.startswith("../"):
-        raise ToolError(f"{path!r} leaves the workspace; {PATH_RULE}")
+        raise PathEscapeError(f"{path!r} leaves the workspace; {PATH_RULE}")
     return norm
 
 
 def outside_error(path: str, err: Exception) -> ToolError:
-    """Re-word a sandbox refusal for the model: the sandbox's reason, then what is allowed (for
-    path escapes) or how to look around (for missing files)."""
+    """Re-word a sandbox refusal for the model: the sandbox's reason, then what is allowed (a
+    ``PathEscapeError``) or how to look around (a missing file)."""
     msg = str(err).strip() or type(err).__name__
-    if any(k in msg for k in ("outside", "absolute", "..", "symlink", "invalid path")):
-        return ToolError(f"{path!r} is not accessible: {msg}; {PATH_RULE}")
+    if isinstance(err, PathEscapeError):
+        return PathEscapeError(f"{path!r} is not accessible: {msg}; {PATH_RULE}")
     if "not found" in msg or "No such file" in msg:
         return ToolError(f"{path}: no such file (use list_dir or glob to find files)")
     return ToolError(f"{path}: {msg}")
@@ -163,10 +173,10 @@ async def walk_dir(sandbox: Sandbox, path: str, max_entries: int = 100_000) -> l
     refused ones raise ``ToolError`` (whichever way the sandbox reports them)."""
     try:
         return await sandbox.walk(path, max_entries=max_entries)
-    except (FileNotFoundError, NotADirectoryError, PermissionError, ToolError) as e:
-        walk_err = e
-    if any(k in str(walk_err) for k in ("outside", "absolute", "..", "symlink", "invalid path")):
-        raise outside_error(path, walk_err)
+    except PathEscapeError as e:
+        raise outside_error(path, e) from None
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ToolError):
+        pass
     try:
         await sandbox.read(path)
     except (OSError, ToolError):

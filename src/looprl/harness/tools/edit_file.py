@@ -38,6 +38,9 @@ def python_syntax_note(path: str, text: str) -> str:
                 "The edit was applied; fix the file before running it.")
     except ValueError as e:  # NUL bytes
         return f"\nWarning: {path} no longer parses as Python: {e}."
+    except (RecursionError, MemoryError):  # CPython's limits: nesting too deep to compile
+        return (f"\nWarning: {path} is nested too deeply for Python to compile it; the edit was "
+                "applied.")
     return ""
 
 

@@ -13,10 +13,19 @@ from looprl.errors import ToolError
 from looprl.harness.tools.base import ToolContext, check_path, obj_schema, walk_dir
 
 
-@lru_cache(maxsize=256)
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """Compile a glob: '*' and '?' stay inside one path component, '**/' spans any number of
-    directories, '[abc]' is a character class. A pattern without '/' matches at any depth."""
+    directories, '[abc]' is a character class. A pattern without '/' matches at any depth.
+    A pattern that cannot compile (a class like '[z-a]') is the model's ``ToolError``."""
+    try:
+        return _glob_regex(pattern)
+    except (re.error, OverflowError, RecursionError) as e:
+        raise ToolError(f"invalid glob pattern {pattern[:200]!r}: {e}; e.g. '**/*.py' or "
+                        "'src/[a-c]*.py'") from None
+
+
+@lru_cache(maxsize=256)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
     if "/" not in pattern:
         pattern = "**/" + pattern
     out, i = [], 0

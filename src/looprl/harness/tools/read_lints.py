@@ -79,6 +79,9 @@ class ReadLints:
         if "paths" in args:
             if not args["paths"]:
                 raise ToolError("paths is empty; omit it to lint the files you changed")
+            if len(args["paths"]) > self.max_files:
+                raise ToolError(f"{len(args['paths'])} paths given; lint at most {self.max_files} "
+                                "at a time (a directory lints the .py files below it)")
             files = await self._expand(ctx, [check_path(p) for p in args["paths"]])
         else:
             files = changed_python_files(await ctx.sandbox.diff())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from looprl.errors import ToolError
 from looprl.harness.tools.base import ToolContext, obj_schema, truncate_middle
 from looprl.types import ExecResult
 
@@ -44,12 +45,18 @@ class RunTerminal:
     read_only = False
 
     def __init__(self, default_timeout_s: float = 60.0, max_timeout_s: float = 600.0,
-                 max_chars: int = 16_000) -> None:
+                 max_chars: int = 16_000, max_command_bytes: int = 100_000) -> None:
         self.default_timeout_s = default_timeout_s
         self.max_timeout_s = max_timeout_s
         self.max_chars = max_chars  # ~6k tokens: long logs cost context, their ends matter most
+        self.max_command_bytes = max_command_bytes  # under the kernel's 128 KiB per argument
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        timeout = min(float(args.get("timeout_s", self.default_timeout_s)), self.max_timeout_s)
+        # min before float: an int of 400 digits is a valid JSON number but no float
+        timeout = float(min(args.get("timeout_s", self.default_timeout_s), self.max_timeout_s))
+        size = len(args["command"].encode("utf-8"))
+        if size > self.max_command_bytes:
+            raise ToolError(f"command is {size} bytes; at most {self.max_command_bytes}: write a "
+                            "long script to a file with write_file and run that file")
         res = await ctx.sandbox.exec(args["command"], timeout_s=timeout)
         return format_exec(res, timeout, self.max_chars)

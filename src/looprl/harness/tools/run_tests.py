@@ -73,13 +73,17 @@ class RunTests:
     read_only = True  # tests may write caches, but the agent treats a run as an observation
 
     def __init__(self, test_command: str = "python -m pytest", timeout_s: float = 300.0,
-                 max_chars: int = 8000) -> None:
+                 max_chars: int = 8000, max_tests: int = 1000) -> None:
         self.test_command = test_command
         self.timeout_s = timeout_s
         self.max_chars = max_chars
+        self.max_tests = max_tests  # the command line stays under the kernel's argument limit
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         tests = args.get("tests", [])
+        if len(tests) > self.max_tests or sum(len(t.encode("utf-8")) for t in tests) > 100_000:
+            raise ToolError(f"{len(tests)} tests given; pass at most {self.max_tests} files, "
+                            "directories or node ids (a directory runs all its tests)")
         for t in tests:
             if t.startswith("-"):
                 raise ToolError(f"{t!r}: run_tests takes test paths or node ids, not pytest options;"
