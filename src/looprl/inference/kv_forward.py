@@ -32,14 +32,17 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 PREFILL_CHUNK = 1024  # bounds the attention matrix of a long prefill
 
 
-def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zero tensor whose pages are committed only when written (calloc: fresh mmap pages).
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on CPU its pages are committed only when written (calloc: fresh mmap pages).
 
     Zeros, not ``torch.empty``: a decode step attends over positions ``lo..end`` of every row and
     masks the ones past a row's length; a NaN left there by a freed allocation would survive the
     mask (NaN * 0 weight = NaN) and turn the whole row's logits into NaN.
-    ``torch.zeros`` would write (commit) the full KV budget up front.
+    On CPU ``torch.zeros`` would write (commit) the full KV budget up front; an accelerator's
+    memory is not overcommitted, so there the budget is held from the start anyway.
     """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
@@ -51,7 +54,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean 'may attend' mask -> additive float mask (SDPA would convert it in every layer)."""
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,11 @@ class CachedForward:
         self.kv_heads = cfg.num_key_value_heads
         self.scale = attn.scaling
         self.num_slots, self.max_len = num_slots, max_len
-        dtype = next(model.parameters()).dtype
+        param = next(model.parameters())
+        self.device = param.device  # the cache and every input tensor live beside the weights
         shape = (num_slots, self.kv_heads, max_len, self.head_dim)
-        self.k_L = [_lazy_zeros(shape, dtype) for _ in self.layers]
-        self.v_L = [_lazy_zeros(shape, dtype) for _ in self.layers]
+        self.k_L = [_lazy_zeros(shape, param.dtype, self.device) for _ in self.layers]
+        self.v_L = [_lazy_zeros(shape, param.dtype, self.device) for _ in self.layers]
         self.refresh_weights()
 
     @torch.no_grad()
@@ -174,10 +178,10 @@ class CachedForward:
         for c0 in range(0, len(ids), PREFILL_CHUNK):
             chunk = ids[c0:c0 + PREFILL_CHUNK]
             p0, n = start + c0, len(chunk)
-            pos_1_T = torch.arange(p0, p0 + n).unsqueeze(0)
-            h = self.base.embed_tokens(torch.tensor([chunk]))
+            pos_1_T = torch.arange(p0, p0 + n, device=self.device).unsqueeze(0)
+            h = self.base.embed_tokens(torch.tensor([chunk], device=self.device))
             cos, sin = self.base.rotary_emb(h, pos_1_T)
-            kpos = torch.arange(p0 + n)
+            kpos = torch.arange(p0 + n, device=self.device)
             mask = _additive((kpos.unsqueeze(0) <= pos_1_T[0].unsqueeze(1)).view(1, 1, n, p0 + n), h.dtype)
 
             def write(kc, vc, k, v, p0=p0, n=n):
@@ -207,18 +211,19 @@ class CachedForward:
         ``P..pos`` separately; the two softmax parts are merged exactly through their log-sum-exps.
         """
         B, T = len(ids_B_T), len(ids_B_T[0])
-        pos = torch.tensor(pos_B)
-        assert int(pos.max()) + T <= self.max_len, "decode past the slot's capacity"
-        pos_B_T = pos.unsqueeze(1) + torch.arange(T)
-        rows_B_T = torch.arange(B).unsqueeze(1).expand(B, T)
+        dev = self.device
+        assert max(pos_B) + T <= self.max_len, "decode past the slot's capacity"
+        pos = torch.tensor(pos_B, device=dev)
+        pos_B_T = pos.unsqueeze(1) + torch.arange(T, device=dev)
+        rows_B_T = torch.arange(B, device=dev).unsqueeze(1).expand(B, T)
         prefix_B = prefix_B or [None] * B
         plen_B = [p[1] if p else 0 for p in prefix_B]
-        lo, end = min(plen_B), int(pos.max()) + T  # each row's own keys lie in [lo, end)
-        h = self.base.embed_tokens(torch.tensor(ids_B_T))
+        lo, end = min(plen_B), max(pos_B) + T  # each row's own keys lie in [lo, end)
+        h = self.base.embed_tokens(torch.tensor(ids_B_T, device=dev))
         cos, sin = self.base.rotary_emb(h, pos_B_T)
         G = self.heads // self.kv_heads
-        kpos = torch.arange(lo, end).view(1, 1, -1)
-        allowed = (kpos <= pos_B_T.unsqueeze(2)) & (kpos >= torch.tensor(plen_B).view(B, 1, 1))
+        kpos = torch.arange(lo, end, device=dev).view(1, 1, -1)
+        allowed = (kpos <= pos_B_T.unsqueeze(2)) & (kpos >= torch.tensor(plen_B, device=dev).view(B, 1, 1))
         # the G query heads sharing a KV head become G*T query rows of that head (no GQA expand);
         # with T = 1 one mask row broadcasts over the G
         L = end - lo
@@ -229,7 +234,7 @@ class CachedForward:
         for b, p in enumerate(prefix_B):
             if p and p[1] > 0:
                 groups.setdefault(p, []).append(b)
-        group_rows = [(slot, P, torch.tensor(bs)) for (slot, P), bs in groups.items()]
+        group_rows = [(slot, P, torch.tensor(bs, device=dev)) for (slot, P), bs in groups.items()]
         GT = G * T
 
         def write(kc, vc, k, v):
@@ -266,7 +271,14 @@ class CachedForward:
 
 
 def _flash(q, k, v, mask, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDPA that also returns the log-sum-exp of each query row (torch's CPU flash kernel)."""
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, attn_mask=mask, scale=scale)
-    return out, lse.float()
+    """SDPA that also returns the fp32 log-sum-exp of each query row: torch's fused kernel on
+    CPU, plain ops elsewhere (CUDA's flash kernel takes no float mask)."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, attn_mask=mask, scale=scale)
+        return out, lse.float()
+    s = (q @ k.transpose(-1, -2)).float() * scale
+    if mask is not None:
+        s = s + mask
+    lse = s.logsumexp(dim=-1)
+    return ((s - lse.unsqueeze(-1)).exp().to(v.dtype) @ v), lse

@@ -31,12 +31,16 @@ def sampling_logprobs_B_V(logits_B_V: torch.Tensor, temps_B: torch.Tensor,
 def sample_B(logits_B_V: torch.Tensor, temps_B: list[float], top_ps_B: list[float],
              generators_B: list[torch.Generator | None],
              default_gen: torch.Generator) -> tuple[list[int], list[float]]:
-    """Sample one token per row; returns the tokens and their logprobs (see module docstring)."""
-    temps = torch.tensor(temps_B, dtype=torch.float32)
-    top_ps = torch.tensor(top_ps_B, dtype=torch.float32)
+    """Sample one token per row; returns the tokens and their logprobs (see module docstring).
+
+    The generators are CPU ones whatever the logits' device: a seed draws the same uniforms
+    everywhere, and only those B numbers cross to the device."""
+    dev = logits_B_V.device
+    temps = torch.tensor(temps_B, dtype=torch.float32, device=dev)
+    top_ps = torch.tensor(top_ps_B, dtype=torch.float32, device=dev)
     logp_B_V = sampling_logprobs_B_V(logits_B_V, temps, top_ps)
     # inverse-CDF sampling with one uniform per row, so each request's seed is honoured in a batch
-    u_B = torch.cat([torch.rand(1, generator=g or default_gen) for g in generators_B])
+    u_B = torch.cat([torch.rand(1, generator=g or default_gen) for g in generators_B]).to(dev)
     cdf_B_V = logp_B_V.exp().cumsum(dim=-1)
     sampled = torch.searchsorted(cdf_B_V, (u_B * cdf_B_V[:, -1]).unsqueeze(1)).squeeze(1)
     sampled = sampled.clamp(max=logits_B_V.shape[1] - 1)

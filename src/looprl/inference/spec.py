@@ -87,7 +87,7 @@ class Drafter:
         greedy = temps_B <= 0
         all_greedy = bool(greedy.all())
         mixed = not all_greedy and bool(greedy.any())
-        state, tok = hidden_B_H, torch.tensor(last_B)
+        state, tok = hidden_B_H, torch.tensor(last_B, device=hidden_B_H.device)
         toks, probs = [], []
         for j in range(u_B_K.shape[1]):
             head = self.heads.heads[j]
@@ -115,7 +115,7 @@ def accept(logits_B_T_V: torch.Tensor, draft: Draft, temps_B: torch.Tensor, top_
                                  top_ps_B.repeat_interleave(T)).view(B, T, V)
     d = draft.tokens_B_K
     arg_B_T = logits_B_T_V.argmax(dim=-1)
-    rows = torch.arange(B)
+    rows = torch.arange(B, device=logits_B_T_V.device)
     if draft.probs_B_K_V is None:  # every row greedy: accept the drafts that are the argmax
         a_B = (d == arg_B_T[:, :K]).long().cumprod(dim=1).sum(dim=1)
         final = arg_B_T[rows, a_B]
@@ -130,12 +130,12 @@ def accept(logits_B_T_V: torch.Tensor, draft: Draft, temps_B: torch.Tensor, top_
         ok = torch.where(greedy.unsqueeze(1), d == arg_B_T[:, :K], ok)
         a_B = ok.long().cumprod(dim=1).sum(dim=1)
         p_sel = p[rows, a_B]
-        resid = (p_sel - torch.cat([q, torch.zeros(B, 1, V)], dim=1)[rows, a_B]).clamp(min=0)
+        resid = (p_sel - torch.cat([q, q.new_zeros(B, 1, V)], dim=1)[rows, a_B]).clamp(min=0)
         # all-accepted rows: q is 0 there, the residual is p. A rejection where p <= q everywhere
         # has probability 0; round-off can still get there, and then p is the right law.
         resid = torch.where(resid.sum(dim=-1, keepdim=True) > 0, resid, p_sel)
         final = torch.where(greedy, arg_B_T[rows, a_B], _inverse_cdf(resid, u_final_B))
-    toks_B_T = torch.cat([d, torch.zeros(B, 1, dtype=torch.long)], dim=1)
+    toks_B_T = torch.cat([d, d.new_zeros(B, 1)], dim=1)
     toks_B_T[rows, a_B] = final
     lps_B_T = logp.gather(2, toks_B_T.unsqueeze(2)).squeeze(2)
     a = a_B.tolist()

@@ -9,7 +9,9 @@
 One background thread owns the model and the cache and runs the loop: apply commands (new
 requests, releases, weight updates) -> admit waiting requests (prefill only what is not cached)
 -> one decode step for every running request together. Requests join and leave the batch between
-steps, so a trajectory waiting on its tools simply has no request in flight.
+steps, so a trajectory waiting on its tools simply has no request in flight. It runs on the
+model's device (move the model before building the engine); the random generators stay on CPU,
+so a seeded request draws the same random numbers on any device.
 
 KV reuse, by cache *entry* (one slot of the static cache each):
 - ``s:<session_id>`` keeps a trajectory's KV across turns; the harness resends the full context
@@ -395,9 +397,11 @@ class TorchEngine:
                    prefix_B: list[tuple[int, int] | None] | None) -> int:
         """Draft ``k`` tokens per row, verify them in one forward, emit what is accepted; returns
         the number of accepted drafts."""
-        temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
-        top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
-        u_B = torch.stack([torch.rand(2 * k + 1, generator=r.generator or self._gen) for r in rows])
+        dev = self.fwd.device
+        temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev)
+        top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev)
+        # CPU generators, as in sample_B: a seeded request draws the same uniforms on any device
+        u_B = torch.stack([torch.rand(2 * k + 1, generator=r.generator or self._gen) for r in rows]).to(dev)
         last_B = [r.out_ids[-1] for r in rows]
         draft = self.drafter.draft(torch.stack([r.hidden for r in rows]), last_B, temps, top_ps, u_B[:, :k])
         ids_B_T = [[t, *d] for t, d in zip(last_B, draft.tokens_B_K.tolist(), strict=True)]
