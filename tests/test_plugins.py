@@ -2,6 +2,8 @@
 one-line ConfigError naming the choices and the nearest."""
 
 import doctest
+import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +33,11 @@ def test_failures_name_the_plugin_and_how_to_fix():
     with pytest.raises(ConfigError, match=r"cannot load signals plugin 'no_such_mod_xyz:f': "
                                           r"ModuleNotFoundError"):
         find("signals", "no_such_mod_xyz:f", {})
+
+
+def test_the_public_api_imports_light_and_names_resolve():
+    code = ("import sys, looprl; assert 'torch' not in sys.modules; "
+            "missing = [n for n in looprl.__all__ if not hasattr(looprl, n)]; "
+            "assert not missing, missing; from looprl.train import TrainConfig; "
+            "assert looprl.TrainConfig is TrainConfig")
+    subprocess.run([sys.executable, "-c", code], check=True)
