@@ -39,3 +39,15 @@ def test_help_lists_every_command():
 def test_drills_without_pretraining_are_refused_at_load(override):
     with pytest.raises(ConfigError, match="model.drills"):
         load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"), override)
+
+
+@pytest.mark.parametrize("override,says", [
+    (["model.mtp_heads=2", "model.pretrain_steps=0"], "model.mtp_heads"),
+    (["model.mtp_heads=-1"], "model.mtp_heads"),
+    (["model.speculative=always"], "model.speculative must be one of auto, off, on")])
+def test_mtp_and_speculation_settings_are_checked_at_load(override, says):
+    with pytest.raises(ConfigError, match=says):
+        load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"), override)
+    ok = load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"),
+                     ["model.mtp_heads=2", "model.speculative=off"])
+    assert (ok.model.mtp_heads, ok.model.speculative) == (2, "off")

@@ -112,6 +112,13 @@ class ModelSection:
     pretrain_steps: int = 0
     """Next-token pretraining steps on installed Python source before SFT (default model only;
     0 = skip)."""
+    mtp_heads: int = 0
+    """Multi-token-prediction heads added to the default model and distilled from its own head
+    during pretraining (``looprl.models.mtp``; needs ``pretrain_steps``), then kept current by
+    the RL steps; the torch engine drafts with them (``speculative``). 0 = none."""
+    speculative: str = "auto"
+    """Speculative decoding in the torch engine when the model has MTP heads: auto (per batch
+    size, only where it measures faster), on, off (``looprl.inference.spec``)."""
     drills: int = 0
     """Copy drills (``looprl.tasks.drills``) per copying step of each SFT demo, added to the
     pretraining text (0 = none; needs ``pretrain_steps``)."""
@@ -130,6 +137,10 @@ class ModelSection:
             except ConfigError as e:
                 raise FieldError("engine", f"has {e}") from None
         check_choice("size", self.size, SIZES)
+        check_choice("speculative", self.speculative, ("auto", "on", "off"))
+        if self.mtp_heads < 0 or (self.mtp_heads and not self.pretrain_steps):
+            raise FieldError("mtp_heads", "(MTP heads distilled during pretraining) must be >= 0 "
+                             "and needs model.pretrain_steps > 0; set both or mtp_heads=0")
         if not (self.device in ("auto", "cpu", "cuda") or
                 re.fullmatch(r"cuda:\d+", self.device)):
             raise FieldError("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")

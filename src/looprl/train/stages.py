@@ -94,7 +94,7 @@ def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], t
         console.print(f"pretraining text: + {len(drills):,} copy drills from {len(demos)} demos")
     transcripts = [list(seg.token_ids_T) for d in demos for seg in d.segments]
     pretrain(model_dir, steps=cfg.model.pretrain_steps, transcripts=transcripts + drills,
-             bf16=True)
+             bf16=True, mtp_heads=cfg.model.mtp_heads)
 
 
 def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
@@ -224,7 +224,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     if cfg.fleet.backend == "ray":
         engine = None  # each node's replica loads start_dir itself
     elif cfg.model.engine == "torch":
-        engine = TorchEngine(copy.deepcopy(model).eval(), tok)
+        engine = TorchEngine(copy.deepcopy(model).eval(), tok, speculative=cfg.model.speculative)
     else:  # the engine loads the starting checkpoint itself (e.g. vLLM on a GPU)
         with only_gpu(next(model.parameters()).device):
             engine = make_engine(cfg.model.engine, model_path=str(start_dir),
