@@ -86,8 +86,8 @@ class HackingConfig:
     no_edit_penalty: float = 0.0
     """Size of the negative term for ending with no edit (finished, answered or out of turns) on
     a task that needed one: giving up. 0 leaves it to the tests term; set it when failed
-    attempts cost more than giving up (broken calls, length), or RL learns to quit (stop 17: a
-    quickstart policy went from 6.7 tool calls to an immediate ``finish``)."""
+    attempts cost more than giving up (broken calls, length), or RL learns to quit
+    (``docs/experiments.md``, table B)."""
 
     def __post_init__(self) -> None:
         if self.broken_call_mode not in ("per_call", "flat"):

@@ -79,8 +79,8 @@ class GRPOConfig:
     """Skip groups whose rewards are all equal (they carry no advantage signal)."""
     skip_groups_without_pass: bool = False
     """Skip groups where no trajectory passed the tests: their advantages come from the shaping
-    terms alone, which for a weak policy teach failing cheaply (quitting) over trying (stop 18:
-    held-out pass@1 +8.3 points with it, quitting without it)."""
+    terms alone, which for a weak policy teach failing cheaply (quitting) over trying
+    (``docs/experiments.md``, table C)."""
     flat_failures: bool = False
     """Every failed trajectory of a group gets the mean reward of the group's failures, so the
     shaping terms rank passing trajectories only: inside a group with a pass, quitting (cheap)
@@ -90,8 +90,9 @@ class GRPOConfig:
     better-than-average trajectories only (the failures of a group push nothing down). Without
     length normalisation a failure's push-down is summed over all its tokens, and failed
     trajectories are many and long (flailing to the turn limit) while passes are short, so the
-    format tokens both share are pushed down on net: stop 20, from qs21's SFT, every tool call
-    was broken after ~57 steps at 1.0."""
+    format tokens both share are pushed down on net, which can collapse the call format
+    (``docs/experiments.md``, table C). ``balance_negatives`` and ``broken_call_advantage`` keep
+    a negative signal without that push."""
     balance_negatives: bool = False
     """Scale a group's negative advantages down so its failures push down no more token mass
     (advantage x model tokens) than its passes push up (``batch.balance_negatives``): the

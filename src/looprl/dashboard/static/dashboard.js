@@ -18,6 +18,12 @@
     return String(+v.toPrecision(4));
   }
 
+  /* y tick labels with the significant digits that tell ticks apart (uPlot's default rounds
+     a narrow range such as 0.002331..0.002339 to one repeated label). */
+  function tickLabels(u, splits) {
+    return splits.map(fmt);
+  }
+
   /* Room for the longest tick label of a y axis. */
   function axisWidth(u, values) {
     var n = 4;
@@ -81,7 +87,7 @@
       legend: {live: true},
       axes: [{label: spec.xlabel, labelSize: 16, size: 36, font: "11px system-ui",
               labelFont: "11px system-ui", incrs: steps ? STEP_INCRS : undefined},
-             {font: "11px system-ui", size: axisWidth}],
+             {font: "11px system-ui", size: axisWidth, values: tickLabels}],
       series: [{label: spec.xlabel, value: function (u, v) { return fmt(v); }}].concat(
         spec.series.map(function (s, i) {
           return {label: s.label, stroke: COLORS[i % COLORS.length], width: 1.6, spanGaps: false,

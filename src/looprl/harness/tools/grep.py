@@ -25,8 +25,8 @@ from looprl.harness.tools.glob_files import glob_regex
 def shown_path(path: str) -> str:
     """A workspace path as grep prints it: ./-relative, as ``grep -rn PATTERN .`` does. A call
     copying it (the oracle's too) then starts with the constant "./", and the path itself follows
-    "./" only on grep's line, so a small model copies it by induction (stop 16: teacher-forced
-    read_file turns right 0 -> 0.38)."""
+    "./" only on grep's line, so a small model copies it by induction (``docs/experiments.md``,
+    row A18)."""
     return f"./{path}"
 
 
