@@ -238,7 +238,7 @@ def _distill(heads: MTPHeads, model: nn.Module, hidden_N_H: torch.Tensor, tokens
     N = tokens_N.shape[0]
     hidden_N_H = hidden_N_H.detach().to(emb_w.dtype)
     state = hidden_N_H[starts]
-    total = torch.zeros((), dtype=torch.float32)
+    total = torch.zeros((), dtype=torch.float32, device=hidden_N_H.device)
     kls, accs = [], []
     for j, head in enumerate(heads.heads, start=1):
         w = ok_K_N[j - 1, starts]
@@ -260,7 +260,8 @@ def _distill(heads: MTPHeads, model: nn.Module, hidden_N_H: torch.Tensor, tokens
 def _starts(ok_K_N: torch.Tensor, max_positions: int | None, gen: torch.Generator | None) -> torch.Tensor:
     starts = ok_K_N[0].nonzero().squeeze(1)
     if max_positions is not None and starts.numel() > max_positions:
-        starts = starts[torch.randperm(starts.numel(), generator=gen)[:max_positions]]
+        pick = torch.randperm(starts.numel(), generator=gen)[:max_positions]  # gen: a CPU one
+        starts = starts[pick.to(starts.device)]
     return starts
 
 
@@ -276,7 +277,7 @@ def distill_loss(heads: MTPHeads, model: nn.Module, hidden_B_T_H: torch.Tensor, 
     B, T = tokens_B_T.shape
     K = heads.num_heads
     mask = torch.ones_like(tokens_B_T, dtype=torch.bool) if mask_B_T is None else mask_B_T.bool()
-    ok = torch.zeros(K, B, T, dtype=torch.bool)
+    ok = torch.zeros(K, B, T, dtype=torch.bool, device=tokens_B_T.device)
     prev = mask
     for j in range(1, K + 1):  # target t+j real (and every target before it on the chain)
         prev = prev & F.pad(mask[:, j:], (0, j), value=False)
@@ -312,7 +313,7 @@ def distill_spans(heads: MTPHeads, model: nn.Module, seen: Sequence[torch.Tensor
     def mean(field: str, j: int) -> float:
         return sum(getattr(o, field)[j] * o.positions for o in outs if len(getattr(o, field)) > j) / n
 
-    return DistillOut(sum((o.loss * o.positions for o in outs), torch.zeros(())) / n,
+    return DistillOut(sum((o.loss * o.positions for o in outs), tokens_B_T.new_zeros((), dtype=torch.float32)) / n,
                       tuple(mean("kl_K", j) for j in range(K)), tuple(mean("accept_K", j) for j in range(K)),
                       sum(o.positions for o in outs))
 
@@ -329,13 +330,14 @@ def train_heads(model: nn.Module, sequences: Sequence[Sequence[int]], *, steps: 
     if steps < 1 or not sequences or min(len(s) for s in sequences) < 2:
         raise ConfigError("train_heads needs steps >= 1 and sequences of 2+ tokens")
     K = heads.num_heads
+    dev = next(model.parameters()).device
     hidden, tokens, left = [], [], []
     with torch.no_grad(), capture_hidden(model) as seen:
         for seq in sequences:
-            model(input_ids=torch.tensor([list(seq)]), use_cache=False)
+            model(input_ids=torch.tensor([list(seq)], device=dev), use_cache=False)
             hidden.append(seen.pop()[0])
-            tokens.append(torch.tensor(list(seq)))
-            left.append(torch.arange(len(seq) - 1, -1, -1))  # tokens after each one, same sequence
+            tokens.append(torch.tensor(list(seq), device=dev))
+            left.append(torch.arange(len(seq) - 1, -1, -1, device=dev))  # tokens after each one
     hidden_N_H, tokens_N, left_N = torch.cat(hidden), torch.cat(tokens), torch.cat(left)
     ok_K_N = torch.stack([left_N >= j for j in range(1, K + 1)])
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
