@@ -276,3 +276,18 @@ def test_machine_without_a_syscall_table_runs_commands_unfiltered(
         run(go())
     finally:
         seccomp.program.cache_clear()
+
+
+def test_settle_waits_only_for_its_own_loops_reaping():
+    """A server and a client in one process each run an event loop; a sandbox retiring on the
+    other loop must not make this loop's settle() fail ("attached to a different loop")."""
+    import asyncio
+
+    other = asyncio.new_event_loop()
+    pending = other.create_future()  # another loop's reaping, still going
+    bwrap_mod._RETIRING.add(pending)
+    try:
+        run(asyncio.wait_for(bwrap_mod.settle(), 5))
+    finally:
+        bwrap_mod._RETIRING.discard(pending)
+        other.close()

@@ -465,9 +465,12 @@ def _retire(prepared: Prepared, pumps: asyncio.Future[list[None]]) -> None:
 
 
 async def settle() -> None:
-    """Wait until every finished command's sandbox is reaped (``_retire``): a few ms."""
-    while _RETIRING:
-        await asyncio.gather(*list(_RETIRING), return_exceptions=True)
+    """Wait until every finished command's sandbox started from this event loop is reaped
+    (``_retire``): a few ms. Another loop of the process (a server beside a client, each with
+    its own) reaps its own: a future can only be awaited from the loop it belongs to."""
+    loop = asyncio.get_running_loop()
+    while mine := [f for f in _RETIRING if f.get_loop() is loop]:
+        await asyncio.gather(*mine, return_exceptions=True)
 
 
 def _kill_tree(pid: int) -> None:
