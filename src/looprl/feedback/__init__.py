@@ -5,7 +5,9 @@
 - ``signals``: events -> ``RewardBreakdown`` (``SIGNALS``); ``sentiment``: the follow-up classifier.
 - ``ab``: ``assign_arm``, per-arm metrics with bootstrap CIs, promote / keep / rollback.
 - ``cycle``: ``run_cycle`` — scored sessions -> one GRPO step -> bench gate -> promote.
-- ``cli``: ``looprl feedback cycle|ab|promote|sessions``. The serving side is ``looprl.serve``.
+- ``simulate``: ``simulate_users`` — simulated users over ``looprl serve``'s HTTP API, keeping or
+  reverting edits by the tasks' hidden tests (with noise), following up.
+- ``cli``: ``looprl feedback cycle|ab|promote|sessions|simulate``. The serving side is ``looprl.serve``.
 """
 
 from looprl.lazy import lazy_exports
@@ -16,5 +18,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "cycle": ["CycleConfig", "CycleResult", "promote", "read_policy", "run_cycle"],
     "sentiment": ["follow_up_sentiment", "is_dissatisfied"],
     "signals": ["SIGNALS", "session_reward"],
+    "simulate": ["SimConfig", "SimSummary", "simulate_users"],
     "store": ["EVENT_KINDS", "Event", "FeedbackStore", "SessionRecord"],
 })

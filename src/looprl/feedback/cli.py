@@ -4,13 +4,14 @@
     looprl feedback ab --store fb.db --min-sessions 100
     looprl feedback promote --out policies --version 3
     looprl feedback sessions --store fb.db
+    looprl feedback simulate --url http://127.0.0.1:8400 --tasks heldout.jsonl --sessions 50
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -106,3 +107,57 @@ def sessions_cmd(store: Store, limit: Annotated[int, typer.Option(help="last N s
         typer.echo(f"{s.id[:12]} {s.arm} v{s.policy_version} {s.stop_reason:12} files={len(s.files)} "
                    f"events={','.join(e.kind for e in ev) or '-'} "
                    f"reward={'-' if rb is None else f'{rb.total:+.2f}'} user={s.user}")
+
+
+def _probability(name: str) -> Any:
+    return typer.Option(f"--{name}", min=0.0, max=1.0, help={
+        "keep-wrong": "P(a user keeps an edit whose hidden tests fail)",
+        "revert-right": "P(a user reverts an edit whose hidden tests pass)",
+        "silent": "P(a user never answers)",
+        "complain": "P(a complaint after a revert)",
+        "thank": "P(thanks after a keep; else silence)"}[name])
+
+
+@app.command("simulate")
+def simulate_cmd(
+    tasks: Annotated[Path, typer.Option(help="task JSONL whose prompts users send and whose hidden "
+                                              "tests grade the edits (held-out tasks)",
+                                         exists=True, dir_okay=False)],
+    url: Annotated[str, typer.Option(help="the `looprl serve` base URL")] = "http://127.0.0.1:8400",
+    token: Annotated[str | None, typer.Option(envvar="LOOPRL_SERVE_TOKEN", show_envvar=True,
+                                              help="the server's bearer token")] = None,
+    sessions: Annotated[int, typer.Option(help="sessions to send", min=0)] = 20,
+    rate: Annotated[float, typer.Option(help="mean arrivals per minute (Poisson)", min=1e-6)] = 6.0,
+    population: Annotated[int, typer.Option(help="distinct users", min=1)] = 10,
+    seed: Annotated[int, typer.Option(help="seeds users, prompts, noise and wording")] = 0,
+    keep_wrong: Annotated[float, _probability("keep-wrong")] = 0.0,
+    revert_right: Annotated[float, _probability("revert-right")] = 0.0,
+    silent: Annotated[float, _probability("silent")] = 0.0,
+    complain: Annotated[float, _probability("complain")] = 0.8,
+    thank: Annotated[float, _probability("thank")] = 0.3,
+    split: Annotated[str | None, typer.Option(help="only tasks whose metadata split is this")] = None,
+    user_prefix: Annotated[str, typer.Option(help="users are PREFIX-K")] = "sim-user",
+    out: Annotated[Path | None, typer.Option(help="write the full JSON summary here")] = None,
+) -> None:
+    """Simulated users over the server's HTTP API: keep edits that pass the hidden tests, revert
+    the rest (with noise), follow up; prints the JSON summary (counts, session and event ids)."""
+    import asyncio
+
+    from looprl.feedback.simulate import SimConfig, simulate_users
+    from looprl.tasks.taskset import load_tasks
+
+    if not token:
+        raise typer.BadParameter("pass the server's --token (or set LOOPRL_SERVE_TOKEN)",
+                                 param_hint="--token")
+    ts = [t for t in load_tasks(tasks) if split is None or t.metadata.get("split") == split]
+    if not ts:
+        raise TaskError(f"{tasks} holds no tasks" + (f" of split {split!r}" if split else ""))
+    cfg = SimConfig(sessions=sessions, rate_per_min=rate, population=population, seed=seed,
+                    keep_wrong=keep_wrong, revert_right=revert_right, silent=silent,
+                    complain=complain, thank=thank, user_prefix=user_prefix)
+    summary = asyncio.run(simulate_users(url, token, ts, cfg)).to_dict()
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=1))
+        summary = {k: v for k, v in summary.items() if k != "sessions"}
+    typer.echo(json.dumps(summary, indent=1))
