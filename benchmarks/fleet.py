@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sandbox import cpu_model  # benchmarks/sandbox.py: the host CPU named in the summary
 
 from looprl.fleet.config import FleetConfig
 from looprl.fleet.ray_fleet import MemberSpec, RayFleet
@@ -61,15 +62,6 @@ from looprl.types import Task
 IP = "127.0.0.2"  # loopback; Ray rewrites 127.0.0.1 to the machine's routable address
 FAST_DEATH = {"health_check_period_ms": 500, "health_check_failure_threshold": 4,
               "health_check_initial_delay_ms": 0}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name")), "unknown CPU")
-    except OSError:
-        return "unknown CPU"
 
 
 def real_tasks(spec: str, n: int) -> list[Task]:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from looprl.inference.torch_engine import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
 
 
@@ -33,3 +34,19 @@ def tiny(request):
 @pytest.fixture
 def tiny_llama():
     return make_tiny("llama")
+
+
+@pytest.fixture
+def engine_of():
+    """Builds TorchEngines (no stop at EOS unless asked) and closes them after the test."""
+    engines = []
+
+    def make(model, tok, **kw):
+        kw.setdefault("stop_on_eos", False)
+        e = TorchEngine(model, tok, **kw)
+        engines.append(e)
+        return e
+
+    yield make
+    for e in engines:
+        e.close()

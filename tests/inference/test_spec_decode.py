@@ -63,21 +63,6 @@ def tiny_heads(request):
     return with_heads(request.param)
 
 
-@pytest.fixture
-def engine_of():
-    engines = []
-
-    def make(model, tok, **kw):
-        kw.setdefault("stop_on_eos", False)
-        e = TorchEngine(model, tok, **kw)
-        engines.append(e)
-        return e
-
-    yield make
-    for e in engines:
-        e.close()
-
-
 def run(coro):
     return asyncio.run(coro)
 

@@ -32,21 +32,6 @@ def run(coro):
     return asyncio.run(coro)
 
 
-@pytest.fixture
-def engine_of():
-    engines = []
-
-    def make(model, tok, **kw):
-        kw.setdefault("stop_on_eos", False)
-        e = TorchEngine(model, tok, **kw)
-        engines.append(e)
-        return e
-
-    yield make
-    for e in engines:
-        e.close()
-
-
 def test_greedy_equals_hf_generate_concurrently(tiny, engine_of):
     model, tok = tiny
     engine = engine_of(model, tok)
