@@ -11,17 +11,21 @@
   var STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000];
   var charts = {};
 
-  function fmt(v) {
+  function fmt(v, digits) {
     if (v === null || v === undefined) return "—";
-    var a = Math.abs(v);
-    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(3);
-    return String(+v.toPrecision(4));
+    var d = digits || 4, a = Math.abs(v);
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(d - 1);
+    return String(+v.toPrecision(d));
   }
 
   /* y tick labels with the significant digits that tell ticks apart (uPlot's default rounds
      a narrow range such as 0.002331..0.002339 to one repeated label). */
   function tickLabels(u, splits) {
-    return splits.map(fmt);
+    for (var d = 4; d < 12; d++) {
+      var labels = splits.map(function (v) { return fmt(v, d); });
+      if (new Set(labels).size === labels.length) return labels;
+    }
+    return labels;
   }
 
   /* Room for the longest tick label of a y axis. */
