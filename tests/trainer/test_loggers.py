@@ -144,7 +144,7 @@ def test_plugin_logger_and_bad_names(tmp_path: Path):
         groups_per_step=2, loggers=("tests.trainer.test_loggers:Recorder",)))
     assert [s for s, _ in Recorder.seen] == [1, 2]
     assert Recorder.seen[-1][1] == read_metrics(run / "metrics.jsonl")[-1]
-    with pytest.raises(ConfigError, match="unknown loggers name 'tensorbord'.*tensorboard"):
+    with pytest.raises(ConfigError, match=r"unknown logger 'tensorbord' \(did you mean tensorboard\?\)"):
         make_loggers(("tensorbord",), tmp_path)
     with pytest.raises(ConfigError, match="has no log"):
         make_loggers(("tests.trainer.test_loggers:NotALogger",), tmp_path)
