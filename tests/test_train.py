@@ -39,3 +39,30 @@ def test_select_code_appends_the_buggy_code_never_the_fix(tmp_path):
     new_file = "--- /dev/null\n+++ b/pkg/n.py\n@@ -0,0 +1 @@\n+x = 1\n"
     assert select_code(dataclasses.replace(task, gold_patch=new_file)) == \
         dataclasses.replace(task, gold_patch=new_file)
+
+
+def test_bf16_autocast_is_kept_only_where_bf16_is_native(monkeypatch):
+    import torch
+
+    from looprl.config import load_config
+    from looprl.train import TrainConfig, stages
+
+    cfg = load_config(TrainConfig, None, ["sft.autocast_bf16=true", "grpo.autocast_bf16=true"])
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(stages, "native_bf16", lambda device: True)
+    assert stages.fit_precision(cfg, cpu) is cfg
+    monkeypatch.setattr(stages, "native_bf16", lambda device: False)
+    fitted = stages.fit_precision(cfg, cpu)
+    assert (fitted.sft.autocast_bf16, fitted.grpo.autocast_bf16) == (False, False)
+    assert (fitted.sft.lr, fitted.grpo.lr) == (cfg.sft.lr, cfg.grpo.lr)  # nothing else changes
+
+
+def test_native_bf16_reads_the_cpu_flags(monkeypatch):
+    import torch
+
+    from looprl.train import stages
+
+    for flags, native in [("fpu avx2 avx512f", False), ("avx2 avx512f avx512_bf16", True),
+                          ("avx2 amx_bf16 amx_tile", True)]:
+        monkeypatch.setattr(stages.Path, "read_text", lambda self, f=flags: f"flags\t: {f}\n")
+        assert stages.native_bf16(torch.device("cpu")) is native, flags

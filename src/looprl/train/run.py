@@ -214,6 +214,8 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.json")
+    cfg = stages.fit_precision(cfg, device)  # config.json keeps what was asked: --resume checks it
+    if dist.is_main:
         sets = _tasks(cfg, run_dir)
         start = _start_model(cfg, run_dir, sets, device)
         start_eval, start_pkg = _evaluate(cfg, run_dir, start.dir, sets, "start")

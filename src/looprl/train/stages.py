@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import os
 import random
 import shutil
@@ -44,6 +45,30 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"model.device={name} but torch sees no CUDA device (torch "
                           f"{torch.__version__}); use model.device=cpu or auto")
     return dev
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` runs bf16 matmuls natively: a CUDA GPU with bf16, or a CPU with AMX or
+    AVX-512 BF16. Elsewhere (an AVX2-only CPU) torch emulates them, far slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
+def fit_precision(cfg: TrainConfig, device: torch.device) -> TrainConfig:
+    """``cfg`` with bf16 autocast (``sft.autocast_bf16``, ``grpo.autocast_bf16``) switched off
+    where ``device`` has no native bf16: there it slows training down instead of speeding it up
+    (docs/experiments.md, row D9), so a preset that asks for it runs well on every machine."""
+    if native_bf16(device) or not (cfg.sft.autocast_bf16 or cfg.grpo.autocast_bf16):
+        return cfg
+    console.print(f"bf16 autocast off: {device} has no native bf16 (AMX or AVX-512 BF16), where "
+                  "fp32 is much faster")
+    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, autocast_bf16=False),
+                               grpo=dataclasses.replace(cfg.grpo, autocast_bf16=False))
 
 
 def save_model(model: Any, tok: Any, dest: Path) -> Path:
@@ -94,7 +119,7 @@ def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], t
         console.print(f"pretraining text: + {len(drills):,} copy drills from {len(demos)} demos")
     transcripts = [list(seg.token_ids_T) for d in demos for seg in d.segments]
     pretrain(model_dir, steps=cfg.model.pretrain_steps, transcripts=transcripts + drills,
-             bf16=True, mtp_heads=cfg.model.mtp_heads)
+             bf16=native_bf16(torch.device("cpu")), mtp_heads=cfg.model.mtp_heads)  # on the CPU
 
 
 def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
