@@ -31,7 +31,7 @@ from tests.trainer.grpo_resume_worker import POINTS
 
 pytestmark = [*needs_bwrap, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-TIMED_KILLS = 10
+TIMED_KILLS = 20
 RUNS = TIMED_KILLS + len(POINTS) + 5
 """Kill rounds at most: the plan, the ``SETUP`` kills, and timed rounds run again when the run
 froze (``max_train``) before its random moment came."""
