@@ -43,5 +43,5 @@ __all__ = [
     "ConfigError", "Counters", "Engine", "ExecResult", "Generation", "Grader", "Group",
     "LooprlError", "PathEscapeError", "RewardBreakdown", "RewardFn", "SamplingParams", "Sandbox",
     "Segment", "StopReason", "Task", "Tool", "ToolCall", "ToolError", "ToolResult", "Trajectory",
-    "TrainConfig", "WeightStore", "find_plugin", "load_config",
+    "WeightStore", "find_plugin", "load_config", *_lazy,
 ]

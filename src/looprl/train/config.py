@@ -18,6 +18,7 @@ from looprl.config import FieldError, check_choice
 from looprl.errors import ConfigError
 from looprl.fleet.config import FleetConfig
 from looprl.harness.agent import AgentConfig
+from looprl.inference.spec import MODES as SPEC_MODES
 from looprl.models.tiny import SIZES
 from looprl.plugins import find
 from looprl.rewards.composite import RewardConfig
@@ -137,7 +138,7 @@ class ModelSection:
             except ConfigError as e:
                 raise FieldError("engine", f"has {e}") from None
         check_choice("size", self.size, SIZES)
-        check_choice("speculative", self.speculative, ("auto", "on", "off"))
+        check_choice("speculative", self.speculative, SPEC_MODES)
         if self.mtp_heads < 0 or (self.mtp_heads and not self.pretrain_steps):
             raise FieldError("mtp_heads", "(MTP heads distilled during pretraining) must be >= 0 "
                              "and needs model.pretrain_steps > 0; set both or mtp_heads=0")
