@@ -4,11 +4,14 @@ scripted engine at the Engine seam) fixes one task and makes a wrong edit on the
 
 from __future__ import annotations
 
+import asyncio
 import doctest
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from looprl.feedback.simulate import (
     SimConfig,
     follow_up_texts,
     plan_sessions,
+    simulate_users,
 )
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig
@@ -209,6 +213,56 @@ def test_noise_keeps_wrong_edits_and_silences_users(served, tasks, tmp_path):
                 "--user-prefix", "quiet")
     assert (quiet["served"], quiet["silent"], quiet["answered"], quiet["events"]) == (2, 2, 0, 0)
     check_sent_is_stored(quiet, store, "quiet")
+
+
+@with_bwrap
+def test_sigterm_stops_arrivals_and_the_sessions_already_sent_finish(served, tasks, tmp_path):
+    """``looprl feedback simulate`` gets SIGTERM once its first session is stored: the users who
+    have not arrived are never sent, the one in flight is graded and answers, the summary is
+    written, and every session it says it sent is stored."""
+    url, store = served
+    plans = {s: plan_sessions(tasks, SimConfig(sessions=4, rate_per_min=1, seed=s))
+             for s in range(2000)}  # a seed whose first user comes at once and the next late
+    seed = next(s for s, p in plans.items() if p[0].arrival_s < 2 and p[1].arrival_s > 90)
+    task_file, out = tmp_path / "tasks.jsonl", tmp_path / "summary.json"
+    write_tasks(tasks, task_file)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from looprl.cli import app; app()", "feedback", "simulate",
+         "--url", url, "--tasks", str(task_file), "--sessions", "4", "--rate", "1", "--seed",
+         str(seed), "--complain", "1", "--thank", "1", "--user-prefix", "stopped",
+         "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "LOOPRL_SERVE_TOKEN": TOKEN})
+    try:
+        deadline = time.monotonic() + 300
+        while not any(s.user.startswith("stopped-") for s in store.sessions()):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "no session arrived"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # the first session is answered, not yet acted on
+        assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    summary = json.loads(out.read_text())
+    assert summary["planned"] == 4 and summary["not_sent"] >= 1, summary
+    assert summary["sent"] == 4 - summary["not_sent"] == len(summary["sessions"])
+    assert summary["served"] == summary["graded"] == summary["answered"] == summary["sent"]
+    assert summary["events"] == 2 * summary["sent"]  # an edit event and a follow-up each
+    check_sent_is_stored(summary, store, "stopped")  # sent = stored, events included
+
+
+def test_a_stop_before_anyone_arrives_sends_nothing(served, tasks):
+    url, store = served
+    before = len(store.sessions())
+    stop = asyncio.Event()
+    stop.set()
+    summary = asyncio.run(simulate_users(url, TOKEN, tasks, SimConfig(
+        sessions=3, rate_per_min=600, user_prefix="never"), stop=stop))
+    c = summary.counts()
+    assert (c["planned"], c["sent"], c["not_sent"], c["stored"]) == (3, 0, 3, 0)
+    assert [o.status for o in summary.outcomes] == ["not_sent"] * 3
+    assert summary.to_dict()["sessions"] == [] and len(store.sessions()) == before
 
 
 def test_the_cli_needs_a_token(tasks, monkeypatch):

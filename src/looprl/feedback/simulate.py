@@ -15,6 +15,11 @@ configured noise; it may follow up: a complaint after a revert (or after no edit
 failing), thanks or silence after a keep. Every event carries a client ``event_id`` (resent
 unchanged on a retry, so a replay is never stored twice) and ``at``, when the user acted.
 
+Stopping: ``simulate_users(..., stop=event)`` (the CLI sets it on SIGTERM/SIGINT): once set, users
+who have not arrived yet never send (``not_sent`` in the summary's counts), while sessions already
+sent finish, feedback included, so a parent process can stop the users and still get a summary
+whose every sent session is stored.
+
 Every random draw of a session (user, task, arrival, noise, wording) is made up front from
 ``seed``, so a run is reproducible whatever the server's timing; only what the agent does (and
 so the grades) may differ between runs. The summary (``SimSummary.to_dict``) lists every session
@@ -88,7 +93,7 @@ class SimConfig:
     """A simulated population and how its users behave."""
 
     sessions: int = 20
-    """Sessions to send in all."""
+    """Sessions planned in all (a run stopped early sends fewer: the rest are ``not_sent``)."""
     rate_per_min: float = 6.0
     """Mean arrivals per minute (Poisson: exponential gaps)."""
     population: int = 10
@@ -144,7 +149,8 @@ class SessionOutcome:
     user: str
     task_id: str
     status: str = "pending"
-    """served | infra_error (503) | error (any other answer, or no answer)."""
+    """served | infra_error (503) | error (any other answer, or no answer) | not_sent (the run
+    was stopped before this user arrived)."""
     session_id: str | None = None
     passed: bool | None = None
     """The hidden tests' verdict on the session's diff (None: not graded)."""
@@ -172,8 +178,11 @@ class SimSummary:
     def counts(self) -> dict[str, Any]:
         o = self.outcomes
         served = [s for s in o if s.status == "served"]
+        not_sent = sum(s.status == "not_sent" for s in o)
         return {
-            "sent": len(o),
+            "planned": len(o),
+            "sent": len(o) - not_sent,
+            "not_sent": not_sent,
             "stored": sum(s.session_id is not None for s in o),
             "served": len(served),
             "infra_error": sum(s.status == "infra_error" for s in o),
@@ -200,7 +209,8 @@ class SimSummary:
             "session_ids": [s.session_id for s in self.outcomes if s.session_id],
             "event_ids": [{"session_id": s.session_id, "event_id": e}
                           for s in self.outcomes for e in s.event_ids],
-            "sessions": [asdict(s) for s in self.outcomes],
+            # the sessions sent (a run stopped early planned many more: they are only counted)
+            "sessions": [asdict(s) for s in self.outcomes if s.status != "not_sent"],
         }
 
 
@@ -271,10 +281,24 @@ async def _grade(task: Task, diff: str) -> bool:
     return g.passed and not set(g.flags) & ATTACK_FLAGS
 
 
-async def _one(client: httpx.AsyncClient, p: Plan, cfg: SimConfig, t0: float,
+async def _arrives(delay_s: float, stop: asyncio.Event | None) -> bool:
+    """Wait ``delay_s`` seconds; False as soon as ``stop`` is set instead."""
+    if stop is None:
+        await asyncio.sleep(delay_s)
+        return True
+    if stop.is_set():
+        return False
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([stopped], timeout=delay_s)
+    finally:
+        stopped.cancel()
+    return not stop.is_set()
+
+
+async def _one(client: httpx.AsyncClient, p: Plan, cfg: SimConfig,
                grading: asyncio.Semaphore) -> SessionOutcome:
     out = SessionOutcome(p.index, p.user, p.task.id)
-    await asyncio.sleep(max(0.0, t0 + p.arrival_s - time.monotonic()))
     start = time.monotonic()
     try:
         r = await client.post("/v1/sessions", timeout=cfg.request_timeout_s,
@@ -315,9 +339,11 @@ async def _one(client: httpx.AsyncClient, p: Plan, cfg: SimConfig, t0: float,
     return out
 
 
-async def simulate_users(url: str, token: str, tasks: list[Task], cfg: SimConfig) -> SimSummary:
+async def simulate_users(url: str, token: str, tasks: list[Task], cfg: SimConfig,
+                         stop: asyncio.Event | None = None) -> SimSummary:
     """Run the population against the server at ``url`` (``looprl serve``); returns when every
-    session has been answered (or not) by its user."""
+    session has been answered (or not) by its user. Once ``stop`` is set, users who have not
+    arrived yet never send (``not_sent``); sessions already sent finish, feedback included."""
     plans = plan_sessions(tasks, cfg)
     grading = asyncio.Semaphore(cfg.grade_concurrency)
     t0 = time.monotonic()
@@ -326,5 +352,12 @@ async def simulate_users(url: str, token: str, tasks: list[Task], cfg: SimConfig
         r = await client.get("/healthz")
         if r.status_code != 200:
             raise ConfigError(f"{url}/healthz answered {r.status_code}: is `looprl serve` there?")
-        outcomes = await asyncio.gather(*(_one(client, p, cfg, t0, grading) for p in plans))
-    return SimSummary(cfg, list(outcomes), time.monotonic() - t0)
+        sent: list[asyncio.Task[SessionOutcome]] = []  # only arrived users hold a task
+        for p in plans:
+            if not await _arrives(max(0.0, t0 + p.arrival_s - time.monotonic()), stop):
+                break
+            sent.append(asyncio.ensure_future(_one(client, p, cfg, grading)))
+        outcomes = list(await asyncio.gather(*sent))
+    outcomes += [SessionOutcome(p.index, p.user, p.task.id, status="not_sent")
+                 for p in plans[len(outcomes):]]
+    return SimSummary(cfg, outcomes, time.monotonic() - t0)

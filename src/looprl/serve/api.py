@@ -9,10 +9,27 @@ tools, ``ChatFormat``) in a real sandbox (bubblewrap, copy-on-write over the rep
 network): the user's repository is never written; the response carries the diff for the user's
 editor to apply. The arm comes from a hash of (experiment, user) (``feedback.ab.assign_arm``).
 
+Following a policies dir (``make_app(..., policies=DIR, candidate_b=True)``, ``ServeConfig.watch_s``;
+``looprl serve --model DIR`` or ``--policies DIR``): a background task reloads every ``watch_s``
+seconds, so what ``looprl feedback cycle`` (or ``feedback.loop``) writes goes live by itself:
+
+- ``DIR/current.json`` (``cycle.promote``): arm A's weights are swapped in
+  (``Engine.update_weights``); before the file exists arm A serves its own source (``--model``).
+- ``DIR/candidate.json`` (``cycle.offer_candidate``: version, experiment, split_b): engine B (built
+  at start-up on A's weights, no traffic until then) takes the candidate's weights, then users are
+  split by the pointer's experiment and split_b; once it is withdrawn every new session is on A.
+  A session keeps the arm, engine, version and experiment it started with, whatever a reload does
+  meanwhile (a weight swap mid-session is recorded per token by the engine).
+- A pointer that cannot be read (a half-written dir, bad JSON) is logged in one line and retried at
+  the next tick; the server keeps serving what it served.
+
+A fixed arm B (``engines["B"]`` with its own ``policy_sources["B"]``, ``--model-b``) is split by
+``ServeConfig.experiment`` and ``split_b`` and ignores ``candidate.json``.
+
 Routes (JSON, ``Authorization: Bearer <token>`` on all but /healthz):
 
-- ``POST /v1/sessions`` {user, prompt, repo} -> {session_id, arm, policy_version, diff, files,
-  stop_reason, messages (summary), turns, latency_s}
+- ``POST /v1/sessions`` {user, prompt, repo} -> {session_id, arm, policy_version, experiment, diff,
+  files, stop_reason, messages (summary), turns, latency_s}
 - ``POST /v1/sessions/{id}/feedback`` {event_id, kind: kept|reverted|partially_kept|follow_up,
   files?, text?, at?} -> {event_id, duplicate, replays, reward}. ``event_id`` is the client's id
   for the user's action (e.g. a uuid4 made when it happened), resent unchanged on retry: a replay
@@ -21,12 +38,14 @@ Routes (JSON, ``Authorization: Bearer <token>`` on all but /healthz):
 - ``GET /v1/sessions/{id}`` -> the session, its events and current reward
 - ``GET /v1/stats`` -> {sessions, events, replays_ignored}
 - ``GET /v1/ab`` -> per-arm metrics, B - A intervals and the promote/keep/rollback decision,
-  over this experiment's sessions served by the arms' current policy versions
-- ``POST /v1/reload`` -> re-read each arm's policy source (a policies dir: its ``current.json``)
-  and swap newly promoted weights into the running engine (``Engine.update_weights``): a cycle's
-  promotion goes live without a restart. Sessions record the version they started on; their
-  tokens carry the exact version that sampled them.
-- ``GET /healthz``
+  over the live experiment's sessions served by the live arms' current policy versions
+- ``POST /v1/reload`` -> what the watch does, now: re-read each arm's policy source (a policies
+  dir: its ``current.json`` and ``candidate.json``) and swap newly promoted or offered weights into
+  the running engines -> {A: {version, path, changed}, B: {...} (when B has a source or a
+  candidate), arms, experiment, split_b, candidate}. Sessions record the version they started
+  on; their tokens carry the exact version that sampled them.
+- ``GET /healthz`` -> {ok, arms: live arm -> policy version, experiment, split_b, candidate
+  (whether a candidate is on B), pid}
 
 Errors: a bad request is 4xx with a message saying how to fix it (401 token, checked before the
 body is read; 403 repo outside the allowed roots; 404 unknown session; 409 feedback on a failed
@@ -47,13 +66,15 @@ A/B metrics trust it). See ``looprl.asgi`` for the HTTP-level limits.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -78,7 +99,11 @@ from looprl.harness.tools import DEFAULT_TOOLS, make_tools
 from looprl.protocols import Engine, Sandbox
 from looprl.types import Grader, Message, Task, Trajectory
 
+if TYPE_CHECKING:
+    from looprl.feedback.cycle import PolicyRef
+
 SandboxFactory = Callable[[str, str | None], Awaitable[Sandbox]]
+log = logging.getLogger(__name__)
 
 
 async def _bwrap_sandbox(repo: str, venv: str | None) -> Sandbox:
@@ -113,6 +138,14 @@ class ServeConfig:
     """Sessions running at once (sandboxes and decoding share the CPU)."""
     min_sessions: int = 100
     """Scored sessions per arm before /v1/ab decides anything but keep."""
+    watch_s: float = 0.0
+    """Re-read the policy sources (``Server.reload``) every this many seconds while serving, so a
+    promotion or a candidate goes live by itself (0: only on ``POST /v1/reload``;
+    ``looprl serve --watch`` defaults to 5)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.watch_s < float("inf"):
+            raise ConfigError(f"watch_s must be >= 0 seconds (0 = off), got {self.watch_s}")
 
 
 MAX_PROMPT_CHARS = 100_000
@@ -191,35 +224,77 @@ def check_repo(repo: str, allowed_roots: tuple[str, ...]) -> str:
     return str(p)
 
 
+@dataclass(frozen=True)
+class Offer:
+    """A candidate live on arm B (from the policies dir's ``candidate.json``)."""
+
+    version: int
+    experiment: str
+    split_b: float
+
+
 class Server:
     """The state behind the routes: engines per arm, their chat formats, the store, limits."""
 
     def __init__(self, engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
                  cfg: ServeConfig, *, policy_versions: dict[str, int] | None = None,
-                 policy_sources: dict[str, str] | None = None,
-                 sandbox_factory: SandboxFactory | None = None) -> None:
+                 policy_sources: dict[str, str] | None = None, policies: str | None = None,
+                 candidate_b: bool = False, sandbox_factory: SandboxFactory | None = None) -> None:
         if not engines or set(engines) - {"A", "B"} or "A" not in engines:
             raise ConfigError(f"serve needs arm 'A' (and optionally 'B'), got {sorted(engines)}")
         if not cfg.token:
             raise ConfigError("serve needs a non-empty bearer token (--token or LOOPRL_SERVE_TOKEN)")
+        if candidate_b and (policies is None or "B" not in engines
+                            or "B" in (policy_sources or {})):
+            raise ConfigError("candidate_b needs a policies dir and an engine B without a fixed "
+                              "policy source (drop --model-b to A/B the dir's candidate.json)")
         self.engines, self.store, self.cfg = engines, store, cfg
         self.formats = {a: ChatFormat(getattr(e, "tokenizer", None) or tokenizer)
                         for a, e in engines.items()}
         self.policy_versions = dict(policy_versions or {})
         self.policy_sources = dict(policy_sources or {})
+        self.policies = policies
+        """Arm A follows this dir's ``current.json`` once it exists (before: its own source)."""
+        self.candidate_b = candidate_b
+        """Arm B serves the policies dir's ``candidate.json``, and gets no traffic without one."""
+        self.offer: Offer | None = None
         self._reload_lock: asyncio.Lock | None = None
         self.sandbox_factory = sandbox_factory or _bwrap_sandbox
         self._slots: asyncio.Semaphore | None = None
         self.drain = Drain()
         """Set on SIGTERM by the server running the app (``looprl.asgi.make_server``)."""
 
+    @property
+    def live_arms(self) -> tuple[str, ...]:
+        """The arms new sessions may land on."""
+        return ("A", "B") if "B" in self.engines and (not self.candidate_b or self.offer) else ("A",)
+
+    @property
+    def experiment(self) -> str:
+        """The live A/B experiment: the offered candidate's, else the configured one."""
+        return self.offer.experiment if self.offer else self.cfg.experiment
+
+    @property
+    def split_b(self) -> float:
+        """The live share of users on B: the offered candidate's, the configured one for a fixed
+        B, 0 when only A is live."""
+        if self.offer:
+            return self.offer.split_b
+        return self.cfg.split_b if "B" in self.live_arms else 0.0
+
     def arm_for(self, user: str) -> str:
-        if "B" not in self.engines:
+        if "B" not in self.live_arms:
             return "A"
-        return assign_arm(user, self.cfg.experiment, self.cfg.split_b)
+        return assign_arm(user, self.experiment, self.split_b)
 
     def version_of(self, arm: str) -> int:
         return self.policy_versions.get(arm, self.engines[arm].policy_version)
+
+    def live(self) -> dict[str, Any]:
+        """Which arms take new sessions, their versions, and the experiment they are split by."""
+        return {"arms": {a: self.version_of(a) for a in self.live_arms},
+                "experiment": self.experiment, "split_b": self.split_b,
+                "candidate": self.offer is not None}
 
     async def run_session(self, req: SessionReq, request: Request) -> dict[str, Any]:
         """Run the agent for one request and store the session (raises ``InfraFailure``; gives
@@ -227,8 +302,10 @@ class Server:
         if not req.user.strip() or not req.prompt.strip():
             raise ConfigError("'user' and 'prompt' must be non-empty strings")
         repo = check_repo(req.repo, self.cfg.allowed_roots)
+        # arm, version and experiment are read together (no await between): a reload cannot
+        # split them; the session keeps its arm's engine even if the candidate is withdrawn
         arm, sid = self.arm_for(req.user), uuid.uuid4().hex
-        version = self.version_of(arm)
+        version, experiment = self.version_of(arm), self.experiment
         task = Task(id=f"serve-{sid}", repo=repo, prompt=req.prompt,
                     grader=Grader(self.cfg.test_command), venv=self.cfg.venv)
         slots = self._slots = self._slots or asyncio.Semaphore(self.cfg.max_concurrent)
@@ -247,12 +324,13 @@ class Server:
             await asyncio.to_thread(self.store.add_session, user=req.user, arm=arm,
                                     policy_version=version, prompt=req.prompt, repo=repo,
                                     trajectory=traj, latency_s=time.monotonic() - t0,
-                                    session_id=sid, experiment=self.cfg.experiment)
+                                    session_id=sid, experiment=experiment)
         assert traj is not None  # _run_agent returned (it raises InfraFailure otherwise)
         latency = time.monotonic() - t0
         if traj.is_infra_error:
             raise InfraFailure(f"the agent run failed for infrastructure reasons: {traj.error}", sid)
-        return {"session_id": sid, "arm": arm, "policy_version": version, "diff": traj.diff,
+        return {"session_id": sid, "arm": arm, "policy_version": version,
+                "experiment": experiment, "diff": traj.diff,
                 "files": list(diff_files(traj.diff)),
                 "stop_reason": traj.stop_reason.value, "turns": traj.counters.turns,
                 "tool_calls": traj.counters.tool_calls, "latency_s": round(latency, 3),
@@ -275,22 +353,56 @@ class Server:
                 pass  # the run is already recorded; a leaked workspace is the janitor's
 
     async def reload(self) -> dict[str, Any]:
-        """Swap in each arm's newly promoted weights; returns arm -> {version, changed}."""
-        from looprl.feedback.cycle import read_policy
-        from looprl.models.loading import load_model
+        """Swap in each arm's newly promoted (or offered) weights; returns arm -> {version, path,
+        changed} and ``live()``. Raises when a pointer cannot be read (nothing half-applied:
+        an arm changes only once its engine holds the new weights)."""
+        from looprl.feedback.cycle import POINTER, read_candidate, read_policy
 
         self._reload_lock = self._reload_lock or asyncio.Lock()
         out: dict[str, Any] = {}
         async with self._reload_lock:
-            for arm, src in self.policy_sources.items():
-                ref = read_policy(src)
-                changed = ref.version != self.version_of(arm)
-                if changed:
-                    lm = await asyncio.to_thread(load_model, ref.path, "float32")
-                    await self.engines[arm].update_weights(lm.model.state_dict(), ref.version)
-                    self.policy_versions[arm] = ref.version
-                out[arm] = {"version": ref.version, "path": str(ref.path), "changed": changed}
-        return out
+            sources = dict(self.policy_sources)
+            if self.policies is not None and (Path(self.policies) / POINTER).is_file():
+                sources["A"] = self.policies
+            for arm, src in sources.items():
+                out[arm] = await self._swap(arm, read_policy(src))
+            if self.candidate_b:
+                assert self.policies is not None
+                offered = read_candidate(self.policies)
+                if offered is None:
+                    self.offer = None  # assignment stops; running B sessions keep B's engine
+                else:
+                    ref, experiment, split_b = offered
+                    out["B"] = await self._swap("B", ref)
+                    self.offer = Offer(ref.version, experiment, split_b)
+        return {**out, **self.live()}
+
+    async def _swap(self, arm: str, ref: PolicyRef) -> dict[str, Any]:
+        from looprl.models.loading import load_model
+
+        changed = ref.version != self.version_of(arm)
+        if changed:
+            lm = await asyncio.to_thread(load_model, ref.path, "float32")
+            await self.engines[arm].update_weights(lm.model.state_dict(), ref.version)
+            self.policy_versions[arm] = ref.version
+        return {"version": ref.version, "path": str(ref.path), "changed": changed}
+
+    async def watch(self, every_s: float) -> None:
+        """``reload`` every ``every_s`` seconds until cancelled; a failure (a half-written dir, a
+        bad pointer) is logged in one line and retried at the next tick."""
+        last = ""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.reload()
+                last = ""
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- whatever a pointer holds, keep serving
+                msg = f"{type(e).__name__}: {e}".replace("\n", " ")
+                if msg != last:  # once per distinct failure, not every tick
+                    log.warning("policy reload failed (retrying every %g s): %s", every_s, msg)
+                last = msg
 
     def feedback(self, sid: str, req: FeedbackReq) -> dict[str, Any]:
         payload: dict[str, Any] = {}
@@ -311,7 +423,8 @@ class Server:
     def describe(self, sid: str) -> dict[str, Any]:
         s = self.store.session(sid, with_trajectory=False)
         return {"session_id": s.id, "user": s.user, "arm": s.arm,
-                "policy_version": s.policy_version, "prompt": s.prompt, "repo": s.repo,
+                "policy_version": s.policy_version, "experiment": s.experiment,
+                "prompt": s.prompt, "repo": s.repo,
                 "diff": s.diff, "files": list(s.files), "stop_reason": s.stop_reason,
                 "latency_s": s.latency_s, "created_at": s.created_at,
                 "events": [{"event_id": e.client_id, "kind": e.kind, "payload": e.payload,
@@ -320,24 +433,40 @@ class Server:
                 "reward": self.reward_of(sid)}
 
     def ab(self) -> dict[str, Any]:
-        versions = {a: self.version_of(a) for a in self.engines}
-        rep = ab_report(self.store, signal=self.cfg.signal, experiment=self.cfg.experiment,
+        versions = {a: self.version_of(a) for a in self.live_arms}
+        experiment = self.experiment
+        rep = ab_report(self.store, signal=self.cfg.signal, experiment=experiment,
                         policy_versions=versions, min_sessions=self.cfg.min_sessions)
-        return {"experiment": self.cfg.experiment, "split_b": self.cfg.split_b,
+        return {"experiment": experiment, "split_b": self.split_b,
                 "policy_versions": versions, **rep.to_dict()}
 
 
 def make_app(engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
              cfg: ServeConfig, *, policy_versions: dict[str, int] | None = None,
-             policy_sources: dict[str, str] | None = None,
-             sandbox_factory: SandboxFactory | None = None) -> FastAPI:
+             policy_sources: dict[str, str] | None = None, policies: str | None = None,
+             candidate_b: bool = False, sandbox_factory: SandboxFactory | None = None) -> FastAPI:
     """The FastAPI app: ``engines`` by arm ("A", optionally "B"); ``tokenizer`` renders the chat
     format for engines that expose none; ``policy_versions`` labels each arm's sessions (default:
     the engine's own ``policy_version``); ``policy_sources`` (arm -> model or policies dir) is
-    what ``POST /v1/reload`` re-reads."""
+    what a reload re-reads; ``policies``: a policies dir arm A follows once its ``current.json``
+    exists; ``candidate_b``: engine B serves that dir's ``candidate.json`` (no traffic without
+    one). With ``cfg.watch_s`` a background task reloads while the app runs."""
     srv = Server(engines, tokenizer, store, cfg, policy_versions=policy_versions,
-                 policy_sources=policy_sources, sandbox_factory=sandbox_factory)
-    app = FastAPI(title="looprl agent server")
+                 policy_sources=policy_sources, policies=policies, candidate_b=candidate_b,
+                 sandbox_factory=sandbox_factory)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        follows = srv.policy_sources or srv.policies is not None
+        task = asyncio.ensure_future(srv.watch(cfg.watch_s)) if cfg.watch_s and follows else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    app = FastAPI(title="looprl agent server", lifespan=lifespan)
     app.state.server = srv
     app.state.drain = srv.drain
     app.add_middleware(Guard, authorized=bearer(cfg.token), open_paths={"/healthz"},
@@ -378,8 +507,7 @@ def make_app(engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
-        return {"ok": True, "arms": {a: srv.version_of(a) for a in srv.engines},
-                "pid": os.getpid()}
+        return {"ok": True, **srv.live(), "pid": os.getpid()}
 
     @app.post("/v1/sessions")
     async def create_session(req: SessionReq, request: Request) -> dict[str, Any]:

@@ -6,9 +6,19 @@
     looprl serve --engine vllm --model /models/qwen-coder -E gpu_memory_utilization=0.8 ...
 
 ``--model`` is a model directory or a policies directory written by ``looprl feedback cycle``
-(its ``current.json`` names the promoted version; ``POST /v1/reload`` swaps a newer promotion
-into the running engine). Sessions are labelled with each policy's
+(its ``current.json`` names the promoted version). Sessions are labelled with each policy's
 version, which is what the cycle and the A/B report select on.
+
+A served policies dir is followed by itself (``--watch SECONDS``, default 5; 0: only on
+``POST /v1/reload``): a promotion (``current.json``) goes live on arm A without a restart, and with
+the torch engine a second engine (arm B, started on A's weights, no traffic) serves the dir's
+``candidate.json`` (``feedback.cycle.offer_candidate``: version, experiment, split_b) to that
+share of users until it is withdrawn. ``--policies DIR`` beside a plain model dir ``--model M``
+serves M until DIR has a ``current.json``, then follows DIR. ``--model-b`` is a fixed arm B (split
+by ``--experiment``/``--split-b``; no candidate pointer). A pointer that cannot be read is logged
+in one line and retried at the next tick.
+
+    looprl serve --model M --policies runs/x/policies --store fb.db --watch 5 ...
 
 ``--engine`` picks what samples the agent's turns, by name behind the ``Engine`` seam
 (``inference.make_engine``): ``torch`` (in this process, the default), ``vllm`` (in this
@@ -72,12 +82,18 @@ def serve(
     min_sessions: Annotated[int, typer.Option(help="scored sessions per arm before an A/B decision")] = 100,
     drain: Annotated[float, typer.Option(
         help="on SIGTERM: seconds running sessions may finish before they are cancelled")] = 60.0,
+    watch: Annotated[float, typer.Option(
+        help="re-read the policies dir every SECONDS: promotions and candidates go live by "
+             "themselves (0 = only on POST /v1/reload)", min=0.0)] = 5.0,
+    policies: Annotated[Path | None, typer.Option(
+        help="policies dir to follow (default: --model when it is one): arm A serves its "
+             "current.json once it exists, arm B its candidate.json", file_okay=False)] = None,
 ) -> None:
     """Serve POLICY (and a candidate) through /v1/sessions, /v1/sessions/{id}/feedback, /v1/ab."""
     import base64
 
     from looprl.asgi import run
-    from looprl.feedback.cycle import read_policy
+    from looprl.feedback.cycle import POINTER, read_policy
     from looprl.feedback.store import FeedbackStore
     from looprl.harness.agent import AgentConfig
     from looprl.serve.api import ServeConfig, make_app
@@ -88,8 +104,23 @@ def serve(
     if not drain > 0:
         raise typer.BadParameter("--drain must be > 0 seconds")
     tok = token or os.environ.get("LOOPRL_SERVE_TOKEN") or base64.urlsafe_b64encode(os.urandom(18)).decode()
-    refs = {arm: read_policy(m) for arm, m in (("A", model), ("B", model_b)) if m is not None}
+    if model is not None and (model / POINTER).is_file():  # --model is a policies dir: follow it
+        if policies is not None and policies.resolve() != model.resolve():
+            raise typer.BadParameter(f"--model {model} is a policies dir already; drop "
+                                     f"--policies {policies} or pass a model dir as --model",
+                                     param_hint="--policies")
+        policies = model
+    if policies is not None and model is None:
+        if not (policies / POINTER).is_file():
+            raise typer.BadParameter(f"--policies {policies} has no {POINTER} yet: pass --model "
+                                     "DIR, the model served until it has one", param_hint="--model")
+        model = policies
+    # arm A starts on the policies dir's current policy when there is one, else on --model
+    source_a = policies if policies is not None and (policies / POINTER).is_file() else model
+    refs = {arm: read_policy(m) for arm, m in (("A", source_a), ("B", model_b)) if m is not None}
     options = _engine_options(engine_option)
+    # an in-process torch engine B follows the dir's candidate.json (--model-b: a fixed arm B)
+    candidate_b = engine == "torch" and policies is not None and model_b is None
     tokenizer_dir = tokenizer or (refs["A"].path if "A" in refs else None)
     if engine == "openai":
         urls = {arm: u for arm, u in (("A", engine_url), ("B", engine_url_b)) if u}
@@ -109,6 +140,8 @@ def serve(
                                      "--model DIR", param_hint="--model")
         key = {"torch": "path", "vllm": "model_path"}.get(engine, "path")
         specs = {arm: {key: str(ref.path), **options} for arm, ref in refs.items()}
+        if candidate_b:
+            specs["B"] = dict(specs["A"])  # A's weights; no traffic until a candidate is offered
         # a torch engine has the model's own tokenizer; others may not expose one
         chat_tok = None if engine == "torch" else _tokenizer(tokenizer_dir)
     engines = _make_engines(engine, specs)
@@ -116,16 +149,23 @@ def serve(
                       agent=AgentConfig(max_turns=max_turns, max_new_tokens=max_new_tokens,
                                         context_window=context_window),
                       venv=venv, allowed_roots=tuple(allowed_root), max_concurrent=max_concurrent,
-                      min_sessions=min_sessions, drain_s=drain)
+                      min_sessions=min_sessions, drain_s=drain, watch_s=watch)
+    versions = {arm: ref.version for arm, ref in refs.items()}
+    if candidate_b:
+        versions["B"] = versions["A"]
     try:
-        app_ = make_app(engines, chat_tok, FeedbackStore(store), cfg,
-                        policy_versions={arm: ref.version for arm, ref in refs.items()},
+        app_ = make_app(engines, chat_tok, FeedbackStore(store), cfg, policy_versions=versions,
                         policy_sources={arm: str(m) for arm, m in (("A", model), ("B", model_b))
-                                        if m is not None})
+                                        if m is not None},
+                        policies=None if policies is None else str(policies),
+                        candidate_b=candidate_b)
         arms = ", ".join(f"{a}=v{refs[a].version} ({refs[a].path})" if a in refs
-                         else f"{a}={specs[a]['base_url']}" for a in engines)
-        typer.echo(f"looprl agent server on http://{host}:{port} — {engine} engine, arms {arms} "
-                   f"— token {tok}")
+                         else f"{a}={specs[a]['base_url']}" for a in engines
+                         if not (candidate_b and a == "B"))
+        follows = (f" — following {policies} every {watch:g} s"
+                   + (" (arm B: its candidate.json)" if candidate_b else "")) if policies else ""
+        typer.echo(f"looprl agent server on http://{host}:{port} — {engine} engine, arms {arms}"
+                   f"{follows} — token {tok}")
         run(app_, host=host, port=port, drain=app_.state.drain, drain_s=drain)
     finally:
         for e in engines.values():
