@@ -10,7 +10,10 @@ from looprl.config import load_config
 from looprl.errors import ConfigError
 from looprl.train import TrainConfig
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+LOOP_CONFIGS = ("realtime.toml",)
+"""Configs of ``looprl feedback loop`` (``RealtimeConfig``); the others are ``looprl train``'s."""
+CONFIGS = sorted(p for p in (Path(__file__).parent.parent / "configs").glob("*.toml")
+                 if p.name not in LOOP_CONFIGS)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -18,6 +21,15 @@ def test_shipped_configs_load(path):
     cfg = load_config(TrainConfig, path, ["loop.max_minutes=1"])
     assert cfg.loop.max_minutes == 1.0 and (cfg.tasks.train_packages or cfg.tasks.train_file)
     assert cfg.grpo.std_norm == "never"  # Composer's choice: no std normalisation
+
+
+@pytest.mark.parametrize("name", LOOP_CONFIGS)
+def test_shipped_loop_configs_load(name):
+    from looprl.feedback.loop import RealtimeConfig
+
+    cfg = load_config(RealtimeConfig, Path(__file__).parent.parent / "configs" / name,
+                      ["cycles=1"])
+    assert cfg.cycles == 1 and cfg.users.tasks and cfg.grpo.std_norm == "never"
 
 
 def test_unknown_key_in_a_config_is_named(tmp_path):

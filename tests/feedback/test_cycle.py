@@ -17,12 +17,19 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.errors import ConfigError
 from looprl.feedback.cycle import (
+    CANDIDATE,
     POINTER,
+    POLICY_META,
     CycleConfig,
+    PolicyRef,
+    init_policies,
+    offer_candidate,
     promote,
+    read_candidate,
     read_policy,
     run_cycle,
     window,
+    withdraw_candidate,
 )
 from looprl.models.tokenizer import build_tokenizer
 
@@ -127,6 +134,40 @@ def test_policy_paths_are_checked(tmp_path):
         read_policy(tmp_path)
     with pytest.raises(ConfigError, match="no candidate"):
         promote(tmp_path, 3)
+
+
+def test_candidate_pointer_is_offered_read_and_withdrawn(tmp_path, model_dir):
+    out = tmp_path / "policies"
+    save_tiny(out / "v0002")
+    with pytest.raises(ConfigError, match=r"no candidate .*v0003.*\['v0002'\]"):
+        offer_candidate(out, 3, "exp", 0.5)
+    with pytest.raises(ConfigError, match="split_b must be in"):
+        offer_candidate(out, 2, "exp", 1.5)
+    assert read_candidate(out) is None
+    ref = offer_candidate(out, 2, "exp-7", 0.25)
+    assert read_candidate(out) == (ref, "exp-7", 0.25)
+    assert ref == PolicyRef((out / "v0002").resolve(), 2)
+    assert json.loads((out / CANDIDATE).read_text())["path"] == "v0002"  # relative: dir moves
+    assert not (out / POINTER).exists()  # offering promotes nothing
+    withdraw_candidate(out)
+    assert read_candidate(out) is None
+    withdraw_candidate(out)  # nothing offered: nothing to do
+    (out / CANDIDATE).write_text('{"version": 2, "path": "v0002"}')  # no experiment
+    with pytest.raises(ConfigError, match="not a candidate pointer.*KeyError"):
+        read_candidate(out)
+
+
+def test_init_policies_points_at_the_model_until_a_promotion(tmp_path, model_dir):
+    (model_dir / POLICY_META).write_text(json.dumps({"version": 7}))
+    out = tmp_path / "runs" / "policies"
+    assert init_policies(out, model_dir) == PolicyRef(model_dir.resolve(), 7)
+    ptr = json.loads((out / POINTER).read_text())
+    assert ptr["version"] == 7 and Path(ptr["path"]).is_absolute()
+    assert read_policy(out) == PolicyRef(model_dir.resolve(), 7)  # an absolute path stays so
+    save_tiny(out / "v0008")
+    promote(out, 8)
+    assert init_policies(out, model_dir).version == 8  # never overwrites a current policy
+    assert init_policies(tmp_path / "p2", out) == PolicyRef((out / "v0008").resolve(), 8)
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ same arm of one experiment, and arms of different experiments are independent. M
 
 - ``reward``: mean signal reward;  ``kept``: mean share of edited files kept (sessions with an edit
   event);  ``reverted``: share of those whose final edit event reverted everything;
-  ``dissatisfied``: share of scored sessions with a dissatisfied follow-up.
+  ``dissatisfied``: share of scored sessions with a dissatisfied follow-up;  ``latency``: mean
+  seconds the user waited for the session's answer.
 
 Each difference B - A gets a 95% bootstrap interval, resampling each arm independently (the arms
 hold different users, so unlike ``looprl.bench.gate``'s paired bootstrap nothing is paired).
@@ -35,8 +36,9 @@ from looprl.feedback.signals import edit_share, get_signal, in_order
 from looprl.feedback.store import EDIT_KINDS, Event, FeedbackStore, SessionRecord
 
 ARMS = ("A", "B")
-METRICS = ("reward", "kept", "reverted", "dissatisfied")
-HIGHER_IS_BETTER = {"reward": True, "kept": True, "reverted": False, "dissatisfied": False}
+METRICS = ("reward", "kept", "reverted", "dissatisfied", "latency")
+HIGHER_IS_BETTER = {"reward": True, "kept": True, "reverted": False, "dissatisfied": False,
+                    "latency": False}
 
 
 def assign_arm(user: str, experiment: str, split_b: float = 0.5) -> str:
@@ -59,7 +61,8 @@ def session_values(session: SessionRecord, events: Sequence[Event],
     if rb is None:
         return None
     out = {"reward": rb.total,
-           "dissatisfied": float(any(e.sentiment == "dissatisfied" for e in events))}
+           "dissatisfied": float(any(e.sentiment == "dissatisfied" for e in events)),
+           "latency": session.latency_s}
     edits = [e for e in in_order(events) if e.kind in EDIT_KINDS]
     if edits:
         share = edit_share(edits[-1], session.files)
@@ -78,6 +81,8 @@ class ArmMetrics:
     kept: float | None
     reverted: float | None
     dissatisfied: float | None
+    latency: float | None
+    """Mean seconds from request to answer (the user's wait)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,18 @@ def ab_report(store: FeedbackStore, *, signal: str = "edit_outcome",
     ``experiment`` keeps only that experiment's sessions, ``policy_versions`` (arm -> version) only
     sessions served by those versions, and ``since`` (unix time) only recent ones.
     """
+    values, served = arm_values(store, signal=signal, experiment=experiment,
+                                policy_versions=policy_versions, since=since)
+    return compare_arms(values, served, n_boot=n_boot, seed=seed, min_sessions=min_sessions,
+                        min_gain=min_gain, max_revert_rise=max_revert_rise)
+
+
+def arm_values(store: FeedbackStore, *, signal: str = "edit_outcome",
+               experiment: str | None = None, policy_versions: dict[str, int] | None = None,
+               since: float | None = None
+               ) -> tuple[dict[str, list[dict[str, float]]], dict[str, int]]:
+    """Per arm, each scored session's ``session_values``, and the sessions served per arm
+    (infrastructure failures left out); the filters are ``ab_report``'s."""
     events = store.events_by_session()
     values: dict[str, list[dict[str, float]]] = {}
     served: dict[str, int] = {}
@@ -194,5 +211,14 @@ def ab_report(store: FeedbackStore, *, signal: str = "edit_outcome",
         v = session_values(s, events.get(s.id, []), signal)
         if v is not None:
             values.setdefault(s.arm, []).append(v)
-    return compare_arms(values, served, n_boot=n_boot, seed=seed, min_sessions=min_sessions,
-                        min_gain=min_gain, max_revert_rise=max_revert_rise)
+    return values, served
+
+
+def mean_interval(xs: Sequence[float], *, n_boot: int = 2000, seed: int = 0
+                  ) -> tuple[float, float, float]:
+    """(mean, 95% bootstrap low, high) of one arm's values."""
+    assert xs, "an interval needs values"
+    x = np.asarray(xs, dtype=float)
+    boot = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(axis=1)
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    return float(x.mean()), float(lo), float(hi)

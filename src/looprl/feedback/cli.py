@@ -1,5 +1,6 @@
 """``looprl feedback``: the real-time RL cycle, the A/B report, promotions, the stored sessions.
 
+    looprl feedback loop -c configs/realtime.toml -o model=runs/quickstart/model_sft
     looprl feedback cycle --store fb.db --model M --out policies [--tasks heldout.jsonl]
     looprl feedback ab --store fb.db --min-sessions 100
     looprl feedback promote --out policies --version 3
@@ -54,6 +55,26 @@ def cycle_cmd(
                       promote_ungated=promote_ungated)
     res = run_cycle(FeedbackStore(store), model, out, cfg, ts)
     typer.echo(json.dumps(res.to_dict(), indent=1))
+
+
+@app.command("loop")
+def loop_cmd(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config "
+                                                "(configs/realtime.toml)", exists=True,
+                                                dir_okay=False)] = None,
+    override: Annotated[list[str], typer.Option(
+        "--override", "-o", help="key=value over the config, e.g. -o cycles=2 (repeatable)")
+    ] = [],  # noqa: B006
+    runs: Annotated[Path, typer.Option(help="runs root: the run is RUNS/NAME")] = Path("runs"),
+) -> None:
+    """Serve, collect a window, train, gate, A/B, promote or roll back — cycle after cycle
+    (``feedback.loop``); ends with the report's line."""
+    from looprl.config import load_config
+    from looprl.feedback.loop import RealtimeConfig, run_loop
+
+    res = run_loop(load_config(RealtimeConfig, config, override), runs)
+    typer.echo(f"report: {res.run / 'report.md'}")
+    typer.echo(res.line())
 
 
 @app.command("ab")
@@ -140,10 +161,13 @@ def simulate_cmd(
     out: Annotated[Path | None, typer.Option(help="write the full JSON summary here")] = None,
 ) -> None:
     """Simulated users over the server's HTTP API: keep edits that pass the hidden tests, revert
-    the rest (with noise), follow up; prints the JSON summary (counts, session and event ids)."""
+    the rest (with noise), follow up; prints the JSON summary (counts, session and event ids).
+    SIGTERM/SIGINT stop new arrivals; sessions already sent finish and the summary is written
+    (a second signal ends the process at once)."""
     import asyncio
+    import signal
 
-    from looprl.feedback.simulate import SimConfig, simulate_users
+    from looprl.feedback.simulate import SimConfig, SimSummary, simulate_users
     from looprl.tasks.taskset import load_tasks
 
     if not token:
@@ -155,7 +179,21 @@ def simulate_cmd(
     cfg = SimConfig(sessions=sessions, rate_per_min=rate, population=population, seed=seed,
                     keep_wrong=keep_wrong, revert_right=revert_right, silent=silent,
                     complain=complain, thank=thank, user_prefix=user_prefix)
-    summary = asyncio.run(simulate_users(url, token, ts, cfg)).to_dict()
+
+    async def until_stopped() -> SimSummary:
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+
+        def on_signal() -> None:
+            stop.set()
+            for sig in signals:  # the next signal acts as usual: a way out of a stuck run
+                loop.remove_signal_handler(sig)
+
+        for sig in signals:
+            loop.add_signal_handler(sig, on_signal)
+        return await simulate_users(url, token, ts, cfg, stop=stop)
+
+    summary = asyncio.run(until_stopped()).to_dict()
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(summary, indent=1))

@@ -135,6 +135,59 @@ def promote(out: str | Path, version: int) -> PolicyRef:
     return PolicyRef((o / name).resolve(), version)
 
 
+CANDIDATE = "candidate.json"
+"""``OUT/candidate.json``: the candidate a serve with this policies dir A/B tests as arm B."""
+
+
+def offer_candidate(out: str | Path, version: int, experiment: str, split_b: float) -> PolicyRef:
+    """Point ``OUT/candidate.json`` at ``OUT/vNNNN`` for an A/B test on ``split_b`` of users."""
+    o = Path(out).expanduser()
+    name = f"v{version:04d}"
+    if not (o / name / "config.json").is_file():
+        have = sorted(d.name for d in o.glob("v[0-9]*") if d.is_dir()) if o.is_dir() else []
+        raise ConfigError(f"no candidate {o / name}; versions in {o}: {have or 'none'}")
+    if not 0.0 <= split_b <= 1.0:
+        raise ConfigError(f"split_b must be in [0, 1] (the share of users on arm B), got {split_b}")
+    tmp = o / (CANDIDATE + ".tmp")
+    tmp.write_text(json.dumps({"version": version, "path": name, "experiment": experiment,
+                               "split_b": split_b, "offered_at": time.time()}))
+    os.replace(tmp, o / CANDIDATE)
+    return PolicyRef((o / name).resolve(), version)
+
+
+def withdraw_candidate(out: str | Path) -> None:
+    """Remove ``OUT/candidate.json`` (nothing to do when there is none)."""
+    (Path(out).expanduser() / CANDIDATE).unlink(missing_ok=True)
+
+
+def read_candidate(out: str | Path) -> tuple[PolicyRef, str, float] | None:
+    """The offered candidate, its experiment and split_b; None when none is offered."""
+    p = Path(out).expanduser() / CANDIDATE
+    try:
+        ptr = json.loads(p.read_text())
+        return (PolicyRef((p.parent / ptr["path"]).resolve(), int(ptr["version"])),
+                str(ptr["experiment"]), float(ptr["split_b"]))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{p} is not a candidate pointer ({type(e).__name__}: {e}); rewrite it "
+                          "with offer_candidate or remove it") from None
+
+
+def init_policies(out: str | Path, model: str | Path) -> PolicyRef:
+    """Create ``OUT/current.json`` pointing at ``model`` (absolute path) unless it exists."""
+    o = Path(out).expanduser()
+    if (o / POINTER).is_file():
+        return read_policy(o)
+    ref = read_policy(model)  # a policies dir given as the model: its current model dir
+    o.mkdir(parents=True, exist_ok=True)
+    tmp = o / (POINTER + ".tmp")
+    tmp.write_text(json.dumps({"version": ref.version, "path": str(ref.path),
+                               "promoted_at": time.time()}))
+    os.replace(tmp, o / POINTER)
+    return ref
+
+
 def current_policy(model: str | Path, out: str | Path) -> PolicyRef:
     o = Path(out).expanduser()
     return read_policy(o) if (o / POINTER).is_file() else read_policy(model)
@@ -148,23 +201,24 @@ def window(store: FeedbackStore, version: int, signal: str) -> list[Trajectory]:
         if s.trajectory is None or s.is_infra_error or not s.trajectory.segments:
             continue
         rb = fn(s, events.get(s.id, []))
-        if rb is not None:
-            out.append(dataclasses.replace(s.trajectory, reward=rb, id=s.id))
+        if rb is not None:  # the request (prompt and repo) names the task a session attempted
+            out.append(dataclasses.replace(s.trajectory, reward=rb, id=s.id, metadata={
+                **s.trajectory.metadata, "request": f"{s.repo}\0{s.prompt}"}))
     return out
 
 
 def window_group(trajs: list[Trajectory], tag: str) -> Group:
     """All of a window's sessions as ONE group: the batch mean is the baseline (module doc, 3)."""
     return Group(task_id="feedback-window", group_id=tag, trajectories=tuple(trajs),
-                 metadata={"sessions": len(trajs), "baseline": "batch_mean"})
+                 metadata={"sessions": len(trajs), "baseline_from": "batch_mean"})
 
 
-def _next_version(out: Path, current: int) -> int:
+def next_version(out: Path, current: int) -> int:
     used = [int(d.name[1:]) for d in out.glob("v[0-9]*") if d.name[1:].isdigit()]
     return max([current, *used]) + 1
 
 
-def _save_candidate(model: Any, tokenizer: Any, out: Path, version: int, meta: dict[str, Any]
+def save_candidate(model: Any, tokenizer: Any, out: Path, version: int, meta: dict[str, Any]
                     ) -> Path:
     final = out / f"v{version:04d}"
     tmp = out / f".v{version:04d}.tmp"
@@ -241,12 +295,12 @@ def run_cycle(store: FeedbackStore, model: str | Path, out: str | Path,
     if is_zero_variance(rewards):
         return _skip(store, policy, f"all {len(trajs)} rewards equal ({rewards[0]:+.2f}): "
                                     "no advantage signal; wait for more feedback", len(trajs))
-    version = _next_version(o, policy.version)
+    version = next_version(o, policy.version)
     model_, tok, step = train_window(policy, trajs, cfg, f"cycle-v{version}")
     if step["updates"] < 1:
         return _skip(store, policy, "the step applied no update (non-finite gradient)", len(trajs))
     mean_r = sum(rewards) / len(rewards)
-    cand = _save_candidate(model_, tok, o, version, {
+    cand = save_candidate(model_, tok, o, version, {
         "parent_version": policy.version, "parent_path": str(policy.path),
         "sessions": len(trajs), "mean_reward": mean_r, "signal": cfg.signal,
         "created_at": time.time()})

@@ -189,13 +189,14 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
     diff = ""
     if cfg.context_window - len(run.token_ids) < cfg.min_turn_tokens:
         # Not the model's doing: the task and tool schemas alone do not fit. Never scored.
+        prompt_tokens = len(run.token_ids)
         await policy.release(trajectory_id)
         run.close_segment()
         return Trajectory(
             task_id=task.id, group_id=group_id, segments=tuple(run.segments),
             messages=tuple(run.messages), counters=Counters(**run.counters),
             stop_reason=StopReason.INFRA_ERROR, id=trajectory_id, wall_s=time.monotonic() - t0,
-            error=(f"the task prompt and tool schemas take {len(run.token_ids)} tokens, leaving "
+            error=(f"the task prompt and tool schemas take {prompt_tokens} tokens, leaving "
                    f"less than min_turn_tokens={cfg.min_turn_tokens} of context_window="
                    f"{cfg.context_window}; raise agent.context_window or offer fewer tools"))
     try:

@@ -13,6 +13,11 @@ before advantages are computed — they are never scored as the model's fault. A
 remaining rewards are all equal has no signal: it is counted, and skipped when
 ``skip_zero_variance`` (the default).
 
+A group whose ``metadata["baseline"]`` is a number takes its advantages against it,
+``A_i = r_i - baseline``, instead of against the group's mean: production traffic has one sample
+of most prompts, so its baseline is a value estimate made outside the group
+(``feedback.loop.window_groups``). Such a group may hold a single trajectory.
+
 Rows are packed so that each micro-batch's cost stays within ``micro_batch_tokens``. The cost
 counts what the forward runs (``step.token_logprobs``): rows that share a prefix of
 ``MIN_SHARED_PREFIX``+ tokens (a group's prompt) run it once, so a micro-batch costs prefix +
@@ -214,12 +219,18 @@ def _rows(groups: Sequence[Group], credit: Credit
                 continue
         if credit.flat_failures:
             rewards_G = flatten_failures(rewards_G, passed_G)
-        if is_zero_variance(rewards_G) or len(valid) < 2:
+        baseline = g.metadata.get("baseline")
+        if baseline is None:
+            silent = is_zero_variance(rewards_G) or len(valid) < 2
+        else:
+            silent = not valid or is_zero_variance([*rewards_G, float(baseline)])
+        if silent:
             zero_var += 1
             if credit.skip_zero_variance:
                 continue
-        advantages_G = scale_negatives(group_advantages(rewards_G, credit.std_norm),
-                                       credit.negative_scale)
+        advantages_G = scale_negatives(
+            group_advantages(rewards_G, credit.std_norm) if baseline is None
+            else [r - float(baseline) for r in rewards_G], credit.negative_scale)
         if credit.balance_negatives:
             advantages_G = balance_negatives(
                 advantages_G, [sum(s.num_model_tokens for s in t.segments) for t in valid])

@@ -1,0 +1,199 @@
+"""The real-time RL loop (``feedback.loop``): its decisions, its groups, and one real run.
+
+The end-to-end test runs ``looprl feedback loop`` as a user would (its own process, which starts
+``looprl serve`` on a tiny default model with real sandboxes) and plays the users itself at the
+HTTP seam: it sends sessions and answers each by the arm it landed on, so that the first
+candidate is better on live traffic (it must be promoted and then served) and the second, the
+deliberately broken one, is worse (it must be rolled back while the promoted one keeps serving).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from looprl.config import load_config
+from looprl.errors import ConfigError
+from looprl.feedback.ab import ABReport, Diff
+from looprl.feedback.loop import RealtimeConfig, ab_decision, window_groups
+from looprl.feedback.store import FeedbackStore
+from looprl.tasks.taskset import write_tasks
+from looprl.types import Grader, RewardBreakdown, Task, Trajectory
+from tests.bwrap_support import needs_bwrap
+from tests.example_package import write_example_package
+
+from .conftest import make_traj
+
+
+def report(reward: tuple[float, float, float], reverted: tuple | None = None) -> ABReport:
+    diffs = {m: Diff(m, None, None, None) for m in ("kept", "dissatisfied", "latency")}
+    diffs["reward"] = Diff("reward", *reward)
+    diffs["reverted"] = Diff("reverted", *(reverted or (None, None, None)))
+    return ABReport({}, diffs, None)  # type: ignore[arg-type]
+
+
+def test_ab_decision_promotes_only_what_the_interval_supports():
+    assert ab_decision(report((0.1, -0.05, 0.25)), 0.2, 0.05)[0] == "promote"
+    assert ab_decision(report((0.1, -0.3, 0.5)), 0.2, 0.05)[0] == "rollback"  # too uncertain
+    assert ab_decision(report((-0.01, -0.1, 0.08)), 0.2, 0.05)[0] == "rollback"  # lower
+    assert ab_decision(report((0.2, 0.1, 0.3), (0.2, 0.1, 0.3)), 0.2, 0.05)[0] == "rollback"
+    action, why = ab_decision(report((None, None, None)), 0.2, 0.05)
+    assert action == "rollback" and "no scored session" in why
+
+
+def traj(i: str, request: str, r: float) -> Trajectory:
+    return dataclasses.replace(make_traj(), id=i, reward=RewardBreakdown(components={}, total=r),
+                               metadata={"request": request})
+
+
+def test_repeated_requests_form_groups_and_single_ones_get_a_baseline():
+    trajs = [traj("a", "x", 1.0), traj("b", "x", -1.0), traj("c", "y", 1.0),
+             traj("d", "z", -1.0), traj("e", "w", 0.0)]
+    groups = window_groups(trajs, {"y": [0.0, -1.0]}, "c1")
+    by_req = {g.metadata["request"]: g for g in groups}
+    assert [t.id for t in by_req["x"].trajectories] == ["a", "b"]
+    assert "baseline" not in by_req["x"].metadata  # the group's own mean
+    assert by_req["y"].metadata["baseline"] == -0.5  # the request's past
+    assert by_req["y"].metadata["baseline_from"] == "request"
+    # a new request: the window's mean without the session itself (1 - 1 + 1 + 0) / 4
+    assert by_req["z"].metadata["baseline"] == pytest.approx(0.25)
+    assert by_req["z"].metadata["baseline_from"] == "window"
+
+
+def test_single_sessions_train_against_their_baseline():
+    """trainer.batch takes A = r - baseline for a group of one (not a skipped zero-variance one)."""
+    from looprl.trainer.batch import Credit, _rows
+    from looprl.types import Group
+
+    t = dataclasses.replace(make_traj(), id="a", reward=RewardBreakdown(components={}, total=1.0))
+    rows, zero_var, *_ = _rows([Group("s", "g", (t,), {"baseline": 0.25})], Credit())
+    assert [r.advantage for r in rows] == [0.75] and zero_var == 0
+    rows, zero_var, *_ = _rows([Group("s", "g", (t,), {"baseline": 1.0})], Credit())
+    assert rows == [] and zero_var == 1  # equal to its baseline: no signal
+    rows, zero_var, *_ = _rows([Group("s", "g", (t,))], Credit())
+    assert rows == [] and zero_var == 1  # a group of one without a baseline has none
+
+
+def test_config_errors_say_what_to_fix(tmp_path):
+    with pytest.raises(ConfigError, match="model"):
+        load_config(RealtimeConfig, None, [])
+    with pytest.raises(ConfigError, match="users.tasks"):
+        load_config(RealtimeConfig, None, ["model=m"])
+    with pytest.raises(ConfigError, match="did you mean window"):
+        load_config(RealtimeConfig, None, ["model=m", "users.simulate=false", "windw=3"])
+
+
+CMD = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python -m "
+       "pytest -p no:cacheprovider -q -rA --tb=short --color=no -o addopts=")
+
+
+@pytest.mark.slow
+@needs_bwrap[0]
+def test_a_run_promotes_a_better_candidate_and_rolls_back_a_broken_one(tmp_path):
+    from looprl.models.tiny import init_default_model
+
+    model = init_default_model(tmp_path / "m", size="tiny", corpus_chars=50_000, vocab_size=512)
+    repo = write_example_package(tmp_path / "repos" / "minicalc")
+    gate = write_tasks([Task("minicalc-mean", str(repo), "mean is wrong", venv=sys.prefix,
+                             grader=Grader(CMD, ("tests/test_core.py::test_mean",), (),
+                                           ("tests/test_core.py",)))], tmp_path / "gate.jsonl")
+    cfg = tmp_path / "loop.toml"
+    cfg.write_text(f"""
+name = "e2e"
+model = "{model}"
+cycles = 2
+window = 6
+steps = 1
+inject_bad_cycle = 2
+window_timeout_min = 5
+[grpo]
+lr = 1e-3
+skip_groups_without_pass = false
+[users]
+simulate = false
+[serve]
+max_concurrent = 2
+max_turns = 1
+max_new_tokens = 8
+context_window = 4096
+watch_s = 0.5
+allowed_roots = ["{tmp_path / 'repos'}"]
+[gate]
+tasks = "{gate}"
+max_turns = 1
+max_new_tokens = 8
+max_drop = 0.5
+concurrency = 2
+[ab]
+sessions = 4
+margin = 0.2
+timeout_min = 5
+""")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "looprl", "feedback", "loop", "-c", str(cfg),
+                             "--runs", str(tmp_path / "runs")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    run = tmp_path / "runs" / "e2e"
+    sent: list[str] = []
+    seen: list[tuple[str, int]] = []
+    try:
+        deadline = time.time() + 300
+        while not (run / "server.json").is_file():
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+            time.sleep(0.5)
+        server = json.loads((run / "server.json").read_text())
+        auth = {"Authorization": f"Bearer {server['token']}"}
+        with httpx.Client(base_url=server["url"], headers=auth, timeout=120) as c:
+            i = 0
+            while proc.poll() is None:
+                try:
+                    r = c.post("/v1/sessions", json={"user": f"u{i}", "prompt": "mean is wrong",
+                                                     "repo": str(repo)})
+                except httpx.HTTPError:
+                    break  # the loop stopped its server
+                if r.status_code != 200 and proc.poll() is not None:
+                    break  # the server drains as the loop ends
+                assert r.status_code == 200, r.text
+                body = r.json()
+                sent.append(body["session_id"])
+                seen.append((body["arm"], body["policy_version"]))
+                # v1 (cycle 1's candidate) pleases; the start (v0) and the broken v2 disappoint
+                bad = body["policy_version"] != 1
+                if i % 3 == 0:
+                    bad = i % 2 == 0  # some variance on every arm: windows carry a signal
+                try:
+                    c.post(f"/v1/sessions/{body['session_id']}/feedback", json={
+                        "event_id": f"e{i}", "kind": "follow_up",
+                        "text": "that's wrong, still failing" if bad else "thanks, works now"}
+                           ).raise_for_status()
+                except httpx.HTTPError:
+                    assert proc.poll() is not None or proc.wait(60) is not None
+                    break  # the loop ended and stopped its server between the two calls
+                i += 1
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    rows = [json.loads(line) for line in (run / "cycles.jsonl").read_text().splitlines()]
+    assert [(r["status"], r["injected"]) for r in rows] == [("promoted", False),
+                                                          ("rolled_back", True)], out
+    assert ("B", 1) in seen and ("A", 1) in seen and ("B", 2) in seen
+    assert json.loads((run / "policies" / "current.json").read_text())["version"] == 1
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("cycles=2 ") and "rollback_ok=1" in line and " lost=0 " in line
+    store = FeedbackStore(run / "feedback.db")
+    stored = [s.id for s in store.sessions()]
+    assert sorted(stored) == sorted(sent)  # every session sent is stored, once
+    trained = [sid for c in store.cycles() for sid in c.session_ids]
+    assert len(trained) == len(set(trained)) == 12  # two windows of 6, none trained twice
+    assert {s.policy_version for s in store.sessions() if s.id in set(trained)} == {0, 1}
+    assert (run / "report.md").is_file() and (run / "ab.png").is_file()
+    assert "rolled_back" in (run / "report.md").read_text()
