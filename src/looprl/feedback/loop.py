@@ -246,6 +246,15 @@ def _looprl(*args: str) -> list[str]:
     return [sys.executable, "-m", "looprl", *args]
 
 
+def _end_with_parent() -> None:
+    """In a child (``Popen(preexec_fn=...)``): SIGTERM when the loop dies, even killed outright,
+    so no server or users outlive it (Linux: ``prctl(PR_SET_PDEATHSIG)``)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 @dataclass
 class Production:
     """The server (and simulated users) the loop runs beside."""
@@ -298,7 +307,8 @@ def start_production(cfg: RealtimeConfig, run: Path, policies: Path, db: Path) -
                 "--max-new-tokens", str(cfg.serve.max_new_tokens),
                 "--context-window", str(cfg.serve.context_window), "--min-sessions", "1",
                 *_allowed_roots(cfg)),
-        stdout=(run / "serve.log").open("ab"), stderr=subprocess.STDOUT, env=env)
+        stdout=(run / "serve.log").open("ab"), stderr=subprocess.STDOUT, env=env,
+        preexec_fn=_end_with_parent)
     prod = Production(url, token, serve)
     deadline = time.monotonic() + 300
     while True:
@@ -325,7 +335,8 @@ def start_production(cfg: RealtimeConfig, run: Path, policies: Path, db: Path) -
                     "--keep-wrong", str(u.keep_wrong), "--revert-right", str(u.revert_right),
                     "--silent", str(u.silent), "--complain", str(u.complain),
                     "--thank", str(u.thank), "--out", str(run / "users.json")),
-            stdout=(run / "users.log").open("ab"), stderr=subprocess.STDOUT, env=env)
+            stdout=(run / "users.log").open("ab"), stderr=subprocess.STDOUT, env=env,
+            preexec_fn=_end_with_parent)
     return prod
 
 
