@@ -122,7 +122,7 @@ def served(tmp_path_factory, tasks):
     store = FeedbackStore(tmp_path_factory.mktemp("db") / "fb.db")
     engine = ByPrompt(tok, {CLAMP_PROMPT: FIX_CLAMP, MEAN_PROMPT: WRONG_MEAN})
     cfg = ServeConfig(token=TOKEN, agent=AGENT, max_concurrent=2,
-                      allowed_roots=(str(Path(tasks[0].repo).parent),))
+                      allowed_roots=(str(Path(tasks[0].repo).parent), sys.prefix))
     with running(make_app({"A": engine}, tok, store, cfg)) as srv:
         yield srv.url, store
     store.close()

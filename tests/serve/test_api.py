@@ -122,6 +122,43 @@ def test_bad_repo_is_4xx_with_the_fix(server, repo, repo_arg, status, msg):
     assert len(store.sessions()) == n  # nothing ran, nothing stored
 
 
+@pytest.mark.parametrize("venv_arg, status, msg", [
+    ("/usr", 403, "'venv' '/usr' is outside the allowed roots"),
+    ("{root}/no-venv", 422, "'venv'"),
+    ("relative", 422, "'venv' 'relative' must be an absolute path"),
+    ("{root}", 422, "has no bin/ directory"),
+])
+def test_bad_venv_is_4xx_with_the_fix(server, repo, venv_arg, status, msg):
+    client, store = server
+    n = len(store.sessions())
+    r = client.post("/v1/sessions", json={"user": "u", "prompt": "fix", "repo": str(repo),
+                                          "venv": venv_arg.format(root=repo.parent)})
+    assert r.status_code == status and msg in r.json()["message"]
+    assert len(store.sessions()) == n
+
+
+@with_bwrap
+def test_a_session_runs_in_the_venv_it_names(server, repo, monkeypatch):
+    from looprl.serve.api import Server
+
+    client, _ = server
+    seen = []
+    run_agent = Server._run_agent
+
+    async def spy(self, task, arm, sid):
+        seen.append(task.venv)
+        return await run_agent(self, task, arm, sid)
+
+    monkeypatch.setattr(Server, "_run_agent", spy)
+    venv = repo.parent / "venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    for body in ({}, {"venv": str(venv)}):
+        r = client.post("/v1/sessions", json={"user": user_on("B"), "prompt": "fix",
+                                              "repo": str(repo), **body})
+        assert r.status_code == 200, r.text
+    assert seen == [None, str(venv)]  # the server's --venv (none here), then the request's
+
+
 def test_missing_field_is_422(server):
     client, _ = server
     r = client.post("/v1/sessions", json={"user": "u", "prompt": "fix"})

@@ -357,12 +357,13 @@ def _users_tasks(cfg: RealtimeConfig, run: Path) -> Path:
 
 def _allowed_roots(cfg: RealtimeConfig) -> list[str]:
     """``--allowed-root`` for ``serve.allowed_roots`` and every directory holding a user task's
-    repo."""
+    repo or venv (users send both)."""
     from looprl.tasks.taskset import load_tasks
 
     roots = set(cfg.serve.allowed_roots)
     if cfg.users.tasks:
-        roots |= {str(Path(t.repo).parent) for t in load_tasks(Path(cfg.users.tasks).expanduser())}
+        for t in load_tasks(Path(cfg.users.tasks).expanduser()):
+            roots |= {str(Path(d).parent) for d in (t.repo, t.venv) if d}
     return [a for r in sorted(roots) for a in ("--allowed-root", r)]
 
 

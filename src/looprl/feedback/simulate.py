@@ -302,7 +302,8 @@ async def _one(client: httpx.AsyncClient, p: Plan, cfg: SimConfig,
     start = time.monotonic()
     try:
         r = await client.post("/v1/sessions", timeout=cfg.request_timeout_s,
-                              json={"user": p.user, "prompt": p.task.prompt, "repo": p.task.repo})
+                              json={"user": p.user, "prompt": p.task.prompt, "repo": p.task.repo,
+                                    **({"venv": p.task.venv} if p.task.venv else {})})
     except httpx.HTTPError as e:
         out.status, out.error = "error", f"{type(e).__name__}: {e}"
         return out

@@ -28,7 +28,7 @@ A fixed arm B (``engines["B"]`` with its own ``policy_sources["B"]``, ``--model-
 
 Routes (JSON, ``Authorization: Bearer <token>`` on all but /healthz):
 
-- ``POST /v1/sessions`` {user, prompt, repo} -> {session_id, arm, policy_version, experiment, diff,
+- ``POST /v1/sessions`` {user, prompt, repo, venv?} -> {session_id, arm, policy_version, experiment, diff,
   files, stop_reason, messages (summary), turns, latency_s}
 - ``POST /v1/sessions/{id}/feedback`` {event_id, kind: kept|reverted|partially_kept|follow_up,
   files?, text?, at?} -> {event_id, duplicate, replays, reward}. ``event_id`` is the client's id
@@ -165,6 +165,9 @@ class SessionReq(StrictBody):
     user: str = Field(max_length=256)
     prompt: str = Field(max_length=MAX_PROMPT_CHARS)
     repo: str = Field(max_length=4096)
+    venv: str | None = Field(None, max_length=4096)
+    """The Python environment of the repo (a venv directory on the server, under the allowed
+    roots) that the agent's tools run in; default: the server's ``--venv``."""
 
 
 class FeedbackReq(StrictBody):
@@ -202,25 +205,26 @@ def summarize_messages(messages: tuple[Message, ...] | list[Message], max_chars:
     return out
 
 
-def check_repo(repo: str, allowed_roots: tuple[str, ...]) -> str:
-    """The repo directory with symlinks resolved; ``OutsideRootsError`` when it lies outside the
-    allowed roots (empty: looprl's home) or among the sandboxes' own workspaces, checked before
-    whether it exists so that nothing outside is revealed; ``ConfigError`` for the rest."""
+def check_repo(repo: str, allowed_roots: tuple[str, ...], field: str = "repo") -> str:
+    """The directory ``repo`` (a request's ``field``) with symlinks resolved;
+    ``OutsideRootsError`` when it lies outside the allowed roots (empty: looprl's home) or among
+    the sandboxes' own workspaces, checked before whether it exists so that nothing outside is
+    revealed; ``ConfigError`` for the rest."""
     from looprl.sandbox.workspace import sandbox_root
 
     if not repo.strip():
-        raise ConfigError("'repo' is empty: pass the absolute path of a directory on the server")
+        raise ConfigError(f"'{field}' is empty: pass the absolute path of a directory on the server")
     if "\0" in repo or not os.path.isabs(repo):
-        raise ConfigError(f"'repo' {repo!r} must be an absolute path on the server")
+        raise ConfigError(f"'{field}' {repo!r} must be an absolute path on the server")
     p = Path(os.path.realpath(repo))
     roots = [Path(os.path.realpath(r)) for r in allowed_roots or (str(paths.home()),)]
     workspaces = Path(os.path.realpath(sandbox_root()))
     if p.is_relative_to(workspaces) or not any(p.is_relative_to(r) for r in roots):
-        raise OutsideRootsError(f"'repo' {repo!r} is outside the allowed roots "
+        raise OutsideRootsError(f"'{field}' {repo!r} is outside the allowed roots "
                                 f"{[str(r) for r in roots]}; start the server with "
                                 "--allowed-root DIR covering it")
     if not p.is_dir():
-        raise ConfigError(f"'repo' {str(p)!r} is not a directory on the server")
+        raise ConfigError(f"'{field}' {str(p)!r} is not a directory on the server")
     return str(p)
 
 
@@ -302,12 +306,17 @@ class Server:
         if not req.user.strip() or not req.prompt.strip():
             raise ConfigError("'user' and 'prompt' must be non-empty strings")
         repo = check_repo(req.repo, self.cfg.allowed_roots)
+        venv = (self.cfg.venv if req.venv is None
+                else check_repo(req.venv, self.cfg.allowed_roots, "venv"))
+        if req.venv is not None and not (Path(venv) / "bin").is_dir():
+            raise ConfigError(f"'venv' {req.venv!r} has no bin/ directory: pass the root of a "
+                              "Python environment (the directory holding pyvenv.cfg)")
         # arm, version and experiment are read together (no await between): a reload cannot
         # split them; the session keeps its arm's engine even if the candidate is withdrawn
         arm, sid = self.arm_for(req.user), uuid.uuid4().hex
         version, experiment = self.version_of(arm), self.experiment
         task = Task(id=f"serve-{sid}", repo=repo, prompt=req.prompt,
-                    grader=Grader(self.cfg.test_command), venv=self.cfg.venv)
+                    grader=Grader(self.cfg.test_command), venv=venv)
         slots = self._slots = self._slots or asyncio.Semaphore(self.cfg.max_concurrent)
 
         async def give_back(_: bool) -> None:
