@@ -524,8 +524,8 @@ class Loop:
         row = CycleRow(n, cur.version, injected=n == cfg.inject_bad_cycle)
         t = time.monotonic()
 
-        def ready() -> tuple[bool, str]:
-            k = len(window(self.store, cur.version, cfg.signal))
+        def ready() -> tuple[bool, str]:  # counted without loading trajectories: polled often
+            k = sum(1 for s, _ in self._scored(version=cur.version, untrained=True))
             return k >= cfg.window, f"{k}/{cfg.window} scored sessions of v{cur.version}"
 
         self.say(f"cycle {n}: collecting a window of v{cur.version}")
@@ -533,8 +533,9 @@ class Loop:
             row.status, row.reason = "skipped", "the window did not fill"
             return row, {}
         trajs = window(self.store, cur.version, cfg.signal)[:cfg.window]
-        history = request_history([
-            (f"{s.repo}\0{s.prompt}", r) for s, r in self._scored(exclude={x.id for x in trajs})])
+        used = {x.id for x in trajs}
+        history = request_history([(f"{s.repo}\0{s.prompt}", r) for s, r in self._scored()
+                                   if s.id not in used])
         groups = window_groups(trajs, history, f"c{n}")
         rewards = [x.reward.total for x in trajs if x.reward is not None]
         row.window = {"sessions": len(trajs), "mean_reward": math.fsum(rewards) / len(rewards),
@@ -588,14 +589,16 @@ class Loop:
         self.say(f"  {row.status}: {why}")
         return row, trained
 
-    def _scored(self, exclude: set[str]) -> list[tuple[Any, float]]:
-        """Every scored session but ``exclude`` with its reward (the requests' past)."""
+    def _scored(self, version: int | None = None, untrained: bool = False
+                ) -> list[tuple[Any, float]]:
+        """Scored sessions (of ``version``; only those no cycle trained on) with their reward,
+        read without their trajectories."""
         from looprl.feedback.signals import get_signal
 
         fn, events = get_signal(self.cfg.signal), self.store.events_by_session()
         out = []
-        for s in self.store.sessions():
-            if s.id in exclude or s.is_infra_error:
+        for s in self.store.sessions(policy_version=version, untrained=untrained):
+            if s.is_infra_error:
                 continue
             rb = fn(s, events.get(s.id, []))
             if rb is not None:
