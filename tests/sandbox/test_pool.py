@@ -69,9 +69,9 @@ def test_reused_sandbox_starts_clean(base_repo: Path) -> None:
 def test_expired_lease_is_an_infra_error(base_repo: Path) -> None:
     async def go():
         pool = SandboxPool(max_running=1)
-        async with pool.lease(base_repo, timeout_s=0.3) as sb:
+        async with pool.lease(base_repo, timeout_s=2.0) as sb:  # starting may take 1 s, loaded
             assert (await sb.exec("echo ok")).ok
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(2.5)
             with pytest.raises(SandboxError, match="lease expired") as e:
                 await sb.exec("echo late")
             assert e.value.is_infra

@@ -57,6 +57,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -676,6 +677,10 @@ class LoopResult:
                 f"lost={acc['lost']} trained_twice={acc['trained_twice']}")
 
 
+def _stop_on_signal(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
 def init_run(cfg: RealtimeConfig, run: Path) -> Any:
     """``RUN/policies`` with the start model as its first version (a link, not a copy) and
     ``current.json`` naming it; returns that policy."""
@@ -737,6 +742,8 @@ def run_loop(cfg: RealtimeConfig, runs: str | Path = "runs",
     from looprl.feedback.cycle import promote, read_policy
 
     torch.set_num_threads(cfg.threads)
+    if threading.current_thread() is threading.main_thread():  # SIGTERM ends it like Ctrl-C:
+        signal.signal(signal.SIGTERM, _stop_on_signal)  # users and server stop, nothing is cut
     run = Path(runs) / cfg.name
     if (run / "cycles.jsonl").exists():
         raise ConfigError(f"{run} holds a finished or running loop; pick another name (-o name=...)")
