@@ -158,7 +158,8 @@ timeout_min = 5
                                                      "repo": str(repo)})
                 except httpx.HTTPError:
                     break  # the loop stopped its server
-                if r.status_code != 200 and proc.poll() is not None:
+                if r.status_code != 200 and (proc.poll() is not None
+                                             or r.json().get("error") == "shutting_down"):
                     break  # the server drains as the loop ends
                 assert r.status_code == 200, r.text
                 body = r.json()

@@ -295,6 +295,8 @@ class Production:
 
 
 def start_production(cfg: RealtimeConfig, run: Path, policies: Path, db: Path) -> Production:
+    import httpx
+
     from looprl.sandbox.server import free_port
 
     token = os.urandom(12).hex()
@@ -318,9 +320,7 @@ def start_production(cfg: RealtimeConfig, run: Path, policies: Path, db: Path) -
         try:
             prod.health()
             break
-        except OSError:
-            pass
-        except Exception:  # httpx's connection errors
+        except (httpx.HTTPError, ValueError):  # not listening yet, or not answering JSON yet
             pass
         if time.monotonic() > deadline:
             prod.stop(5)
