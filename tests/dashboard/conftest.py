@@ -1,7 +1,8 @@
 """Shared builders for dashboard tests: a run directory whose ``metrics.jsonl`` and
 ``trajectories/train.jsonl`` the real ``GRPOLoop`` wrote (real GRPO steps on a tiny random Llama,
 one of them skipped for lack of reward variance), a trajectory the real agent loop made and the
-real scorer graded, a feedback store, a uvicorn helper."""
+real scorer graded, a feedback store, a real-time loop run directory (real ``CycleRow``s, A/B
+reports and result line), a uvicorn helper."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import pytest
 import uvicorn
 
 from looprl.config import load_config, save_config
+from looprl.feedback.ab import ABReport, compare_arms
+from looprl.feedback.loop import CycleRow, LoopResult, RealtimeConfig, ab_decision
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.format import ChatFormat
@@ -189,6 +192,76 @@ def feedback_db(tmp_path: Path) -> Path:
                       latency_s=1.0)
     store.close()
     return path
+
+
+def ab(kept_a: float, kept_b: float, n: int = 40) -> ABReport:
+    """A real A/B report (``compare_arms``: bootstrap intervals of B - A) over ``n`` scored
+    sessions per arm; a kept edit earns reward 1, a reverted one -1, and is a dissatisfied user."""
+    def values(kept: float, latency: float) -> list[dict[str, float]]:
+        out = []
+        for i in range(n):
+            k = float(i < round(kept * n))
+            out.append({"reward": 2 * k - 1, "kept": k, "reverted": 1 - k, "dissatisfied": 1 - k,
+                        "latency": latency + i % 3})
+        return out
+
+    return compare_arms({"A": values(kept_a, 2.0), "B": values(kept_b, 2.5)}, {"A": n + 2, "B": n},
+                        min_sessions=n)
+
+
+def loop_config() -> RealtimeConfig:
+    return load_config(RealtimeConfig, None, ["name=rt-test", f"cycles={LOOP_CYCLES}",
+                                              "model=runs/quickstart/model_rl",
+                                              "users.tasks=tasks.jsonl"])
+
+
+LOOP_CYCLES = 3
+"""Cycle 1 is promoted (v0 -> v1), cycle 2's noised candidate rolled back by the A/B, cycle 3's
+rejected by the gate."""
+
+
+def loop_cycles() -> tuple[list[CycleRow], ABReport]:
+    """What ``Loop.cycle`` records, cycle by cycle, and the final A/B's report."""
+    cfg = loop_config()
+    rows = []
+    for n, (cur, kept_b, gate_cand) in enumerate(((0, 0.8, 0.40), (1, 0.2, 0.35), (1, None, 0.10)),
+                                                 1):
+        gate = {"passed": gate_cand > 0.2, "reason": f"pass@1 diff {gate_cand - 0.35:+.3f}",
+                "n_tasks": 20, "pass1_current": 0.35, "pass1_candidate": gate_cand,
+                "ci_low": gate_cand - 0.35 - 0.05, "ci_high": gate_cand - 0.35 + 0.05}
+        row = CycleRow(n, cur, n, injected=n == 2, gate=gate,
+                       window={"sessions": 48, "mean_reward": -0.25 + 0.1 * n, "groups": 12,
+                               "singletons": 4})
+        if kept_b is None:
+            row.status, row.reason = "rejected", "gate: " + gate["reason"]
+        else:
+            rep = ab(0.5, kept_b)
+            action, why = ab_decision(rep, cfg.ab.margin, cfg.ab.max_revert_rise)
+            row.ab = rep.to_dict()
+            row.status = {"promote": "promoted", "rollback": "rolled_back"}[action]
+            row.reason = f"A/B: {why}"
+        rows.append(row)
+    return rows, ab(0.45, 0.7, n=60)
+
+
+@pytest.fixture
+def loop_run(tmp_path: Path) -> Path:
+    """A run directory as ``looprl feedback loop`` leaves it (``run_loop``'s files; the store,
+    policies and plots left out)."""
+    run = tmp_path / "runs" / "rt-test"
+    run.mkdir(parents=True)
+    save_config(loop_config(), run / "config.json")
+    (run / "feedback.db").touch()
+    rows, final = loop_cycles()
+    with (run / "cycles.jsonl").open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(dataclasses.asdict(row)) + "\n")
+    final_ab = {**final.to_dict(), "final": True, "a": 0, "b": 1}
+    (run / "final_ab.json").write_text(json.dumps(final_ab, indent=1))
+    res = LoopResult(run, rows, final_ab, {"stored": 300, "lost": 0, "trained_twice": 0}, 1)
+    (run / "result.txt").write_text(res.line() + "\n")
+    (run / "report.md").write_text("# Real-time RL loop `rt-test`\n\n" + res.line() + "\n")
+    return run
 
 
 def serve(app) -> Iterator[str]:

@@ -16,7 +16,7 @@ from looprl.dashboard.data import fmt
 from looprl.sandbox.pool import SandboxPool
 from looprl.sandbox.server import create_app as env_server_app
 
-from .conftest import SKIPPED_STEP, STEPS, rows, serve
+from .conftest import LOOP_CYCLES, SKIPPED_STEP, STEPS, rows, serve
 
 ENV_TOKEN = "env-secret"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -96,6 +96,79 @@ def test_run_page(grpo_run: Path):
     assert '<a href="/runs/alpha/trajectories/train">train</a> · 12 trajectories' in page
     assert "<td>loop.loggers</td><td>[&quot;tensorboard&quot;]</td>" in page
     assert client.get("/runs/beta").status_code == 404
+
+
+def _ci(d: dict) -> str:
+    return f"{d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+
+
+def _cycle_rows(page: str) -> list[str]:
+    table = re.search(r'<table class="cycles">(.*?)</table>', page)
+    assert table, "no cycles table"
+    return re.findall(r"<tr><td>(.*?)</tr>", table.group(1))
+
+
+def test_loop_run_page(loop_run: Path):
+    client = TestClient(create_app(DashboardConfig(runs=(loop_run,))))
+    page = client.get("/runs/rt-test").text
+    main = page.split("<main>")[1]
+    assert "metrics.jsonl" not in main and 'class="problem"' not in main  # nothing is wrong
+    assert "real-time RL loop — rt-test" in page
+    cycles = [json.loads(line) for line in (loop_run / "cycles.jsonl").read_text().splitlines()]
+    rows_ = _cycle_rows(page)
+    assert len(rows_) == LOOP_CYCLES
+    promoted, rolled, rejected = rows_
+    assert '<span class="status promoted">promoted</span>' in promoted and "v0 → v1" in promoted
+    assert '<span class="status rolled_back">rolled back</span>' in rolled and "(noise)" in rolled
+    assert "reverts rose" in rolled  # the reason the loop gave
+    assert '<span class="status rejected">rejected</span>' in rejected
+    for row, c in zip(rows_, cycles, strict=True):
+        if c["ab"]:  # A/B reward B − A with its interval, kept A → B
+            assert f"<td>{_ci(c['ab']['diffs']['reward'])}</td>" in row
+            arms = c["ab"]["arms"]
+            assert f"<td>{arms['A']['kept']:.3f} → {arms['B']['kept']:.3f}</td>" in row
+        g = c["gate"]
+        assert f"{g['pass1_current']:.3f} → {g['pass1_candidate']:.3f}" in row
+        assert f"diff CI [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}] · 20 tasks" in row
+    assert "<td>—</td><td>—</td></tr>" in rejected + "</tr>"  # the gate stopped it: no A/B
+    # the final A/B: each arm's means, B − A with its interval for every metric
+    final = json.loads((loop_run / "final_ab.json").read_text())
+    table = re.search(r'<table class="final-ab">(.*?)</table>', page).group(1)
+    assert re.search(r"<tr><td>B</td><td>v1</td><td>60</td><td>60</td>", table)
+    diffs = final["diffs"]
+    assert "".join(f"<td><strong>{_ci(diffs[m])}</strong></td>"
+                   for m in ("reward", "kept", "reverted", "dissatisfied", "latency")) in table
+    # the result line's figures
+    result = dict(kv.split("=") for kv in (loop_run / "result.txt").read_text().split())
+    assert _card(page, "cycles") == str(LOOP_CYCLES) and _card(page, "sessions") == "300"
+    assert _card(page, "kept B − A") == f"{float(result['kept_delta']):+.3f}"
+    assert _card(page, "kept B − A 95% CI") == (f"[{float(result['kept_ci_low']):+.3f}, "
+                                                 f"{float(result['kept_ci_high']):+.3f}]")
+    assert _card(page, "rollback ok") == "yes"
+    assert "B − A of the final A/B" in page
+    assert "<h1>Real-time RL loop <code>rt-test</code></h1>" in page  # report.md still rendered
+    assert client.get("/api/summary").json()["runs"][0]["loop"]["cycles"] == LOOP_CYCLES
+
+
+def test_running_loop_page_and_overview(grpo_run: Path, loop_run: Path):
+    lines = (loop_run / "cycles.jsonl").read_text().splitlines(keepends=True)
+    (loop_run / "cycles.jsonl").write_text("".join(lines[:2]) + lines[2][:90])  # cycle 3 being written
+    for f in ("result.txt", "final_ab.json", "report.md"):
+        (loop_run / f).unlink()
+    client = TestClient(create_app(DashboardConfig(runs=(grpo_run, loop_run))))
+    page = client.get("/runs/rt-test").text
+    assert len(_cycle_rows(page)) == 2 and "running: cycle 3 is under way" in page
+    assert "cycles.jsonl line 3 is incomplete" in page and "metrics.jsonl" not in page
+    assert "final A/B" not in page and "kept B − A 95% CI" not in page
+    overview = client.get("/").text
+    assert '<span class="tag">real-time loop</span> 2 cycles · running' in overview
+    assert "<td>training</td>" in overview  # the GRPO run beside it
+    (loop_run / "cycles.jsonl").write_text("".join(lines))
+    (loop_run / "result.txt").write_text("cycles=3 sessions=300 kept_delta=0.2500 "
+                                         "kept_ci_low=0.0667 kept_ci_high=0.4167 rollback_ok=1\n")
+    overview = client.get("/").text
+    assert ("<span class=\"tag\">real-time loop</span> 3 cycles · kept B − A "
+            "+0.250 [+0.067, +0.417]") in overview
 
 
 def test_trajectory_pages(grpo_run: Path):

@@ -18,7 +18,7 @@ from looprl.dashboard.data import (
     metric_values,
 )
 
-from .conftest import SKIPPED_STEP, STEPS, rows
+from .conftest import LOOP_CYCLES, SKIPPED_STEP, STEPS, rows
 
 
 def test_doctests():
@@ -147,3 +147,36 @@ def test_fleet_errors_are_messages():
 def test_metrics_parse_nan_rows():
     rows_, probs = data.parse_metrics(json.dumps({"step": 1, "train/kl_mean": float("nan")}) + "\n")
     assert probs == [] and rows_[0]["train/kl_mean"] != rows_[0]["train/kl_mean"]
+
+
+def test_loop_run_is_read_as_a_loop(loop_run: Path):
+    run = load_run(loop_run)
+    assert run.is_loop and run.problems == ()  # no "no metrics.jsonl" for a loop
+    assert [c["status"] for c in run.cycles] == ["promoted", "rolled_back", "rejected"]
+    assert run.final_ab["final"] is True and run.final_ab["b"] == 1
+    kept = run.final_ab["diffs"]["kept"]
+    assert run.result["cycles"] == LOOP_CYCLES and run.result["rollback_ok"] == 1
+    assert run.result["kept_ci_low"] == round(kept["lo"], 4)
+    fresh = loop_run.parent / "starting"  # a loop in its first cycle: the store, no cycle yet
+    fresh.mkdir()
+    (fresh / "feedback.db").touch()
+    started = load_run(fresh)
+    assert started.is_loop and started.cycles == () and started.result is None
+    assert started.problems == ()
+
+
+def test_loop_files_being_written_or_damaged(loop_run: Path):
+    text = (loop_run / "cycles.jsonl").read_text()
+    (loop_run / "cycles.jsonl").write_text(text + text.splitlines()[0][:70])  # cycle 4, mid-line
+    (loop_run / "result.txt").unlink()  # the loop has not ended
+    run = load_run(loop_run)
+    assert [c["cycle"] for c in run.cycles] == list(range(1, LOOP_CYCLES + 1))
+    assert run.result is None
+    (p,) = run.problems
+    assert p.startswith(f"cycles.jsonl line {LOOP_CYCLES + 1} is incomplete")
+    (loop_run / "final_ab.json").write_text('{"arms": ')
+    (loop_run / "result.txt").write_text("cycles=3 kept_delta=oops\n")
+    run = load_run(loop_run)
+    assert any(p.startswith("final_ab.json could not be read") for p in run.problems)
+    assert "result.txt: 'kept_delta=oops' is not key=number; skipped" in run.problems
+    assert run.final_ab is None and run.result == {"cycles": 3.0}

@@ -108,6 +108,8 @@ def test_cycle_trains_saves_candidate_and_records(store, model_dir, tmp_path):
     assert not (out / POINTER).exists()  # not promoted without a gate
     rec = store.cycles()[-1]
     assert set(rec.session_ids) == set(sids) and rec.candidate_version == 1
+    assert window(store, 0, "edit_outcome") == []  # trained: no later window takes them
+    assert {t.id for t in window(store, 0, "edit_outcome", untrained=False)} == set(sids)
     # trained once: the next cycle has nothing new from v0
     assert run_cycle(store, model_dir, out, CycleConfig(min_sessions=1)).status == "skipped"
     # promotion makes v1 current; its sessions are the next window

@@ -90,6 +90,27 @@ def test_config_errors_say_what_to_fix(tmp_path):
         load_config(RealtimeConfig, None, ["model=m", "users.simulate=false", "windw=3"])
 
 
+def test_the_gate_may_share_the_users_file_only_past_the_tasks_they_send(tmp_path):
+    from looprl.feedback.loop import _gate_tasks
+
+    grader = Grader(CMD, ("tests/test_core.py::test_mean",), (), ("tests/test_core.py",))
+    tasks = write_tasks([Task(f"t{i}", str(tmp_path), f"fix {i}", grader=grader) for i in range(10)],
+                        tmp_path / "heldout.jsonl")
+
+    def gate(**over: str) -> list[str]:
+        ovs = [f"{k}={v}" for k, v in over.items()]
+        cfg = load_config(RealtimeConfig, None, ["model=m", f"users.tasks={tasks}", "users.limit=4",
+                                                 f"gate.tasks={tasks}", *ovs])
+        return [t.id for t in _gate_tasks(cfg)]
+
+    assert gate(**{"gate.skip": "4"}) == [f"t{i}" for i in range(4, 10)]
+    assert gate(**{"gate.skip": "5", "gate.limit": "2"}) == ["t5", "t6"]
+    with pytest.raises(ConfigError, match=r"share 1 .*t3.*gate.skip"):
+        gate(**{"gate.skip": "3"})
+    with pytest.raises(ConfigError, match="no tasks after skipping 10"):
+        gate(**{"gate.skip": "10"})
+
+
 CMD = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python -m "
        "pytest -p no:cacheprovider -q -rA --tb=short --color=no -o addopts=")
 

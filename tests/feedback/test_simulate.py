@@ -5,6 +5,7 @@ scripted engine at the Engine seam) fixes one task and makes a wrong edit on the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import doctest
 import json
 import os
@@ -274,6 +275,33 @@ def test_the_cli_needs_a_token(tasks, monkeypatch):
     r = CliRunner().invoke(app, ["feedback", "simulate", "--tasks",
                                  str(Path(tasks[0].repo).parent / "heldout.jsonl")])
     assert r.exit_code == 2 and "--token" in r.output
+
+
+def test_cli_args_rebuild_the_config_through_the_real_cli(tasks, monkeypatch):
+    """``SimConfig.cli_args`` (how the loop starts its users) names every field, and the CLI
+    turns the flags back into the same config."""
+    from typer.testing import CliRunner
+
+    from looprl.cli import app
+
+    seen = []
+
+    async def capture(url, token, ts, cfg, stop=None):
+        seen.append(cfg)
+        return sim_mod.SimSummary(cfg, [], 0.0)
+
+    monkeypatch.setattr(sim_mod, "simulate_users", capture)
+    want = SimConfig(sessions=7, rate_per_min=12.5, population=3, seed=4, keep_wrong=0.1,
+                     revert_right=0.2, silent=0.3, complain=0.4, thank=0.6, user_prefix="p",
+                     request_timeout_s=30.0, grade_concurrency=3)
+    default = SimConfig()
+    assert all(getattr(want, f.name) != getattr(default, f.name)
+               for f in dataclasses.fields(SimConfig))  # a dropped flag would show as a default
+    r = CliRunner().invoke(app, ["feedback", "simulate", "--token", "t", "--tasks",
+                                 str(Path(tasks[0].repo).parent / "heldout.jsonl"),
+                                 *want.cli_args()])
+    assert r.exit_code == 0, r.output
+    assert seen == [want]
 
 
 def test_templates_are_not_the_classifiers_labelled_texts():

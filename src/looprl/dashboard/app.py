@@ -8,7 +8,8 @@ sandbox fleet and the A/B test.
 
 Routes: ``/`` overview (the runs list, their main curves on shared axes, every overview panel),
 ``/runs/{name}`` one run (cards, every curve, evaluations, trajectories, report.md rendered, the
-resolved config), ``/runs/{name}/trajectories/{file}`` a filterable list of a trajectory file and
+resolved config; for a real-time loop run, ``looprl feedback loop``, its result, cycles and final
+A/B instead of the curves), ``/runs/{name}/trajectories/{file}`` a filterable list of a trajectory file and
 ``.../{n}`` the viewer of one trajectory, ``/compare?run=a&run=b`` runs side by side,
 ``/fleet`` the Ray fleet of each run that has one (``fleet_view.py``),
 ``/api/summary`` (the figures as JSON), ``/healthz`` (no auth). A ``--run`` directory that holds
@@ -62,6 +63,7 @@ from looprl.dashboard.data import (
     load_tokenizer,
 )
 from looprl.dashboard.fleet_view import fleet_page
+from looprl.dashboard.loop_view import loop_section
 
 COOKIE = "looprl_dashboard_token"
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -195,7 +197,7 @@ class Dashboard:
         run = self.run(name)
         counts = {f: len(self.index(run, f).refresh()) for f in run.trajectory_files}
         base = run_href(run.name)
-        body = [_guard("training", lambda: render.run_section(run, "run")),
+        body = [_guard("run", lambda: _main_section(run, "run")),
                 _guard("evaluation", lambda: render.eval_section(
                     run, lambda f, t: f"{base}/trajectories/{f}?" + urlencode({"task": t}))),
                 _guard("trajectories", lambda: render.trajectories_section(
@@ -250,7 +252,7 @@ class Dashboard:
         if len(runs) > 1:
             body.append(_guard("compare", lambda: render.compare_section(runs)))
         for i, run in enumerate(runs):
-            body += [_guard(f"run {run.name}", lambda run=run, i=i: render.run_section(run, f"r{i}")),
+            body += [_guard(f"run {run.name}", lambda run=run, i=i: _main_section(run, f"r{i}")),
                      _guard("evaluation", lambda run=run: render.eval_section(run)),
                      _guard("report", lambda run=run: render.report_section(
                          run, lambda src, run=run: _file_data_uri(run, src))),
@@ -265,7 +267,9 @@ class Dashboard:
         return {
             "runs": [{"name": r.name, "path": str(r.path), "steps": len(r.rows), "last": r.last,
                       "skipped_steps": r.skipped_steps, "trajectory_files": list(r.trajectory_files),
-                      "problems": list(r.problems)} for r in runs],
+                      "problems": list(r.problems),
+                      **({"loop": {"cycles": len(r.cycles), "result": r.result}} if r.is_loop
+                         else {})} for r in runs],
             "fleet": None if fleet is None else {"url": fleet.url, "metrics": fleet.metrics,
                                                  "error": fleet.error},
             "feedback": None if fb is None else {
@@ -273,6 +277,11 @@ class Dashboard:
                 "report": fb.report.to_dict() if fb.report else None,
                 "cycles": [asdict(c) for c in fb.cycles]},
         }
+
+
+def _main_section(run: RunData, prefix: str) -> str:
+    """A training run's cards and curves, or a real-time loop's result, cycles and final A/B."""
+    return loop_section(run, prefix) if run.is_loop else render.run_section(run, prefix)
 
 
 def _num(v: Any) -> float | None:

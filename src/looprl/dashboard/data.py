@@ -6,6 +6,7 @@
     traj = index.read(3)                         # the 4th trajectory of the file, as a record
     fleet = fetch_fleet("http://10.0.0.5:8377", token="s3cret")   # env server pool metrics
     fb = load_feedback(Path("feedback.db"))      # A/B report + cycles of a FeedbackStore
+    loop = load_run(Path("runs/rt32b"))          # a real-time loop run: loop.cycles, .result, ...
 
 Every loader turns a missing or malformed input into a human message on the record (``problems``
 or ``error``) so the page can say what is wrong and how to fix it; a page never fails because a
@@ -66,6 +67,14 @@ class RunData:
     """Names (without ``.jsonl``) of the files under ``trajectories/``: train, eval_start, ..."""
     mtime: float = 0.0
     """Newest modification time of the files read."""
+    is_loop: bool = False
+    """A real-time loop run (``looprl feedback loop``): ``cycles.jsonl`` or ``feedback.db``."""
+    cycles: tuple[dict[str, Any], ...] = ()
+    """``cycles.jsonl`` rows (``dataclasses.asdict(CycleRow)``) that parsed, in file order."""
+    final_ab: dict[str, Any] | None = None
+    """``final_ab.json``: the final A/B (start vs last promoted policy), when one ran."""
+    result: dict[str, float | None] | None = None
+    """``result.txt`` (``parse_result``): None until the loop has ended."""
 
     @property
     def last(self) -> dict[str, Any]:
@@ -115,12 +124,14 @@ def numeric_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
     return list(keys)
 
 
-def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """Rows and problems from the text of a ``metrics.jsonl``.
+def parse_jsonl(text: str, name: str, key: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows and problems from the text of a JSON-lines file the run appends to (``name``, for
+    the messages); a row needs a number under ``key``. A last line without its newline is being
+    written: it is skipped with a note, never an error.
 
-    >>> rows, probs = parse_metrics('{"step": 1}\\nnot json\\n[1]\\n{"step": 2')
-    >>> [r["step"] for r in rows], len(probs)
-    ([1], 3)
+    >>> rows, probs = parse_jsonl('{"step": 1}\\nnot json\\n[1]\\n{"step": 2', "metrics.jsonl", "step")
+    >>> [r["step"] for r in rows], len(probs), probs[-1][:35]
+    ([1], 3, 'metrics.jsonl line 4 is incomplete ')
     """
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -132,21 +143,48 @@ def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             if i == len(lines):  # no trailing newline: the writer may be mid-line
-                problems.append(f"metrics.jsonl line {i} is incomplete (a running job may be "
+                problems.append(f"{name} line {i} is incomplete (a running job may be "
                                 f"writing it); skipped until it is finished: {e.msg}")
             else:
-                problems.append(f"metrics.jsonl line {i} is not valid JSON ({e.msg} at column "
+                problems.append(f"{name} line {i} is not valid JSON ({e.msg} at column "
                                 f"{e.colno}); skipped — fix or delete that line")
             continue
         if not isinstance(row, dict):
-            problems.append(f"metrics.jsonl line {i} is a JSON {type(row).__name__}, not an object "
-                            "of metric -> value; skipped")
+            problems.append(f"{name} line {i} is a JSON {type(row).__name__}, not an object; "
+                            "skipped")
             continue
-        if not isinstance(row.get("step"), (int, float)):
-            problems.append(f"metrics.jsonl line {i} has no numeric 'step'; skipped")
+        if not isinstance(row.get(key), (int, float)):
+            problems.append(f"{name} line {i} has no numeric {key!r}; skipped")
             continue
         rows.append(row)
     return rows, problems
+
+
+def parse_metrics(text: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows and problems from the text of a ``metrics.jsonl`` (one row per step)."""
+    return parse_jsonl(text, "metrics.jsonl", "step")
+
+
+def parse_result(text: str) -> tuple[dict[str, float | None], list[str]]:
+    """The figures of a loop's ``result.txt`` (``key=value ...`` on one line); ``nan`` (no
+    value: an arm without that signal, no injected candidate) becomes None.
+
+    >>> parse_result("cycles=2 kept_delta=nan rollback_ok=1 lost=x\\n")
+    ({'cycles': 2.0, 'kept_delta': None, 'rollback_ok': 1.0}, ["result.txt: 'lost=x' is not key=number; skipped"])
+    """
+    out: dict[str, float | None] = {}
+    problems: list[str] = []
+    for token in text.split():
+        k, eq, v = token.partition("=")
+        try:
+            x = float(v) if eq and k else None
+        except ValueError:
+            x = None
+        if x is None:
+            problems.append(f"result.txt: {token!r} is not key=number; skipped")
+            continue
+        out[k] = None if math.isnan(x) else x
+    return out, problems
 
 
 def _read_json(path: Path, problems: list[str], fix: str) -> dict[str, Any] | None:
@@ -159,6 +197,12 @@ def _read_json(path: Path, problems: list[str], fix: str) -> dict[str, Any] | No
         problems.append(f"{path.name} is not a JSON object; {fix}")
         return None
     return obj
+
+
+def is_loop_dir(path: Path) -> bool:
+    """``path`` holds a real-time loop run: its cycles, or the store the loop opens at its start
+    (so a loop still in its first cycle is one too)."""
+    return (path / "cycles.jsonl").is_file() or (path / "feedback.db").is_file()
 
 
 def is_run_dir(path: Path) -> bool:
@@ -189,6 +233,7 @@ def load_run(path: Path, name: str | None = None) -> RunData:
     rows: list[dict[str, Any]] = []
     mtimes = [path.stat().st_mtime]
     metrics = path / "metrics.jsonl"
+    loop = is_loop_dir(path)
     if metrics.is_file():
         mtimes.append(metrics.stat().st_mtime)
         try:
@@ -198,7 +243,7 @@ def load_run(path: Path, name: str | None = None) -> RunData:
             problems.append(f"cannot read {metrics}: {e}")
         if not rows and not problems:
             problems.append("metrics.jsonl is empty: no training step has finished yet")
-    else:
+    elif not loop:  # a loop trains in cycles and logs them to cycles.jsonl
         problems.append(f"no metrics.jsonl in {path} yet: the first training step has not "
                         "finished (this page refreshes by itself)")
     report = None
@@ -219,8 +264,42 @@ def load_run(path: Path, name: str | None = None) -> RunData:
                             "it is the run's resolved config, written when the run starts")
     trajs = path / "trajectories"
     files = tuple(sorted(p.stem for p in trajs.glob("*.jsonl"))) if trajs.is_dir() else ()
+    cycles, final_ab, result = _read_loop(path, problems, mtimes) if loop else ((), None, None)
     return RunData(name, path, tuple(rows), tuple(problems), report, evals, config, files,
-                   max(mtimes))
+                   max(mtimes), loop, cycles, final_ab, result)
+
+
+def _read_loop(path: Path, problems: list[str], mtimes: list[float]
+               ) -> tuple[tuple[dict[str, Any], ...], dict[str, Any] | None,
+                          dict[str, float | None] | None]:
+    """cycles.jsonl, final_ab.json and result.txt of a loop run; each may be absent yet."""
+    for store in ("feedback.db", "feedback.db-wal"):  # sessions arrive: the loop is alive
+        try:
+            mtimes.append((path / store).stat().st_mtime)
+        except OSError:
+            pass
+    texts: dict[str, str] = {}
+    for fname in ("cycles.jsonl", "result.txt"):
+        f = path / fname
+        if f.is_file():
+            try:
+                mtimes.append(f.stat().st_mtime)
+                texts[fname] = f.read_text(errors="replace")
+            except OSError as e:
+                problems.append(f"cannot read {f}: {e}")
+    cycles: list[dict[str, Any]] = []
+    if "cycles.jsonl" in texts:
+        cycles, bad = parse_jsonl(texts["cycles.jsonl"], "cycles.jsonl", "cycle")
+        problems += bad
+    final_ab = None
+    if (path / "final_ab.json").is_file():
+        final_ab = _read_json(path / "final_ab.json", problems, "it is written once, when the "
+                              "loop's final A/B ends (report.md has its tables too)")
+    result = None
+    if "result.txt" in texts:
+        result, bad = parse_result(texts["result.txt"])
+        problems += bad
+    return tuple(cycles), final_ab, result
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -240,6 +240,24 @@ def table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> 
             + "</table>")
 
 
+def interval(diff: Any, lo: Any, hi: Any) -> str:
+    """A difference and its 95% interval, signed (the loop's report writes them so too).
+
+    >>> interval(-0.4349, -0.9253, 0.0753), interval(None, None, None), interval(0.1, None, None)
+    ('-0.435 [-0.925, +0.075]', '—', '+0.100')
+    """
+    if not isinstance(diff, (int, float)):
+        return "—"
+    return f"{diff:+.3f}" + (f" {ci(lo, hi)}" if ci(lo, hi) != "—" else "")
+
+
+def ci(lo: Any, hi: Any) -> str:
+    """``[lo, hi]`` of a 95% interval, signed; ``—`` when an end is missing."""
+    if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
+        return "—"
+    return f"[{lo:+.3f}, {hi:+.3f}]"
+
+
 def link(href: str, text: str) -> str:
     return f'<a href="{esc(href)}">{esc(text)}</a>'
 
@@ -275,7 +293,7 @@ def runs_table(runs: Sequence[RunData], href: Callable[[RunData], str] | None,
                compare_action: str | None = None) -> str:
     """The runs list: one row per run, checkboxes to compare (when served)."""
     head = (["compare"] if compare_action else []) + [
-        "run", "steps", "updated", "reward", "pass rate", "skipped steps",
+        "run", "kind · status", "steps", "updated", "reward", "pass rate", "skipped steps",
         "held-out pass@1 start → RL", "problems"]
     rows = []
     for run in runs:
@@ -283,12 +301,14 @@ def runs_table(runs: Sequence[RunData], href: Callable[[RunData], str] | None,
         start, rl = _pass1(run, "start"), _pass1(run, "RL")
         evals = f"{fmt(start)} → {fmt(rl)}" if start is not None or rl is not None else "—"
         name = link(href(run), run.name) if href else esc(run.name)
-        box = [f'<input type="checkbox" name="run" value="{esc(run.name)}" checked>'] \
-            if compare_action else []
-        rows.append(box + [name, str(len(run.rows)), esc(ago(run.mtime)),
-                           esc(fmt(last.get("reward/total_mean"))),
-                           esc(fmt(last.get("rollout/pass_rate"))),
-                           str(len(run.skipped_steps)), esc(evals), str(len(run.problems))])
+        box = ([f'<input type="checkbox" name="run" value="{esc(run.name)}"'
+                f'{"" if run.is_loop else " checked"}>'] if compare_action else [])
+        training = ([str(len(run.rows)), esc(ago(run.mtime)),
+                     esc(fmt(last.get("reward/total_mean"))),
+                     esc(fmt(last.get("rollout/pass_rate"))), str(len(run.skipped_steps))]
+                    if not run.is_loop else ["—", esc(ago(run.mtime)), "—", "—", "—"])
+        rows.append(box + [name, loop_status(run) if run.is_loop else "training", *training,
+                           esc(evals), str(len(run.problems))])
     msgs = [f"{run.name}: {p}" for run in runs for p in run.problems]
     body = table(head, rows, "runs") + problems(msgs[:10]) + (
         f'<div class="muted">and {len(msgs) - 10} more problems</div>' if len(msgs) > 10 else "")
@@ -367,6 +387,24 @@ def trajectories_section(run: RunData, counts: dict[str, int], href: Callable[[s
     items = "".join(f"<li>{link(href(f), f)} · {counts.get(f, 0)} trajectories</li>"
                     for f in run.trajectory_files)
     return f"<section data-live><h2>trajectories</h2><ul>{items}</ul></section>"
+
+
+# -- real-time loop runs --------------------------------------------------------------------------
+
+NO_KEPT = "an arm had no session with an edit"
+"""Why a kept rate (and its B − A) has no value: it is measured on sessions with an edit event."""
+
+
+def loop_status(run: RunData) -> str:
+    """The runs list's cell of a loop run: its cycles, and kept B − A once result.txt exists."""
+    n = len(run.cycles)
+    done = f"{n} cycle{'s' * (n != 1)}"
+    if run.result is None:
+        return f'<span class="tag">real-time loop</span> {done} · running'
+    r = run.result
+    kept = interval(r.get("kept_delta"), r.get("kept_ci_low"), r.get("kept_ci_high"))
+    return (f'<span class="tag">real-time loop</span> {done} · kept B − A {esc(kept)}'
+            + (f" ({NO_KEPT})" if r.get("kept_delta") is None else ""))
 
 
 # -- compare --------------------------------------------------------------------------------------

@@ -158,6 +158,10 @@ def simulate_cmd(
     thank: Annotated[float, _probability("thank")] = 0.3,
     split: Annotated[str | None, typer.Option(help="only tasks whose metadata split is this")] = None,
     user_prefix: Annotated[str, typer.Option(help="users are PREFIX-K")] = "sim-user",
+    request_timeout: Annotated[float, typer.Option(help="seconds a user waits for a session",
+                                                   min=1.0)] = 900.0,
+    grade_concurrency: Annotated[int, typer.Option(help="gradings at once (hidden tests in a "
+                                                        "sandbox)", min=1)] = 2,
     out: Annotated[Path | None, typer.Option(help="write the full JSON summary here")] = None,
 ) -> None:
     """Simulated users over the server's HTTP API: keep edits that pass the hidden tests, revert
@@ -178,7 +182,8 @@ def simulate_cmd(
         raise TaskError(f"{tasks} holds no tasks" + (f" of split {split!r}" if split else ""))
     cfg = SimConfig(sessions=sessions, rate_per_min=rate, population=population, seed=seed,
                     keep_wrong=keep_wrong, revert_right=revert_right, silent=silent,
-                    complain=complain, thank=thank, user_prefix=user_prefix)
+                    complain=complain, thank=thank, user_prefix=user_prefix,
+                    request_timeout_s=request_timeout, grade_concurrency=grade_concurrency)
 
     async def until_stopped() -> SimSummary:
         stop, loop = asyncio.Event(), asyncio.get_running_loop()

@@ -193,11 +193,13 @@ def current_policy(model: str | Path, out: str | Path) -> PolicyRef:
     return read_policy(o) if (o / POINTER).is_file() else read_policy(model)
 
 
-def window(store: FeedbackStore, version: int, signal: str) -> list[Trajectory]:
-    """Untrained sessions of ``version`` with a reward, as trajectories carrying it."""
+def window(store: FeedbackStore, version: int, signal: str, untrained: bool = True
+           ) -> list[Trajectory]:
+    """Sessions of ``version`` with a reward (only those no cycle trained on, unless
+    ``untrained`` is False), as trajectories carrying it."""
     fn, events = get_signal(signal), store.events_by_session()
     out = []
-    for s in store.sessions(policy_version=version, untrained=True, with_trajectory=True):
+    for s in store.sessions(policy_version=version, untrained=untrained, with_trajectory=True):
         if s.trajectory is None or s.is_infra_error or not s.trajectory.segments:
             continue
         rb = fn(s, events.get(s.id, []))
@@ -250,28 +252,50 @@ def train_window(policy: PolicyRef, trajs: list[Trajectory], cfg: CycleConfig, t
     return lm.model, lm.tokenizer, metrics.to_dict()
 
 
+def bench_policy(path: Path, tasks: list[Task], k: int, settings: Any, out: Path
+                 ) -> dict[str, Any]:
+    """``looprl.bench`` of one policy on ``tasks``, written to ``out``; an ``out`` that exists is
+    read back instead (a version's weights never change, so the current policy is benched once
+    however many candidates it meets)."""
+    from looprl.bench.report import summarize, write_report
+    from looprl.bench.run import run_bench
+
+    if out.is_file():
+        return json.loads(out.read_text())
+    policy = f"model:{path}"
+    rep = summarize(run_bench(tasks, policy, k, settings), k, policy)
+    write_report(rep, out)
+    return rep
+
+
+def gate_reports(current: dict[str, Any], candidate: dict[str, Any], max_drop: float,
+                 min_gain: float = 0.0) -> dict[str, Any]:
+    """The gate's verdict on two bench reports of the same tasks (``bench.gate.compare``, a paired
+    bootstrap of pass@1): ``passed`` True/False, or None when a bench graded nothing (an
+    infrastructure failure, never the model's fault)."""
+    from looprl.bench.gate import compare
+
+    if not current["n_tasks"] or not candidate["n_tasks"]:
+        errors = {s["error"] for r in (current, candidate) for s in r["samples"] if s["error"]}
+        return {"passed": None, "n_tasks": 0, "reason": "the bench graded no task (infrastructure "
+                f"errors, never the model's fault): {sorted(errors)[:2]}"}
+    c = compare(current, candidate, max_drop=max_drop, min_gain=min_gain)
+    p1 = c.diffs[0]
+    return {"passed": c.passed, "reason": c.reason, "n_tasks": c.n_tasks,
+            "pass1_current": p1.a, "pass1_candidate": p1.b, "ci_low": p1.lo, "ci_high": p1.hi}
+
+
 def gate(current: PolicyRef, candidate: Path, tasks: list[Task], cfg: CycleConfig
          ) -> dict[str, Any]:
-    """Bench both policies on the held-out tasks and compare (``bench.gate``)."""
-    from looprl.bench.gate import compare
-    from looprl.bench.report import summarize, write_report
-    from looprl.bench.run import BenchSettings, run_bench
+    """Bench both policies on the held-out tasks and compare (``gate_reports``)."""
+    from looprl.bench.run import BenchSettings
 
     st = BenchSettings(max_turns=cfg.bench_max_turns, max_new_tokens=cfg.bench_max_new_tokens,
                        context_window=cfg.bench_context_window, concurrency=2)
-    reps = {}
-    for name, path in (("current", current.path), ("candidate", candidate)):
-        policy = f"model:{path}"
-        reps[name] = summarize(run_bench(tasks, policy, cfg.bench_k, st), cfg.bench_k, policy)
-        write_report(reps[name], candidate / f"bench_{name}.json")
-    if not reps["current"]["n_tasks"] or not reps["candidate"]["n_tasks"]:
-        errors = {s["error"] for r in reps.values() for s in r["samples"] if s["error"]}
-        return {"passed": None, "n_tasks": 0, "reason": "the bench graded no task (infrastructure "
-                f"errors, never the model's fault): {sorted(errors)[:2]}"}
-    c = compare(reps["current"], reps["candidate"], max_drop=cfg.max_drop, min_gain=cfg.min_gain)
-    return {"passed": c.passed, "reason": c.reason, "n_tasks": c.n_tasks,
-            "pass@1_current": reps["current"]["metrics"]["pass@1"],
-            "pass@1_candidate": reps["candidate"]["metrics"]["pass@1"]}
+    return gate_reports(
+        bench_policy(current.path, tasks, cfg.bench_k, st, candidate / "bench_current.json"),
+        bench_policy(candidate, tasks, cfg.bench_k, st, candidate / "bench_candidate.json"),
+        cfg.max_drop, cfg.min_gain)
 
 
 def _skip(store: FeedbackStore, policy: PolicyRef, reason: str, n: int) -> CycleResult:

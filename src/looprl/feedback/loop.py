@@ -25,9 +25,12 @@ Each cycle:
    is the lower-variance estimate. ``steps`` GRPO steps (``grpo``, Composer's objective) over the
    window, each session once; the candidate is saved as ``policies/vNNNN``.
 3. **Gate**: ``looprl.bench`` runs current and candidate on ``gate.tasks`` (held-out tasks the
-   users never send) and ``bench.gate.compare`` takes a paired bootstrap interval of the pass@1
-   difference. A bench that graded nothing, or an interval whose low end is under
-   ``-gate.max_drop``, rejects the candidate: it never reaches a user.
+   users never send; ``gate.skip`` leaves out the head of a file whose first ``users.limit``
+   tasks the users do send) and ``bench.gate.compare`` takes a paired bootstrap interval of the
+   pass@1 difference. At ``gate.temperature = 0`` both decode greedily, so the difference is
+   what the update changed rather than sampling noise. A bench that graded nothing, or an
+   interval whose low end is under ``-gate.max_drop``, rejects the candidate: it never reaches a
+   user.
 4. **A/B**: the candidate is offered to ``ab.split_b`` of users (a fresh experiment per cycle, so
    arms reshuffle) until each arm has ``ab.sessions`` scored sessions (or ``ab.timeout_min``).
    Promote when the reward interval (B - A, 95% bootstrap) lies above ``-ab.margin`` and its
@@ -67,28 +70,24 @@ from typing import Any
 from looprl.config import FieldError, check_choice, save_config
 from looprl.errors import ConfigError
 from looprl.feedback.signals import SIGNALS
+from looprl.feedback.simulate import SimConfig
 from looprl.trainer.step import GRPOConfig
 from looprl.types import Group, Trajectory
 
 
 @dataclass(frozen=True)
-class UsersSection:
-    """Who sends sessions: simulated users over HTTP, or real ones."""
+class UsersSection(SimConfig):
+    """Who sends sessions: simulated users over HTTP (how they behave: ``SimConfig``'s fields),
+    or real ones."""
 
+    sessions: int = 1_000_000
+    """Sessions the simulated users plan: the loop stops them when it ends."""
     simulate: bool = True
     """Start ``looprl feedback simulate`` against the server (else wait for real users)."""
     tasks: str = ""
     """Task JSONL whose prompts the simulated users send and whose hidden tests they grade by."""
     limit: int = 0
     """Only the first N of those tasks (0 = all): fewer requests recur more often."""
-    rate_per_min: float = 30.0
-    population: int = 60
-    seed: int = 0
-    keep_wrong: float = 0.05
-    revert_right: float = 0.05
-    silent: float = 0.05
-    complain: float = 0.8
-    thank: float = 0.3
 
 
 @dataclass(frozen=True)
@@ -111,9 +110,14 @@ class ServeSection:
 class GateSection:
     tasks: str = ""
     """Held-out task JSONL the bench gate runs (never sent by users); empty: no gate."""
+    skip: int = 0
+    """Leave out the first N tasks: the users' own file can serve as the gate's when they send
+    only its first ``users.limit`` (``skip`` >= that)."""
     limit: int = 0
-    """Only the first N tasks (0 = all)."""
+    """Then only the first N tasks (0 = all)."""
     k: int = 1
+    temperature: float = 1.0
+    """0: greedy, so the paired difference shows what the update changed, not sampling noise."""
     max_drop: float = 0.10
     """Reject when the pass@1 difference's 95% interval reaches below -max_drop."""
     max_turns: int = 8
@@ -327,32 +331,34 @@ def start_production(cfg: RealtimeConfig, run: Path, policies: Path, db: Path) -
             raise ConfigError(f"`looprl serve` did not answer in 300 s: see {run}/serve.log")
         time.sleep(1)
     if cfg.users.simulate:
-        u = cfg.users
-        tasks = _users_tasks(cfg, run)
         prod.users = subprocess.Popen(
-            _looprl("feedback", "simulate", "--url", url, "--tasks", str(tasks),
-                    "--sessions", "100000", "--rate", str(u.rate_per_min),
-                    "--population", str(u.population), "--seed", str(u.seed),
-                    "--keep-wrong", str(u.keep_wrong), "--revert-right", str(u.revert_right),
-                    "--silent", str(u.silent), "--complain", str(u.complain),
-                    "--thank", str(u.thank), "--out", str(run / "users.json")),
+            _looprl("feedback", "simulate", "--url", url,
+                    "--tasks", str(_users_tasks(cfg, run)), *cfg.users.cli_args(),
+                    "--out", str(run / "users.json")),
             stdout=(run / "users.log").open("ab"), stderr=subprocess.STDOUT, env=env,
             preexec_fn=_end_with_parent)
     return prod
 
 
-def _users_tasks(cfg: RealtimeConfig, run: Path) -> Path:
-    """The users' task file (the first ``users.limit`` tasks when limited)."""
-    from looprl.tasks.taskset import load_tasks, write_tasks
+def users_tasks(cfg: RealtimeConfig) -> list[Any]:
+    """The tasks the simulated users send: ``users.tasks``, its first ``users.limit`` when set."""
+    from looprl.tasks.taskset import load_tasks
 
     src = Path(cfg.users.tasks).expanduser()
     tasks = load_tasks(src)
     if not tasks:
         raise ConfigError(f"users.tasks {src} holds no tasks; build some with `looprl tasks build`")
+    return tasks[:cfg.users.limit] if cfg.users.limit else tasks
+
+
+def _users_tasks(cfg: RealtimeConfig, run: Path) -> Path:
+    """The users' task file (``RUN/users_tasks.jsonl`` when limited)."""
+    from looprl.tasks.taskset import write_tasks
+
     if not cfg.users.limit:
-        return src
+        return Path(cfg.users.tasks).expanduser()
     out = run / "users_tasks.jsonl"
-    write_tasks(tasks[:cfg.users.limit], out)
+    write_tasks(users_tasks(cfg), out)
     return out
 
 
@@ -442,34 +448,22 @@ class Loop:
         return (time.monotonic() - self.t0) / 60
 
     # -- gate ----------------------------------------------------------------------------------
-    def bench(self, ref: Any) -> dict[str, Any]:
-        """The gate bench of one policy version (cached: the current one is benched once)."""
-        from looprl.bench.report import summarize, write_report
-        from looprl.bench.run import BenchSettings, run_bench
+    def gate(self, current: Any, cand: Any) -> dict[str, Any]:
+        """Bench both versions on the gate tasks (``RUN/gate/vNNNN.json``) and compare."""
+        from looprl.bench.run import BenchSettings
+        from looprl.feedback.cycle import bench_policy, gate_reports
 
-        out = self.run / "gate" / f"v{ref.version:04d}.json"
-        if out.is_file():
-            return json.loads(out.read_text())
         g = self.cfg.gate
         st = BenchSettings(max_turns=g.max_turns, max_new_tokens=g.max_new_tokens,
                            max_total_new_tokens=g.max_total_new_tokens,
-                           context_window=g.context_window, concurrency=g.concurrency)
-        policy = f"model:{ref.path}"
-        rep = summarize(run_bench(self.gate_tasks, policy, g.k, st), g.k, policy)
-        write_report(rep, out)
-        return rep
-
-    def gate(self, current: Any, cand: Any) -> dict[str, Any]:
-        from looprl.bench.gate import compare
-
-        a, b = self.bench(current), self.bench(cand)
-        if not a["n_tasks"] or not b["n_tasks"]:
-            return {"passed": False, "reason": "the bench graded no task (infrastructure errors, "
-                                               "never the model's fault): not promoted"}
-        c = compare(a, b, max_drop=self.cfg.gate.max_drop)
-        p1 = c.diffs[0]
-        return {"passed": c.passed, "reason": c.reason, "n_tasks": c.n_tasks,
-                "pass1_current": p1.a, "pass1_candidate": p1.b, "ci_low": p1.lo, "ci_high": p1.hi}
+                           context_window=g.context_window, concurrency=g.concurrency,
+                           temperature=g.temperature)
+        a, b = (bench_policy(ref.path, self.gate_tasks, g.k, st,
+                             self.run / "gate" / f"v{ref.version:04d}.json")
+                for ref in (current, cand))
+        res = gate_reports(a, b, g.max_drop)
+        res["passed"] = bool(res["passed"])  # a bench that graded nothing never promotes
+        return res
 
     # -- A/B -----------------------------------------------------------------------------------
     def ab(self, a: Any, b: Any, experiment: str, sessions: int) -> Any:
@@ -607,27 +601,33 @@ class Loop:
         return out
 
     def train(self, cur: Any, groups: list[Group], n: int) -> tuple[Any, Any, dict[str, float]]:
-        """``steps`` GRPO steps of the current weights over the window's groups."""
-        import torch
+        return train_groups(cur, groups, self.cfg.grpo, self.cfg.steps, self.cfg.seed + n)
 
-        from looprl.models.loading import load_model
-        from looprl.trainer.step import GRPOStep
 
-        torch.manual_seed(self.cfg.seed + n)
-        lm = load_model(cur.path, dtype="float32")
-        step = GRPOStep(lm.model, self.cfg.grpo, pad_id=lm.tokenizer.pad_token_id or 0)
-        order = list(groups)
-        random.Random(self.cfg.seed + n).shuffle(order)
-        k = min(self.cfg.steps, len(order))
-        steps = [step.on_groups(order[i::k], current_version=cur.version).to_dict()
-                 for i in range(k)]
-        summed = ("tokens", "sequences", "updates", "skipped_updates", "zero_variance_groups",
-                  "wall_s")
-        out = {key: math.fsum(m[key] for m in steps) for key in summed}
-        for key in ("loss", "kl_mean", "is_ratio_max", "clip_fraction", "grad_norm",
-                    "mean_staleness"):
-            out[key] = math.fsum(m[key] for m in steps) / k
-        return lm.model, lm.tokenizer, out
+def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, seed: int
+                 ) -> tuple[Any, Any, dict[str, float]]:
+    """``steps`` GRPO steps of policy ``cur``'s weights over ``groups`` (shuffled, each group in
+    one step); returns (model, tokenizer, the steps' summed or averaged metrics)."""
+    import torch
+
+    from looprl.models.loading import load_model
+    from looprl.trainer.step import GRPOStep
+
+    torch.manual_seed(seed)
+    lm = load_model(cur.path, dtype="float32")
+    step = GRPOStep(lm.model, grpo, pad_id=lm.tokenizer.pad_token_id or 0)
+    order = list(groups)
+    random.Random(seed).shuffle(order)
+    k = min(steps, len(order))
+    metrics = [step.on_groups(order[i::k], current_version=cur.version).to_dict()
+               for i in range(k)]
+    summed = ("tokens", "sequences", "updates", "skipped_updates", "zero_variance_groups",
+              "wall_s")
+    out = {key: math.fsum(m[key] for m in metrics) for key in summed}
+    for key in ("loss", "kl_mean", "is_ratio_max", "clip_fraction", "grad_norm",
+                "mean_staleness"):
+        out[key] = math.fsum(m[key] for m in metrics) / k
+    return lm.model, lm.tokenizer, out
 
 
 def _gate_tasks(cfg: RealtimeConfig) -> list[Any]:
@@ -635,16 +635,19 @@ def _gate_tasks(cfg: RealtimeConfig) -> list[Any]:
         return []
     from looprl.tasks.taskset import load_tasks
 
-    tasks = load_tasks(Path(cfg.gate.tasks).expanduser())
+    tasks = load_tasks(Path(cfg.gate.tasks).expanduser())[cfg.gate.skip:]
+    if cfg.gate.limit:
+        tasks = tasks[:cfg.gate.limit]
     if not tasks:
-        raise ConfigError(f"gate.tasks {cfg.gate.tasks} holds no tasks")
+        raise ConfigError(f"gate.tasks {cfg.gate.tasks} holds no tasks after skipping "
+                          f"{cfg.gate.skip}")
     if cfg.users.tasks:
-        users = {t.id for t in load_tasks(Path(cfg.users.tasks).expanduser())}
-        both = sorted(users & {t.id for t in tasks})
+        both = sorted({t.id for t in users_tasks(cfg)} & {t.id for t in tasks})
         if both:
-            raise ConfigError(f"gate.tasks and users.tasks share {len(both)} tasks (e.g. "
-                              f"{both[0]}): the gate must run tasks users never send")
-    return tasks[:cfg.gate.limit] if cfg.gate.limit else tasks
+            raise ConfigError(f"gate.tasks and the tasks users send share {len(both)} (e.g. "
+                              f"{both[0]}): the gate must run tasks users never send (raise "
+                              "gate.skip, or name another file)")
+    return tasks
 
 
 # -- the run --------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ the grade.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import statistics
 import time
@@ -124,6 +125,14 @@ class SimConfig:
                 raise ConfigError(f"SimConfig.{name}={p} is a probability: pass a value in [0, 1]")
         if self.sessions < 0 or self.population < 1 or not self.rate_per_min > 0:
             raise ConfigError("SimConfig needs sessions >= 0, population >= 1, rate_per_min > 0")
+
+    def cli_args(self) -> list[str]:
+        """The ``looprl feedback simulate`` flags that rebuild this config (how a process that
+        starts the users, like ``feedback.loop``, passes it on)."""
+        flag = {"rate_per_min": "--rate", "request_timeout_s": "--request-timeout"}
+        return [a for f in dataclasses.fields(SimConfig)
+                for a in (flag.get(f.name, "--" + f.name.replace("_", "-")),
+                          str(getattr(self, f.name)))]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,78 @@
+"""One real-time window trained offline, as ``looprl feedback loop`` trains it, on the sessions a
+loop run stored; the candidate is benched on the users' own requests beside the policy that
+served them, with the server's settings. How big a step can a window take, with which objective?
+
+    .venv/bin/python scripts/window_step.py runs/rt32b --sessions 64 \
+        -o grpo.lr=3e-4 -o grpo.negative_advantage_scale=0 [--k 5] [--name lr3e-4]
+
+The run's ``config.json`` gives the users' tasks, the server's settings, the signal and the GRPO
+config (``-o`` overrides any of them). The window is the first ``--sessions`` scored sessions of
+``--version`` (trained on by a cycle or not), grouped as the loop groups them. Output under
+``RUN/offline/NAME``: the candidate and ``bench.json``; the serving policy's bench is
+``RUN/offline/base_k{K}.json``, made once. Last line:
+``candidate_pass1=… base_pass1=… diff=… ci_low=… ci_high=… sessions=…`` (paired bootstrap over
+the requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from looprl.bench.run import BenchSettings
+from looprl.config import apply_overrides, from_dict
+from looprl.feedback.cycle import (
+    PolicyRef,
+    bench_policy,
+    gate_reports,
+    read_policy,
+    save_candidate,
+    window,
+)
+from looprl.feedback.loop import RealtimeConfig, train_groups, users_tasks, window_groups
+from looprl.feedback.store import FeedbackStore
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a loop run directory (config.json, feedback.db)")
+    ap.add_argument("--sessions", type=int, default=64, help="the window's size")
+    ap.add_argument("--version", type=int, default=0, help="the policy version that served them")
+    ap.add_argument("--k", type=int, default=5, help="samples per request in the benches")
+    ap.add_argument("--name", default="", help="output name (default: from the overrides)")
+    ap.add_argument("-o", "--override", action="append", default=[], help="config key=value")
+    a = ap.parse_args()
+    data = apply_overrides(json.loads((a.run / "config.json").read_text()), a.override)
+    cfg = from_dict(RealtimeConfig, data)
+    policy = read_policy(a.run / "policies" / f"v{a.version:04d}")
+    policy = PolicyRef(policy.path, a.version)
+    trajs = window(FeedbackStore(a.run / "feedback.db"), a.version, cfg.signal,
+                   untrained=False)[:a.sessions]
+    if not trajs:
+        raise SystemExit(f"{a.run} holds no scored session of v{a.version}")
+    groups = window_groups(trajs, {}, "offline")
+    model, tok, m = train_groups(policy, groups, cfg.grpo, cfg.steps, cfg.seed)
+    print(f"trained on {len(trajs)} sessions ({len(groups)} groups): loss {m['loss']:+.4f}, "
+          f"grad norm {m['grad_norm']:.4f}, {m['updates']:.0f} updates")
+    root = a.run / "offline"
+    out = root / (a.name or ("_".join(a.override) or "default").replace("/", "-"))
+    cand = save_candidate(model, tok, out, a.version + 1, {"parent_version": a.version,
+                                                            "sessions": len(trajs)})
+    del model
+    s = cfg.serve
+    st = BenchSettings(max_turns=s.max_turns, max_new_tokens=s.max_new_tokens,
+                       context_window=s.context_window, concurrency=16)
+    tasks = users_tasks(cfg)
+    base = bench_policy(policy.path, tasks, a.k, st, root / f"base_k{a.k}.json")
+    got = bench_policy(cand, tasks, a.k, st, out / "bench.json")
+    g = gate_reports(base, got, max_drop=1.0)
+    if g["passed"] is None:
+        raise SystemExit(g["reason"])
+    print(f"candidate_pass1={g['pass1_candidate']:.4f} base_pass1={g['pass1_current']:.4f} "
+          f"diff={g['pass1_candidate'] - g['pass1_current']:+.4f} ci_low={g['ci_low']:+.4f} "
+          f"ci_high={g['ci_high']:+.4f} sessions={len(trajs)}")
+
+
+if __name__ == "__main__":
+    main()
