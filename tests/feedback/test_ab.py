@@ -82,6 +82,11 @@ def test_report_from_store(store):
     assert A.reward == pytest.approx(1 / 3) and B.reward == pytest.approx((0.5 + 2) / 3)
     assert rep.diffs["reward"].diff == pytest.approx(B.reward - A.reward)
     assert rep.decision.action in ("keep", "promote")
+    assert A.edited == 1.0 and B.edited == 1.0  # every scored session had an edit event
+    c = add(store, user="a9", arm="A")  # no edit, only a complaint: scored, not in kept's count
+    store.add_event(c, "follow_up", {"text": "you did nothing"})
+    A = ab_report(store, experiment="", min_sessions=2, n_boot=500).arms["A"]
+    assert A.scored == 4 and A.edited == pytest.approx(3 / 4) and A.kept == pytest.approx(2 / 3)
     # filtering by version: arm B sessions were served by v1, not v2
     rep2 = ab_report(store, policy_versions={"A": 0, "B": 2}, min_sessions=2)
     assert "B" not in rep2.arms and rep2.decision.action == "keep"
@@ -90,8 +95,8 @@ def test_report_from_store(store):
     other = store.add_session(user="o", arm="A", policy_version=0, prompt="p", repo="/r",
                               trajectory=make_traj(), latency_s=1.0, experiment="exp9")
     store.add_event(other, "reverted")
-    assert ab_report(store, min_sessions=2).arms["A"].scored == 4
-    assert ab_report(store, experiment="", min_sessions=2).arms["A"].scored == 3
+    assert ab_report(store, min_sessions=2).arms["A"].scored == 5
+    assert ab_report(store, experiment="", min_sessions=2).arms["A"].scored == 4
     assert ab_report(store, experiment="exp9", min_sessions=2).arms["A"].scored == 1
     d = rep.to_dict()
     assert set(d) == {"arms", "diffs", "decision"} and d["arms"]["B"]["scored"] == 3

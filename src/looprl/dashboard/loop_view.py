@@ -24,7 +24,8 @@ from looprl.dashboard.render import (
 )
 
 RESULT_CARDS = (("cycles", "cycles"), ("sessions", "sessions"), ("kept B − A", "kept_delta"),
-                ("kept B − A 95% CI", "kept_ci"), ("dissatisfied B − A", "dissatisfied_delta"),
+                ("kept B − A 95% CI", "kept_ci"), ("edited B − A", "edited_delta"),
+                ("dissatisfied B − A", "dissatisfied_delta"),
                 ("latency B − A (s)", "latency_delta"), ("rollback ok", "rollback_ok"),
                 ("lost sessions", "lost"), ("trained twice", "trained_twice"))
 """A loop's ``result.txt`` figures (``feedback.loop.LoopResult.line``) as cards."""
@@ -101,7 +102,7 @@ def loop_section(run: RunData, prefix: str, *, title_href: str | None = None) ->
     if run.result is not None:
         r = run.result
         values: dict[str, Any] = {**r, "kept_ci": ci(r.get("kept_ci_low"), r.get("kept_ci_high"))}
-        for k in ("kept_delta", "dissatisfied_delta", "latency_delta"):
+        for k in ("kept_delta", "edited_delta", "dissatisfied_delta", "latency_delta"):
             if k in r:  # signed, as every B − A on this page
                 values[k] = interval(r[k], None, None)
         if "rollback_ok" in r:  # None: no bad candidate was injected

@@ -8,8 +8,10 @@ Assignment hashes (experiment, user): deterministic, stateless, the same user al
 same arm of one experiment, and arms of different experiments are independent. Metrics are over
 *scored* sessions (``signals.py`` gives a reward; infrastructure failures are never counted):
 
-- ``reward``: mean signal reward;  ``kept``: mean share of edited files kept (sessions with an edit
-  event);  ``reverted``: share of those whose final edit event reverted everything;
+- ``reward``: mean signal reward;  ``edited``: share of scored sessions with an edit event;
+  ``kept``: mean share of edited files kept (over the sessions with an edit event, so a policy
+  that edits less often, only where it is sure, raises it: read it beside ``edited``);
+  ``reverted``: share of those whose final edit event reverted everything;
   ``dissatisfied``: share of scored sessions with a dissatisfied follow-up;  ``latency``: mean
   seconds the user waited for the session's answer.
 
@@ -36,8 +38,8 @@ from looprl.feedback.signals import edit_share, get_signal, in_order
 from looprl.feedback.store import EDIT_KINDS, Event, FeedbackStore, SessionRecord
 
 ARMS = ("A", "B")
-METRICS = ("reward", "kept", "reverted", "dissatisfied", "latency")
-HIGHER_IS_BETTER = {"reward": True, "kept": True, "reverted": False, "dissatisfied": False,
+METRICS = ("reward", "edited", "kept", "reverted", "dissatisfied", "latency")
+HIGHER_IS_BETTER = {"reward": True, "edited": True, "kept": True, "reverted": False, "dissatisfied": False,
                     "latency": False}
 
 
@@ -60,10 +62,10 @@ def session_values(session: SessionRecord, events: Sequence[Event],
     rb = get_signal(signal)(session, events)
     if rb is None:
         return None
-    out = {"reward": rb.total,
+    edits = [e for e in in_order(events) if e.kind in EDIT_KINDS]
+    out = {"reward": rb.total, "edited": float(bool(edits)),
            "dissatisfied": float(any(e.sentiment == "dissatisfied" for e in events)),
            "latency": session.latency_s}
-    edits = [e for e in in_order(events) if e.kind in EDIT_KINDS]
     if edits:
         share = edit_share(edits[-1], session.files)
         out["kept"], out["reverted"] = share, float(share == 0.0)
@@ -78,6 +80,8 @@ class ArmMetrics:
     scored: int
     """Sessions with a signal (feedback arrived)."""
     reward: float | None
+    edited: float | None
+    """Share of scored sessions with an edit event (``kept`` and ``reverted`` are over these)."""
     kept: float | None
     reverted: float | None
     dissatisfied: float | None

@@ -677,7 +677,8 @@ class LoopResult:
                 f"kept_ci_high={f('kept', 'hi')} dissatisfied_delta={f('dissatisfied', 'diff')} "
                 f"latency_delta={f('latency', 'diff')} "
                 f"rollback_ok={'nan' if self.rollback_ok is None else self.rollback_ok} "
-                f"lost={acc['lost']} trained_twice={acc['trained_twice']}")
+                f"lost={acc['lost']} trained_twice={acc['trained_twice']} "
+                f"edited_delta={f('edited', 'diff')}")
 
 
 def _stop_on_signal(signum: int, _frame: Any) -> None:

@@ -3,7 +3,7 @@
     write_loop_report(result, store, cfg)   # RUN/report.md, RUN/ab.png, RUN/gate.png
 
 Per A/B (each cycle's, and the final one): for each arm the sessions it served and, with 95%
-bootstrap intervals, the kept rate, reverted rate, dissatisfied follow-ups and latency; the
+bootstrap intervals, the share of sessions with an edit, the kept rate, reverted rate, dissatisfied follow-ups and latency; the
 difference B - A with its interval (``feedback.ab``). The arm tables count every session of the
 A/B's experiment, those that finished after the decision too; the cycle table shows what the
 decision saw. Per cycle: the window, the
@@ -18,7 +18,8 @@ from typing import Any
 
 from looprl.feedback.ab import arm_values, mean_interval
 
-PLOTTED = (("kept", "edits kept (share)"), ("reverted", "edits reverted (share)"),
+PLOTTED = (("edited", "sessions with an edit (share)"), ("kept", "edits kept (share)"),
+           ("reverted", "edits reverted (share)"),
            ("dissatisfied", "dissatisfied follow-ups (share)"), ("latency", "latency (s)"))
 
 
@@ -140,8 +141,8 @@ def write_loop_report(res: Any, store: Any, cfg: Any) -> Path:
                      f"| {win} | {gate} | {ab} | **{r.status}**: {r.reason} | {mins} |")
     for label, tab, rep in tables:
         lines += ["", f"## A/B: {label}", "",
-                  "| arm | version | served | scored | kept | reverted | dissatisfied | "
-                  "latency (s) |", "|---|---|---|---|---|---|---|---|"]
+                  "| arm | version | served | scored | edited | kept | reverted | dissatisfied | "
+                  "latency (s) |", "|---|---|---|---|---|---|---|---|---|"]
         for arm, row in tab.items():
             lines.append(f"| {arm} | v{row['version']} | {row['served']} | {row['scored']} | "
                          + " | ".join(_fmt(row[m], 1 if m == "latency" else 3)
