@@ -46,7 +46,8 @@ def main() -> None:
     data = apply_overrides(json.loads((a.run / "config.json").read_text()), a.override)
     cfg = from_dict(RealtimeConfig, data)
     policy = read_policy(a.run / "policies" / f"v{a.version:04d}")
-    policy = PolicyRef(policy.path, a.version)
+    policy = PolicyRef(policy.path, a.version)  # the version its sessions carry (v0000 links to
+    # the start model, whose own metadata may name another)
     trajs = window(FeedbackStore(a.run / "feedback.db"), a.version, cfg.signal,
                    untrained=False)[:a.sessions]
     if not trajs:

@@ -9,9 +9,9 @@ sandbox fleet and the A/B test.
 Routes: ``/`` overview (the runs list, their main curves on shared axes, every overview panel),
 ``/runs/{name}`` one run (cards, every curve, evaluations, trajectories, report.md rendered, the
 resolved config; for a real-time loop run, ``looprl feedback loop``, its result, cycles and final
-A/B instead of the curves), ``/runs/{name}/trajectories/{file}`` a filterable list of a trajectory file and
-``.../{n}`` the viewer of one trajectory, ``/compare?run=a&run=b`` runs side by side,
-``/fleet`` the Ray fleet of each run that has one (``fleet_view.py``),
+A/B instead of the curves), ``/runs/{name}/trajectories/{file}`` a filterable list of a
+trajectory file and ``.../{n}`` the viewer of one trajectory, ``/compare?run=a&run=b`` runs side
+by side, ``/fleet`` the Ray fleet of each run that has one (``fleet_view.py``),
 ``/api/summary`` (the figures as JSON), ``/healthz`` (no auth). A ``--run`` directory that holds
 runs rather than being one lists them all, new runs included as they appear. Pages re-read their
 inputs on each request; with ``refresh_s`` the browser reloads their data in place (charts keep

@@ -39,8 +39,8 @@ from looprl.feedback.store import EDIT_KINDS, Event, FeedbackStore, SessionRecor
 
 ARMS = ("A", "B")
 METRICS = ("reward", "edited", "kept", "reverted", "dissatisfied", "latency")
-HIGHER_IS_BETTER = {"reward": True, "edited": True, "kept": True, "reverted": False, "dissatisfied": False,
-                    "latency": False}
+HIGHER_IS_BETTER = {"reward": True, "edited": True, "kept": True, "reverted": False,
+                    "dissatisfied": False, "latency": False}
 
 
 def assign_arm(user: str, experiment: str, split_b: float = 0.5) -> str:

@@ -540,7 +540,7 @@ class Loop:
         t = time.monotonic()
         self.say(f"  training on {len(trajs)} sessions ({row.window['groups']} repeated requests, "
                  f"{row.window['singletons']} single), mean reward {row.window['mean_reward']:+.3f}")
-        model, tok, row.train = self.train(cur, groups, n)
+        model, tok, row.train = train_groups(cur, groups, cfg.grpo, cfg.steps, cfg.seed + n)
         trained = {x.id: x.reward.total for x in trajs if x.reward is not None}
         if row.train["updates"] < 1:  # every group's rewards were equal: the window is used up
             row.status = "no_update"
@@ -599,9 +599,6 @@ class Loop:
             if rb is not None:
                 out.append((s, rb.total))
         return out
-
-    def train(self, cur: Any, groups: list[Group], n: int) -> tuple[Any, Any, dict[str, float]]:
-        return train_groups(cur, groups, self.cfg.grpo, self.cfg.steps, self.cfg.seed + n)
 
 
 def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, seed: int
