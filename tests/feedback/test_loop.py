@@ -109,6 +109,8 @@ def test_the_gate_may_share_the_users_file_only_past_the_tasks_they_send(tmp_pat
         gate(**{"gate.skip": "3"})
     with pytest.raises(ConfigError, match="no tasks after skipping 10"):
         gate(**{"gate.skip": "10"})
+    with pytest.raises(ConfigError, match="gate.skip.*>= 0"):
+        gate(**{"gate.skip": "-5"})
 
 
 CMD = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python -m "

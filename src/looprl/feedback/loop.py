@@ -186,6 +186,9 @@ class RealtimeConfig:
         if self.users.simulate and not self.users.tasks:
             raise FieldError("users.tasks", "simulated users need tasks to ask for: a task JSONL "
                                             "(e.g. runs/quickstart/tasks/heldout.jsonl)")
+        for key in ("skip", "limit", "temperature"):
+            if getattr(self.gate, key) < 0:
+                raise FieldError(f"gate.{key}", f"must be >= 0, got {getattr(self.gate, key)}")
         if not 0 < self.ab.split_b < 1:
             raise FieldError("ab.split_b", f"must be in (0, 1), got {self.ab.split_b}")
         if self.grpo.skip_groups_without_pass:
