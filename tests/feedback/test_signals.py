@@ -75,6 +75,20 @@ def test_edit_outcome(store, events, total):
     assert rb.total == pytest.approx(sum(rb.components.values()))
 
 
+@pytest.mark.parametrize("follow_up, total", [
+    ("that's wrong", -1.5),   # asked for a fix, got nothing: as bad as a reverted edit
+    ("thanks!", 0.0),
+    ("what does this function return?", 0.0),
+    (None, None),             # silence after no change: nothing to score
+])
+def test_no_change_then_a_complaint_counts_as_reverted(store, follow_up, total):
+    sid = add(store, diff="")
+    if follow_up is not None:
+        store.add_event(sid, "follow_up", {"text": follow_up})
+    rb = _reward(store, sid)
+    assert (rb is None) if total is None else rb.total == pytest.approx(total)
+
+
 def test_partial_share_with_three_files(store):
     diff = "".join(f"--- a/{f}\n+++ b/{f}\n@@ -1 +1 @@\n-a\n+b\n" for f in ("x", "y", "z"))
     sid = add(store, diff=diff)

@@ -16,6 +16,11 @@ network ordered them. Every signal sees its events through ``in_order``.
   kept +1, reverted -1, partially_kept ``2 * share - 1`` with ``share`` = kept files / edited
   files (a linear path from reverted to kept); a ``kept``/``reverted`` naming only some files is
   treated the same way by share;
+- a session whose agent changed nothing and whose user then complained failed the request as
+  surely as a reverted edit: its edit term is -1 too. Without this, doing nothing cost only the
+  complaint, and a policy learned that abstaining pays wherever it was less than ~40% sure
+  (docs/experiments.md, stop 33, R2). Silence after no change stays unscored on the edit: the
+  user may not have wanted one;
 - every dissatisfied follow-up costs 0.5 (at most one penalty per session: the user's second
   complaint about the same run is not new information); a satisfied or neutral follow-up is 0.
   Whether a follow-up is dissatisfied was decided when it was stored (``Event.sentiment``, by
@@ -66,16 +71,20 @@ def outcome_terms(session: SessionRecord, events: Sequence[Event]) -> dict[str, 
     follow = [e for e in ordered if e.kind == "follow_up"]
     if not edits and not follow:
         return None
+    complained = any(e.sentiment == "dissatisfied" for e in follow)
     terms: dict[str, float] = {}
     if edits:
         terms["edit"] = 2.0 * edit_share(edits[-1], session.files) - 1.0
+    elif complained and not session.files:
+        terms["edit"] = -1.0
     if follow:
-        terms["follow_up"] = -0.5 if any(e.sentiment == "dissatisfied" for e in follow) else 0.0
+        terms["follow_up"] = -0.5 if complained else 0.0
     return terms
 
 
 def edit_outcome(session: SessionRecord, events: Sequence[Event]) -> RewardBreakdown | None:
-    """Kept +1, reverted -1, partially kept 2*share-1; a dissatisfied follow-up -0.5."""
+    """Kept +1, reverted -1 (so is no change followed by a complaint), partially kept 2*share-1;
+    a dissatisfied follow-up -0.5."""
     terms = outcome_terms(session, events)
     return None if terms is None else RewardBreakdown.of(terms, details=_details(session, events))
 
