@@ -9,7 +9,7 @@ import pytest
 from looprl.errors import ConfigError
 from looprl.feedback.ab import ab_report, assign_arm, bootstrap_diff, compare_arms
 
-from .conftest import add
+from .conftest import TWO_FILE_DIFF, add
 
 
 def test_assignment_is_deterministic_and_follows_the_split():
@@ -100,3 +100,35 @@ def test_report_from_store(store):
     assert ab_report(store, experiment="exp9", min_sessions=2).arms["A"].scored == 1
     d = rep.to_dict()
     assert set(d) == {"arms", "diffs", "decision"} and d["arms"]["B"]["scored"] == 3
+
+
+def test_kept_within_requests_sees_through_editing_only_easy_requests(store):
+    """A edits both requests (keeps the easy fix, reverts the hard one); B edits only the easy one
+    and changes nothing on the hard one. B's kept rate is higher, but within the one request both
+    edited nothing changed; once B also fixes the hard request, within-request kept rises."""
+    from .conftest import make_traj
+
+    def session(arm: str, prompt: str, kind: str | None, i: int) -> None:
+        sid = store.add_session(user=f"{arm}{prompt}{i}", arm=arm, policy_version=int(arm == "B"),
+                                prompt=prompt, repo="/srv/repo", latency_s=1.0,
+                                trajectory=make_traj("" if kind is None else TWO_FILE_DIFF))
+        if kind is None:
+            store.add_event(sid, "follow_up", {"text": "you did nothing"})
+        else:
+            store.add_event(sid, kind)
+
+    for i in range(4):
+        session("A", "easy", "kept", i)
+        session("A", "hard", "reverted", i)
+        session("B", "easy", "kept", i)
+        session("B", "hard", None, i)
+    rep = ab_report(store, min_sessions=2, n_boot=500)
+    assert rep.diffs["kept"].diff == pytest.approx(0.5)
+    w = rep.diffs["kept_within_requests"]
+    assert (w.diff, w.lo, w.hi, w.strata) == (0.0, 0.0, 0.0, 1)
+    assert rep.diffs["edited"].diff == pytest.approx(-0.5)
+    for i in range(4, 8):
+        session("B", "hard", "kept", i)
+    w = ab_report(store, min_sessions=2, n_boot=500).diffs["kept_within_requests"]
+    # easy: 0 on 8 edited sessions; hard: 1 - 0 on 8: weighted +0.5, and every resample agrees
+    assert (w.diff, w.strata) == (pytest.approx(0.5), 2) and w.lo == pytest.approx(0.5)

@@ -17,6 +17,9 @@ same arm of one experiment, and arms of different experiments are independent. M
 
 Each difference B - A gets a 95% bootstrap interval, resampling each arm independently (the arms
 hold different users, so unlike ``looprl.bench.gate``'s paired bootstrap nothing is paired).
+``kept_within_requests`` compares kept within each request (repo + prompt) that both arms edited,
+weighted by the request's edited sessions: a policy that edits only the requests it finds easy
+raises ``kept`` but not this; production traffic that never repeats a request has none of it.
 The decision: ``keep`` until both arms have ``min_sessions`` scored sessions; ``promote`` when the
 reward CI's lower bound is above ``min_gain`` and reverts did not rise by more than
 ``max_revert_rise`` at the CI's lower bound; ``rollback`` when the reward CI lies below 0 or reverts
@@ -96,6 +99,8 @@ class Diff:
     """mean(B) - mean(A); None when an arm has no value."""
     lo: float | None
     hi: float | None
+    strata: int | None = None
+    """``kept_within_requests`` only: the requests both arms edited."""
 
 
 @dataclass(frozen=True)
@@ -162,10 +167,42 @@ def decide(arms: dict[str, ArmMetrics], diffs: dict[str, Diff], *, min_sessions:
                             f"[{r.lo:+.3f}, {r.hi:+.3f}]")
 
 
+def request_of(session: SessionRecord) -> str:
+    """The request a session answered: the same repo and prompt is the same request."""
+    return f"{session.repo}\0{session.prompt}"
+
+
+def kept_within_requests(kept_by_request: dict[str, dict[str, list[float]]], *, n_boot: int = 2000,
+                         seed: int = 0) -> Diff:
+    """kept(B) - kept(A) within each request that both arms edited, weighted by the request's
+    edited sessions (post-stratified by request); the 95% interval resamples the sessions within
+    each (request, arm) cell. ``kept_by_request``: request -> arm -> kept of each edited session.
+
+    >>> kept_within_requests({"r1": {"A": [0.0, 1.0], "B": [1.0, 1.0]}, "r2": {"A": [1.0]}}).diff
+    0.5
+    """
+    cells = [c for c in kept_by_request.values() if c.get("A") and c.get("B")]
+    if not cells:
+        return Diff("kept_within_requests", None, None, None, 0)
+    rng = np.random.default_rng(seed)
+    w = np.array([len(c["A"]) + len(c["B"]) for c in cells], dtype=float)
+    w /= w.sum()
+    point = sum(wi * (np.mean(c["B"]) - np.mean(c["A"])) for wi, c in zip(w, cells, strict=True))
+    boot = np.zeros(n_boot)
+    for wi, c in zip(w, cells, strict=True):
+        for arm, sign in (("B", 1.0), ("A", -1.0)):
+            x = np.asarray(c[arm], dtype=float)
+            boot += sign * wi * x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    return Diff("kept_within_requests", float(point), float(lo), float(hi), len(cells))
+
+
 def compare_arms(values_by_arm: dict[str, list[dict[str, float]]], served: dict[str, int], *,
                  n_boot: int = 2000, seed: int = 0, min_sessions: int = 100,
-                 min_gain: float = 0.0, max_revert_rise: float = 0.02) -> ABReport:
-    """The report from per-session metric values of each arm."""
+                 min_gain: float = 0.0, max_revert_rise: float = 0.02,
+                 kept_by_request: dict[str, dict[str, list[float]]] | None = None) -> ABReport:
+    """The report from per-session metric values of each arm (and, given each request's kept
+    values per arm, ``kept_within_requests``; it informs, the decision does not use it)."""
     arms = {a: arm_metrics(a, served.get(a, 0), values_by_arm.get(a, []))
             for a in ARMS if served.get(a, 0) or values_by_arm.get(a)}
     diffs = {}
@@ -177,6 +214,9 @@ def compare_arms(values_by_arm: dict[str, list[dict[str, float]]], served: dict[
             diffs[m] = Diff(m, math.fsum(xb) / len(xb) - math.fsum(xa) / len(xa), lo, hi)
         else:
             diffs[m] = Diff(m, None, None, None)
+    if kept_by_request is not None:
+        diffs["kept_within_requests"] = kept_within_requests(kept_by_request, n_boot=n_boot,
+                                                             seed=seed)
     return ABReport(arms, diffs, decide(arms, diffs, min_sessions=min_sessions, min_gain=min_gain,
                                         max_revert_rise=max_revert_rise))
 
@@ -191,21 +231,25 @@ def ab_report(store: FeedbackStore, *, signal: str = "edit_outcome",
     ``experiment`` keeps only that experiment's sessions, ``policy_versions`` (arm -> version) only
     sessions served by those versions, and ``since`` (unix time) only recent ones.
     """
-    values, served = arm_values(store, signal=signal, experiment=experiment,
-                                policy_versions=policy_versions, since=since)
+    values, served, by_request = arm_values(store, signal=signal, experiment=experiment,
+                                            policy_versions=policy_versions, since=since)
     return compare_arms(values, served, n_boot=n_boot, seed=seed, min_sessions=min_sessions,
-                        min_gain=min_gain, max_revert_rise=max_revert_rise)
+                        min_gain=min_gain, max_revert_rise=max_revert_rise,
+                        kept_by_request=by_request)
 
 
 def arm_values(store: FeedbackStore, *, signal: str = "edit_outcome",
                experiment: str | None = None, policy_versions: dict[str, int] | None = None,
                since: float | None = None
-               ) -> tuple[dict[str, list[dict[str, float]]], dict[str, int]]:
-    """Per arm, each scored session's ``session_values``, and the sessions served per arm
-    (infrastructure failures left out); the filters are ``ab_report``'s."""
+               ) -> tuple[dict[str, list[dict[str, float]]], dict[str, int],
+                          dict[str, dict[str, list[float]]]]:
+    """Per arm, each scored session's ``session_values``; the sessions served per arm
+    (infrastructure failures left out); and request -> arm -> kept of each edited session. The
+    filters are ``ab_report``'s."""
     events = store.events_by_session()
     values: dict[str, list[dict[str, float]]] = {}
     served: dict[str, int] = {}
+    by_request: dict[str, dict[str, list[float]]] = {}
     for s in store.sessions(experiment=experiment):
         if s.is_infra_error or (since is not None and s.created_at < since):
             continue
@@ -215,7 +259,9 @@ def arm_values(store: FeedbackStore, *, signal: str = "edit_outcome",
         v = session_values(s, events.get(s.id, []), signal)
         if v is not None:
             values.setdefault(s.arm, []).append(v)
-    return values, served
+            if "kept" in v:
+                by_request.setdefault(request_of(s), {}).setdefault(s.arm, []).append(v["kept"])
+    return values, served, by_request
 
 
 def mean_interval(xs: Sequence[float], *, n_boot: int = 2000, seed: int = 0

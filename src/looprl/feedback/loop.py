@@ -678,7 +678,10 @@ class LoopResult:
                 f"latency_delta={f('latency', 'diff')} "
                 f"rollback_ok={'nan' if self.rollback_ok is None else self.rollback_ok} "
                 f"lost={acc['lost']} trained_twice={acc['trained_twice']} "
-                f"edited_delta={f('edited', 'diff')}")
+                f"edited_delta={f('edited', 'diff')} "
+                f"kept_within_delta={f('kept_within_requests', 'diff')} "
+                f"kept_within_ci_low={f('kept_within_requests', 'lo')} "
+                f"kept_within_ci_high={f('kept_within_requests', 'hi')}")
 
 
 def _stop_on_signal(signum: int, _frame: Any) -> None:

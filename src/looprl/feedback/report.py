@@ -26,8 +26,8 @@ PLOTTED = (("edited", "sessions with an edit (share)"), ("kept", "edits kept (sh
 def arm_table(store: Any, signal: str, experiment: str, versions: dict[str, int]
               ) -> dict[str, dict[str, Any]]:
     """arm -> {version, served, scored, metric -> (mean, lo, hi) or None}."""
-    values, served = arm_values(store, signal=signal, experiment=experiment,
-                                policy_versions=versions)
+    values, served, _ = arm_values(store, signal=signal, experiment=experiment,
+                                   policy_versions=versions)
     out: dict[str, dict[str, Any]] = {}
     for arm, version in versions.items():
         vs = values.get(arm, [])
@@ -152,6 +152,11 @@ def write_loop_report(res: Any, store: Any, cfg: Any) -> Path:
             "—" if diffs.get(m, {}).get("diff") is None else
             f"{diffs[m]['diff']:+.3f} [{diffs[m]['lo']:+.3f}, {diffs[m]['hi']:+.3f}]"
             for m, _ in PLOTTED) + " |")
+        w = diffs.get("kept_within_requests", {})
+        if w.get("diff") is not None:
+            lines += ["", f"Kept within requests (the {w['strata']} requests both arms edited, "
+                          f"weighted by their edited sessions): B − A {w['diff']:+.3f} "
+                          f"[{w['lo']:+.3f}, {w['hi']:+.3f}]."]
     acc = res.accounting
     lines += ["", "## Sessions", "",
               f"sent by users {acc['sent']}, stored {acc['stored']} (lost {acc['lost']}, stored "
