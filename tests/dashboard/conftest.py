@@ -201,7 +201,8 @@ def ab(kept_a: float, kept_b: float, n: int = 40) -> ABReport:
         out = []
         for i in range(n):
             k = float(i < round(kept * n))
-            out.append({"reward": 2 * k - 1, "edited": 1.0, "kept": k, "reverted": 1 - k,
+            out.append({"reward": 2 * k - 1, "resolved": k, "edited": 1.0, "kept": k,
+                        "reverted": 1 - k,
                         "dissatisfied": 1 - k,
                         "latency": latency + i % 3})
         return out

@@ -137,7 +137,7 @@ def test_loop_run_page(loop_run: Path):
     assert re.search(r"<tr><td>B</td><td>v1</td><td>60</td><td>60</td>", table)
     diffs = final["diffs"]
     assert "".join(f"<td><strong>{_ci(diffs[m])}</strong></td>"
-                   for m in ("reward", "edited", "kept", "reverted", "dissatisfied", "latency")) in table
+                   for m in ("reward", "resolved", "edited", "kept", "reverted", "dissatisfied", "latency")) in table
     # the result line's figures
     result = dict(kv.split("=") for kv in (loop_run / "result.txt").read_text().split())
     assert _card(page, "cycles") == str(LOOP_CYCLES) and _card(page, "sessions") == "300"

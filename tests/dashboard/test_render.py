@@ -91,7 +91,7 @@ def test_small_ab_samples_are_flagged(feedback_db: Path):
     html = render.feedback_section(load_feedback(feedback_db, min_sessions=3))
     assert "small sample (A: 6 vs B: 6 scored sessions)" in html
     assert 'class="intervals small-sample"' in html
-    arms = {a: ArmMetrics(a, 200, 180, 0.5, 0.8, 0.5, 0.2, 0.1, 9.0) for a in "AB"}
+    arms = {a: ArmMetrics(a, 200, 180, 0.5, 0.4, 0.8, 0.5, 0.2, 0.1, 9.0) for a in "AB"}
     rep = ABReport(arms, {"reward": Diff("reward", 0.1, 0.02, 0.18)}, Decision("promote", "B wins"))
     from looprl.dashboard.data import FeedbackData
 

@@ -87,6 +87,7 @@ def test_report_from_store(store):
     store.add_event(c, "follow_up", {"text": "you did nothing"})
     A = ab_report(store, experiment="", min_sessions=2, n_boot=500).arms["A"]
     assert A.scored == 4 and A.edited == pytest.approx(3 / 4) and A.kept == pytest.approx(2 / 3)
+    assert A.resolved == pytest.approx(2 / 4)
     # filtering by version: arm B sessions were served by v1, not v2
     rep2 = ab_report(store, policy_versions={"A": 0, "B": 2}, min_sessions=2)
     assert "B" not in rep2.arms and rep2.decision.action == "keep"
@@ -127,6 +128,7 @@ def test_kept_within_requests_sees_through_editing_only_easy_requests(store):
     w = rep.diffs["kept_within_requests"]
     assert (w.diff, w.lo, w.hi, w.strata) == (0.0, 0.0, 0.0, 1)
     assert rep.diffs["edited"].diff == pytest.approx(-0.5)
+    assert rep.arms["A"].resolved == rep.arms["B"].resolved == pytest.approx(0.5)  # no one better off
     for i in range(4, 8):
         session("B", "hard", "kept", i)
     w = ab_report(store, min_sessions=2, n_boot=500).diffs["kept_within_requests"]

@@ -25,7 +25,7 @@ from looprl.dashboard.render import (
 
 RESULT_CARDS = (("cycles", "cycles"), ("sessions", "sessions"), ("kept B − A", "kept_delta"),
                 ("kept B − A 95% CI", "kept_ci"), ("kept within requests B − A", "kept_within"),
-                ("edited B − A", "edited_delta"),
+                ("resolved B − A", "resolved"), ("edited B − A", "edited_delta"),
                 ("dissatisfied B − A", "dissatisfied_delta"),
                 ("latency B − A (s)", "latency_delta"), ("rollback ok", "rollback_ok"),
                 ("lost sessions", "lost"), ("trained twice", "trained_twice"))
@@ -103,6 +103,9 @@ def loop_section(run: RunData, prefix: str, *, title_href: str | None = None) ->
     if run.result is not None:
         r = run.result
         values: dict[str, Any] = {**r, "kept_ci": ci(r.get("kept_ci_low"), r.get("kept_ci_high"))}
+        if r.get("resolved_delta") is not None:
+            values["resolved"] = interval(r["resolved_delta"], r.get("resolved_ci_low"),
+                                          r.get("resolved_ci_high"))
         if r.get("kept_within_delta") is not None:
             values["kept_within"] = interval(r["kept_within_delta"], r.get("kept_within_ci_low"),
                                              r.get("kept_within_ci_high"))

@@ -86,7 +86,8 @@ POOL_CARDS = (("busy", "busy"), ("idle", "idle"), ("warm", "warm"), ("queued", "
               ("warm hits", "warm_hits_total"), ("expired", "expired_total"),
               ("sandbox errors", "errors_total"))
 POOL_SERIES = ("busy", "idle", "warm", "queued")
-ARM_COLS = ("sessions", "scored", "reward", "edited", "kept", "reverted", "dissatisfied", "latency")
+ARM_COLS = ("sessions", "scored", "reward", "resolved", "edited", "kept", "reverted", "dissatisfied",
+            "latency")
 SMALL_SAMPLE = 30
 """Scored sessions per arm below which an A/B interval is flagged as unreliable (a bootstrap
 over a handful of sessions is far too narrow, and 1 session gives no spread at all)."""

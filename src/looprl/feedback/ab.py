@@ -8,9 +8,12 @@ Assignment hashes (experiment, user): deterministic, stateless, the same user al
 same arm of one experiment, and arms of different experiments are independent. Metrics are over
 *scored* sessions (``signals.py`` gives a reward; infrastructure failures are never counted):
 
-- ``reward``: mean signal reward;  ``edited``: share of scored sessions with an edit event;
+- ``reward``: mean signal reward;  ``resolved``: share of scored sessions whose edits the user
+  kept (a session without an edit counts 0): what users got, however often the policy edits;
+  ``edited``: share of scored sessions with an edit event;
   ``kept``: mean share of edited files kept (over the sessions with an edit event, so a policy
-  that edits less often, only where it is sure, raises it: read it beside ``edited``);
+  that edits less often, only where it is sure, raises it: read it beside ``edited`` and
+  ``resolved``);
   ``reverted``: share of those whose final edit event reverted everything;
   ``dissatisfied``: share of scored sessions with a dissatisfied follow-up;  ``latency``: mean
   seconds the user waited for the session's answer.
@@ -41,8 +44,9 @@ from looprl.feedback.signals import edit_share, get_signal, in_order
 from looprl.feedback.store import EDIT_KINDS, Event, FeedbackStore, SessionRecord
 
 ARMS = ("A", "B")
-METRICS = ("reward", "edited", "kept", "reverted", "dissatisfied", "latency")
-HIGHER_IS_BETTER = {"reward": True, "edited": True, "kept": True, "reverted": False,
+METRICS = ("reward", "resolved", "edited", "kept", "reverted", "dissatisfied", "latency")
+HIGHER_IS_BETTER = {"reward": True, "resolved": True, "edited": True, "kept": True,
+                    "reverted": False,
                     "dissatisfied": False, "latency": False}
 
 
@@ -66,12 +70,13 @@ def session_values(session: SessionRecord, events: Sequence[Event],
     if rb is None:
         return None
     edits = [e for e in in_order(events) if e.kind in EDIT_KINDS]
-    out = {"reward": rb.total, "edited": float(bool(edits)),
+    out = {"reward": rb.total, "resolved": 0.0, "edited": float(bool(edits)),
            "dissatisfied": float(any(e.sentiment == "dissatisfied" for e in events)),
            "latency": session.latency_s}
     if edits:
         share = edit_share(edits[-1], session.files)
-        out["kept"], out["reverted"] = share, float(share == 0.0)
+        out["resolved"] = out["kept"] = share
+        out["reverted"] = float(share == 0.0)
     return out
 
 
@@ -83,6 +88,8 @@ class ArmMetrics:
     scored: int
     """Sessions with a signal (feedback arrived)."""
     reward: float | None
+    resolved: float | None
+    """Share of scored sessions whose edits were kept (no edit: 0)."""
     edited: float | None
     """Share of scored sessions with an edit event (``kept`` and ``reverted`` are over these)."""
     kept: float | None

@@ -679,6 +679,8 @@ class LoopResult:
                 f"rollback_ok={'nan' if self.rollback_ok is None else self.rollback_ok} "
                 f"lost={acc['lost']} trained_twice={acc['trained_twice']} "
                 f"edited_delta={f('edited', 'diff')} "
+                f"resolved_delta={f('resolved', 'diff')} "
+                f"resolved_ci_low={f('resolved', 'lo')} resolved_ci_high={f('resolved', 'hi')} "
                 f"kept_within_delta={f('kept_within_requests', 'diff')} "
                 f"kept_within_ci_low={f('kept_within_requests', 'lo')} "
                 f"kept_within_ci_high={f('kept_within_requests', 'hi')}")

@@ -18,7 +18,8 @@ from typing import Any
 
 from looprl.feedback.ab import arm_values, mean_interval
 
-PLOTTED = (("edited", "sessions with an edit (share)"), ("kept", "edits kept (share)"),
+PLOTTED = (("resolved", "sessions with their edit kept (share)"),
+           ("edited", "sessions with an edit (share)"), ("kept", "edits kept (share)"),
            ("reverted", "edits reverted (share)"),
            ("dissatisfied", "dissatisfied follow-ups (share)"), ("latency", "latency (s)"))
 
@@ -141,8 +142,8 @@ def write_loop_report(res: Any, store: Any, cfg: Any) -> Path:
                      f"| {win} | {gate} | {ab} | **{r.status}**: {r.reason} | {mins} |")
     for label, tab, rep in tables:
         lines += ["", f"## A/B: {label}", "",
-                  "| arm | version | served | scored | edited | kept | reverted | dissatisfied | "
-                  "latency (s) |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| arm | version | served | scored | resolved | edited | kept | reverted | "
+                  "dissatisfied | latency (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for arm, row in tab.items():
             lines.append(f"| {arm} | v{row['version']} | {row['served']} | {row['scored']} | "
                          + " | ".join(_fmt(row[m], 1 if m == "latency" else 3)
