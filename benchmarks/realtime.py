@@ -46,6 +46,8 @@ def main() -> None:
     print(f"report: {res.run / 'report.md'}; {(time.monotonic() - t0) / 60:.1f} min; "
           f"sessions: {res.accounting}")
     print(res.line())
+    if res.stopped:
+        raise SystemExit(f"stopped early: {res.stopped}")
 
 
 if __name__ == "__main__":

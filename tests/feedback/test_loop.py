@@ -221,3 +221,50 @@ timeout_min = 5
     assert {s.policy_version for s in store.sessions() if s.id in set(trained)} == {0, 1}
     assert (run / "report.md").is_file() and (run / "ab.png").is_file()
     assert "rolled_back" in (run / "report.md").read_text()
+
+
+@pytest.mark.slow
+@needs_bwrap[0]
+def test_a_stopped_run_reports_its_finished_cycles_without_a_traceback(tmp_path):
+    """SIGTERM while the loop waits for its first window: users and server stop, and the run
+    still ends with its report, its accounting and a one-line reason (exit 1, not a traceback)."""
+    import signal
+
+    from looprl.models.tiny import init_default_model
+
+    model = init_default_model(tmp_path / "m", size="tiny", corpus_chars=50_000, vocab_size=512)
+    repo = write_example_package(tmp_path / "repos" / "minicalc")
+    cfg = tmp_path / "loop.toml"
+    cfg.write_text(f"""
+name = "stopped"
+model = "{model}"
+window = 6
+[users]
+simulate = false
+[serve]
+max_turns = 1
+max_new_tokens = 8
+context_window = 4096
+allowed_roots = ["{repo.parent}"]
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "looprl", "feedback", "loop", "-c", str(cfg),
+                             "--runs", str(tmp_path / "runs")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = tmp_path / "runs" / "stopped"
+    try:
+        deadline = time.time() + 300
+        while not (run / "server.json").is_file():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, (out, err)
+    assert err.strip().splitlines()[-1] == "stopped early: stopped by signal 15 during cycle 1", err
+    assert "Traceback" not in out + err
+    assert out.strip().splitlines()[-1].startswith("cycles=0 sessions=0 ")
+    assert " lost=0 " in (run / "result.txt").read_text()
+    assert "**Stopped early** (stopped by signal 15 during cycle 1)" in (run / "report.md").read_text()

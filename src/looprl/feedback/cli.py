@@ -75,6 +75,9 @@ def loop_cmd(
     res = run_loop(load_config(RealtimeConfig, config, override), runs)
     typer.echo(f"report: {res.run / 'report.md'}")
     typer.echo(res.line())
+    if res.stopped:
+        typer.echo(f"stopped early: {res.stopped}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("ab")

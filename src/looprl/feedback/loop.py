@@ -46,6 +46,10 @@ the next window) + superseded (scored after their policy's window was taken, by 
 replaced) + A/B-only (served by a candidate that was rolled back) + unscored (no feedback) +
 infrastructure failures.
 
+Ctrl-C or SIGTERM stops the run where it is: users and server stop (in-flight sessions finish),
+the last promoted policy is left serving, and the report, the accounting and the last line cover
+the finished cycles; ``LoopResult.stopped`` says why and where it stopped.
+
 What this is NOT: a multi-host deployment. The server and the loop share a filesystem here; on a
 fleet the policies dir would be an object store and the feedback store a database server.
 """
@@ -663,6 +667,8 @@ class LoopResult:
     rollback_ok: int | None
     """1: the injected bad candidate was rejected or rolled back and the previous policy kept
     serving; 0: it was promoted; None: none was injected."""
+    stopped: str = ""
+    """Why the run ended before its cycles and final A/B (a signal), or empty."""
 
     def line(self) -> str:
         d = self.final_ab.get("diffs", {})
@@ -768,11 +774,13 @@ def run_loop(cfg: RealtimeConfig, runs: str | Path = "runs",
     say(f"serving on {prod.url} (URL and token in {server})")
     rows: list[CycleRow] = []
     final: dict[str, Any] = {}
+    stopped, phase = "", "the start"
     try:
         for n in range(1, cfg.cycles + 1):
             if loop.minutes() > cfg.max_minutes:
                 say(f"stopping after {n - 1} cycles: {cfg.max_minutes:.0f} min reached")
                 break
+            phase = f"cycle {n}"
             row = loop.cycle(n)
             rows.append(row)
             with (run / "cycles.jsonl").open("a") as fh:
@@ -784,13 +792,19 @@ def run_loop(cfg: RealtimeConfig, runs: str | Path = "runs",
         if cfg.ab.final_sessions and last.version != start.version:
             say(f"final A/B: start v{start.version} (A) vs v{last.version} (B), "
                 f"{cfg.ab.final_sessions} scored sessions per arm")
+            phase = "the final A/B"
             promote(loop.policies, start.version)
-            prod.wait_serving("A", start.version)
-            rep = loop.ab(start, last, f"{cfg.name}-final", cfg.ab.final_sessions)
-            promote(loop.policies, last.version)
+            try:
+                prod.wait_serving("A", start.version)
+                rep = loop.ab(start, last, f"{cfg.name}-final", cfg.ab.final_sessions)
+            finally:  # stopped or not, the last promoted policy is the one left serving
+                promote(loop.policies, last.version)
             prod.wait_serving("A", last.version)
             final = {**rep.to_dict(), "final": True, "a": start.version, "b": last.version}
             (run / "final_ab.json").write_text(json.dumps(final, indent=1))
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: what finished is reported, not lost
+        stopped = f"{e or 'interrupted'} during {phase}"
+        say(f"{stopped}: the report covers the {len(rows)} finished cycle(s)")
     finally:
         say("stopping users and server (in-flight sessions finish)")
         prod.stop()
@@ -800,7 +814,7 @@ def run_loop(cfg: RealtimeConfig, runs: str | Path = "runs",
     bad = [r for r in rows if r.injected]
     rollback_ok = None if not bad else int(bad[0].status in ("rolled_back", "rejected"))
     acc = account(loop.store, sent, rolled, read_policy(loop.policies).version, cfg.signal)
-    res = LoopResult(run, rows, final, acc, rollback_ok)
+    res = LoopResult(run, rows, final, acc, rollback_ok, stopped)
     from looprl.feedback.report import write_loop_report
 
     write_loop_report(res, loop.store, cfg)

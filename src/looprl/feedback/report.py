@@ -123,6 +123,8 @@ def write_loop_report(res: Any, store: Any, cfg: Any) -> Path:
              f"Start policy `{cfg.model}`; {len(res.cycles)} cycles; windows of {cfg.window} "
              f"scored sessions, {cfg.steps} GRPO steps each (lr {cfg.grpo.lr:g}); A/B "
              f"{cfg.ab.sessions} scored sessions per arm, split {cfg.ab.split_b}.", "",
+             *([f"**Stopped early** ({res.stopped}): the cycles below are the finished ones.",
+                ""] if res.stopped else []),
              "## Cycles", "",
              "| cycle | current | candidate | window (sessions, mean reward) | gate pass@1 "
              "current → candidate [95% CI of diff] | A/B reward B − A [95% CI] | status | "
