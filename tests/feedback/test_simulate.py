@@ -168,7 +168,8 @@ def test_users_keep_passing_edits_and_revert_failing_ones(served, tasks, tmp_pat
     assert {p.task.id for p in plans} == {t.id for t in tasks}  # both tasks are drawn
     summary = run(url, tasks, tmp_path, "--sessions", "6", "--seed", "3", "--population", "3",
                   "--complain", "1", "--thank", "1", "--user-prefix", "clean")
-    assert (summary["sent"], summary["served"], summary["graded"]) == (6, 6, 6), summary
+    errors = [s["error"] for s in summary["sessions"] if s.get("error")]
+    assert (summary["sent"], summary["served"], summary["graded"]) == (6, 6, 6), errors
     for s in summary["sessions"]:  # the hidden tests decide, no noise
         right = s["task_id"] == "minicalc-clamp"
         assert s["passed"] is right and s["files"] == 1

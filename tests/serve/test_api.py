@@ -208,7 +208,7 @@ def test_sessions_feedback_and_ab_end_to_end(server, repo):
     r = client.post(f"/v1/sessions/{sid}/feedback", json={"event_id": "ev-5", "kind": "thumbs_up"})
     assert r.status_code == 422 and "use one of" in r.json()["message"]
 
-    # arm B finishes without edits: only follow-ups apply
+    # arm B finishes without edits: no edit event applies, a complaint says the request failed
     r = client.post("/v1/sessions", json={"user": ub, "prompt": "mean() should use floats",
                                           "repo": str(repo)})
     assert r.status_code == 200, r.text
@@ -220,7 +220,8 @@ def test_sessions_feedback_and_ab_end_to_end(server, repo):
     r = client.post(f"/v1/sessions/{b['session_id']}/feedback",
                     json={"event_id": "ev-7", "kind": "follow_up",
                           "text": "that didn't work, mean is still wrong"})
-    assert r.json()["reward"]["total"] == pytest.approx(-0.5)
+    # no change, then a complaint: the request failed as a reverted edit does (-1), plus -0.5
+    assert r.json()["reward"]["total"] == pytest.approx(-1.5)
 
     got = client.get(f"/v1/sessions/{sid}").json()
     assert [e["kind"] for e in got["events"]] == ["partially_kept", "kept"]
@@ -228,7 +229,7 @@ def test_sessions_feedback_and_ab_end_to_end(server, repo):
     ab = client.get("/v1/ab").json()
     assert ab["arms"]["A"]["reward"] == pytest.approx(1.0)
     assert ab["arms"]["B"]["dissatisfied"] == pytest.approx(1.0)
-    assert ab["diffs"]["reward"]["diff"] == pytest.approx(-1.5)
+    assert ab["diffs"]["reward"]["diff"] == pytest.approx(-2.5)
     assert ab["decision"]["action"] in ("keep", "rollback")
     assert ab["policy_versions"] == {"A": 4, "B": 5}
 
