@@ -9,16 +9,18 @@ The baseline is the control arm, measured in the same run on live traffic split 
 line is machine-readable (``LoopResult.line``):
 
     cycles=… sessions=… kept_delta=… kept_ci_low=… kept_ci_high=… dissatisfied_delta=…
-    latency_delta=… rollback_ok=… lost=… trained_twice=… edited_delta=… kept_within_delta=…
-    kept_within_ci_low=… kept_within_ci_high=…
+    latency_delta=… rollback_ok=… lost=… trained_twice=… edited_delta=… resolved_delta=…
+    resolved_ci_low=… resolved_ci_high=… kept_within_delta=… kept_within_ci_low=…
+    kept_within_ci_high=…
 
 ``kept_delta`` is the real-time RL arm's kept rate minus the control's, with its 95% bootstrap
 interval; ``rollback_ok=1`` when the broken candidate was rejected by the gate or rolled back by
 the A/B; ``lost`` counts sessions users sent that the store lacks; ``trained_twice`` sessions two
 cycles trained on; ``edited_delta`` the change in the share of sessions with an edit (kept is
-measured over those, so read the two together); ``kept_within_*`` kept B − A within the requests
-both arms edited (does B fix the same requests better, or only edit easier ones). The run's report (tables with every arm's
-intervals, plots) is ``runs/NAME/report.md``.
+measured over those, so read the two together); ``resolved_*`` the change in the share of sessions
+whose edit the user kept (no edit counts 0); ``kept_within_*`` kept B − A within the requests both
+arms edited (does B fix the same requests better, or only edit easier ones). The run's report
+(tables with every arm's intervals, plots) is ``runs/NAME/report.md``.
 """
 
 from __future__ import annotations

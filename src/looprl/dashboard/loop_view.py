@@ -103,12 +103,9 @@ def loop_section(run: RunData, prefix: str, *, title_href: str | None = None) ->
     if run.result is not None:
         r = run.result
         values: dict[str, Any] = {**r, "kept_ci": ci(r.get("kept_ci_low"), r.get("kept_ci_high"))}
-        if r.get("resolved_delta") is not None:
-            values["resolved"] = interval(r["resolved_delta"], r.get("resolved_ci_low"),
-                                          r.get("resolved_ci_high"))
-        if r.get("kept_within_delta") is not None:
-            values["kept_within"] = interval(r["kept_within_delta"], r.get("kept_within_ci_low"),
-                                             r.get("kept_within_ci_high"))
+        for k in ("resolved", "kept_within"):  # B − A with its interval
+            if r.get(f"{k}_delta") is not None:
+                values[k] = interval(r[f"{k}_delta"], r.get(f"{k}_ci_low"), r.get(f"{k}_ci_high"))
         for k in ("kept_delta", "edited_delta", "dissatisfied_delta", "latency_delta"):
             if k in r:  # signed, as every B − A on this page
                 values[k] = interval(r[k], None, None)

@@ -46,8 +46,7 @@ from looprl.feedback.store import EDIT_KINDS, Event, FeedbackStore, SessionRecor
 ARMS = ("A", "B")
 METRICS = ("reward", "resolved", "edited", "kept", "reverted", "dissatisfied", "latency")
 HIGHER_IS_BETTER = {"reward": True, "resolved": True, "edited": True, "kept": True,
-                    "reverted": False,
-                    "dissatisfied": False, "latency": False}
+                    "reverted": False, "dissatisfied": False, "latency": False}
 
 
 def assign_arm(user: str, experiment: str, split_b: float = 0.5) -> str:

@@ -3,8 +3,9 @@
     write_loop_report(result, store, cfg)   # RUN/report.md, RUN/ab.png, RUN/gate.png
 
 Per A/B (each cycle's, and the final one): for each arm the sessions it served and, with 95%
-bootstrap intervals, the share of sessions with an edit, the kept rate, reverted rate,
-dissatisfied follow-ups and latency; the difference B - A with its interval (``feedback.ab``).
+bootstrap intervals, the share of sessions whose edit was kept, the share with an edit, the kept
+rate, reverted rate, dissatisfied follow-ups and latency; the difference B - A with its interval
+(``feedback.ab``), and kept B - A within the requests both arms edited.
 The arm tables count every session of the A/B's experiment, those that finished after the
 decision too; the cycle table shows what the decision saw. Per cycle: the window, the training
 step, the gate's pass@1 of both versions and its interval. Then where every session went, and the
