@@ -289,6 +289,13 @@ class Trajectory(_Record):
     def is_infra_error(self) -> bool:
         return self.stop_reason == StopReason.INFRA_ERROR
 
+    @property
+    def passed(self) -> bool:
+        """The hidden tests all passed (the ``tests`` reward term is 1) and the trajectory made no
+        attempt on the grader (which cancels that term: ``grader_attack``)."""
+        return (self.reward is not None and self.reward.components.get("tests", 0.0) >= 1.0
+                and "grader_attack" not in self.reward.components)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         return cls(

@@ -177,3 +177,27 @@ def test_max_ready_stops_admitting_while_finished_groups_wait(task, tok, max_rea
         assert seen == 8
     else:
         assert seen <= 4, started
+
+
+def test_the_screen_stops_a_group_none_of_whose_first_rollouts_passed(task, tok):
+    """``screen=2`` of 4: a policy that never passes costs 2 rollouts and comes back screened out;
+    one that passes runs the other 2 and brings its whole group."""
+    null_turns = ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>'] * 9
+
+    async def main():
+        pool = SandboxPool(max_running=8)
+        try:
+            oracle = _runner(lambda t: OracleAgent(t, tok), tok, pool, g=4, screen=2)
+            null = _runner(ScriptedPolicy(tok, null_turns), tok, pool, g=4, screen=2)
+            return (await _collect(oracle, [task]), oracle), (await _collect(null, [task]), null)
+        finally:
+            await pool.close()
+
+    ([passed], oracle), ([failed], null) = asyncio.run(main())
+    assert passed.group is not None and not passed.screened_out
+    assert len(passed.group.trajectories) == 4 and all(t.passed for t in passed.group.trajectories)
+    assert oracle.stats.trajectories == 4 and oracle.stats.groups_screened_out == 0
+    assert failed.group is None and failed.dropped is None
+    assert len(failed.screened_out) == 2 and not any(t.passed for t in failed.screened_out)
+    assert null.stats.trajectories == 2 and null.stats.groups_screened_out == 1
+    assert oracle._pending == 0 and null._pending == 0

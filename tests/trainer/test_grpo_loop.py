@@ -140,3 +140,41 @@ def _oracle_tokens(tmp_path, tok, policy):
         return t.segments[0]
 
     return asyncio.run(main())
+
+
+def test_screened_out_tasks_are_tried_again_then_given_up(tmp_path):
+    """Half the tasks are solvable (the oracle), half never (the policy finishes at once). With
+    ``screen=1`` each unsolvable task costs one rollout a try, is handed out again once the fresh
+    tasks have run out, and is given up after ``max_screens = 2`` tries; the solvable ones are
+    trained, each once."""
+    tok = build_tokenizer(None)
+    tasks = _tasks(tmp_path, 6)
+    solvable = {t.id for t in tasks[::2]}
+
+    def policy_for(task):
+        if task.id in solvable:
+            return OracleAgent(task, tok)
+        return ScriptedPolicy(tok, ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>'])
+
+    async def main():
+        pool = SandboxPool(max_running=4)
+        try:
+            runner = RolloutRunner(policy_for, ChatFormat(tok), pool, make_scorer(), RolloutConfig(
+                group_size=3, screen=1, max_in_flight=4,
+                agent=AgentConfig(max_turns=4, context_window=16384)))
+            model = _model(tok)
+            step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=48), pad_id=tok.pad_token_id)
+            loop = GRPOLoop(step, ScriptedPolicy(tok, []), runner,
+                            TaskSampler(tasks, max_screens=2),
+                            LoopConfig(groups_per_step=2, max_steps=10), run_dir=tmp_path / "run")
+            return await loop.run(), runner
+        finally:
+            await pool.close()
+
+    stats, runner = asyncio.run(main())
+    assert stats.groups_screened_out == 6 and stats.screen_rollouts == 6
+    assert stats.groups_trained == 3 and stats.steps == 2
+    assert runner.stats.trajectories == 3 * 3 + 6
+    trained = [json.loads(line)["task_id"] for line in
+               (tmp_path / "run" / "trajectories" / "train.jsonl").read_text().splitlines()]
+    assert sorted(set(trained)) == sorted(solvable) and len(trained) == 9

@@ -172,3 +172,32 @@ def test_shared_prefix_gives_the_full_forward_values_and_gradients(temperature):
     assert torch.allclose(lp_full, lp_shared, atol=1e-5)
     for a, b in zip(g_full, g_shared, strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_silent_rows_left_out_give_the_full_batchs_update():
+    """With ``negative_advantage_scale = 0`` the failures' rows carry advantage 0 everywhere:
+    left out of the forward (``drop_silent``, as ``GRPOStep`` does), the update is the full
+    batch's, and the rows are counted. Two passes and two (longer) failures."""
+    base = tiny_llama()
+    groups = [group([trajectory([on_policy(base, PROMPT, GOOD)], 1.0),
+                     trajectory([on_policy(base, PROMPT, GOOD + [13])], 1.0),
+                     trajectory([on_policy(base, PROMPT, BAD + [13, 14, 15])], 0.0),
+                     trajectory([on_policy(base, PROMPT, BAD + [16, 17])], 0.0)])]
+    cfg = GRPOConfig(lr=1e-2, negative_advantage_scale=0.0, max_grad_norm=1e-3)
+    params, metrics = [], []
+    for drop in (False, True):
+        model = copy.deepcopy(base)
+        step = GRPOStep(model, cfg)
+        batch = build_batch(groups, cfg.credit(), drop_silent=drop)
+        metrics.append(step.on_batch(batch))
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    full, dropped = metrics
+    assert (full.silent_rows, dropped.silent_rows) == (0, 2)
+    assert full.sequences == dropped.sequences == 4
+    assert dropped.tokens < full.tokens and full.loss == pytest.approx(dropped.loss)
+    assert dropped.grad_norm == pytest.approx(full.grad_norm) and full.grad_norm > 1e-3  # clipped
+    assert not torch.equal(params[0], torch.cat([p.flatten() for p in base.parameters()]))
+    torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
+    assert GRPOStep(copy.deepcopy(base), cfg).batch(groups).silent_rows == 2
+    assert GRPOStep(copy.deepcopy(base), GRPOConfig(negative_advantage_scale=0.0, kl_coef=0.1)
+                    ).batch(groups).silent_rows == 0  # the KL term reads every row

@@ -409,15 +409,13 @@ class TrajectoryIndex:
 
 
 def _summary(n: int, offset: int, d: dict[str, Any]) -> TrajSummary:
-    from looprl.trainer.batch import passed_tests  # torch: only once trajectories are listed
-
     t = Trajectory.from_dict(d)
     versions = sorted({v for s in t.segments for v, m in zip(s.policy_version_T, s.loss_mask_T,
                                                              strict=True) if m})
     step = t.metadata.get("train_step")
     return TrajSummary(
         n, offset, t.task_id, t.id, int(step) if isinstance(step, (int, float)) else None,
-        t.reward.total if t.reward else None, passed_tests(t), t.stop_reason.value,
+        t.reward.total if t.reward else None, t.passed, t.stop_reason.value,
         t.counters.turns, t.counters.tool_calls, t.counters.broken_tool_calls,
         t.counters.output_tokens, t.reward.flags if t.reward else (), tuple(versions))
 

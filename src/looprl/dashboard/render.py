@@ -62,8 +62,9 @@ TRAINING_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 THROUGHPUT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("throughput (tokens/s)", ("rollout/tokens_per_s", "train/tokens_per_s")),
     ("trainer idle fraction", ("loop/trainer_idle_fraction",)),
-    ("groups stale / dropped, infra errors",
-     ("loop/groups_stale", "loop/groups_dropped", "runner/infra_errors")),
+    ("groups stale / dropped / screened out, infra errors",
+     ("loop/groups_stale", "loop/groups_dropped", "loop/groups_screened_out",
+      "runner/infra_errors")),
     ("weight publish (s)", ("loop/publish_s",)),
 )
 COMPARE_METRICS = (("mean reward", "reward/total_mean"), ("pass rate", "rollout/pass_rate"),

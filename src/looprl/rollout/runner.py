@@ -63,6 +63,11 @@ class RolloutConfig:
     """Fresh-sandbox retries of a trajectory that failed for infrastructure reasons."""
     min_group_size: int = 2
     """A group with fewer scored trajectories than this is dropped (no advantage to compute)."""
+    screen: int = 0
+    """Difficulty screen: a group runs this many trajectories first and stops there when none of
+    them passed (``GroupResult.screened_out``), so a task the policy cannot solve yet costs
+    ``screen`` rollouts instead of ``group_size``; otherwise the rest run and the group has all
+    ``group_size``. 0 (or >= ``group_size``): every group runs whole."""
     tools: tuple[str, ...] = DEFAULT_TOOLS
     """Tool names from the harness registry offered to the model."""
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -80,6 +85,9 @@ class GroupResult:
     """Trajectory attempts lost to infrastructure failures (retried or dropped)."""
     dropped: str | None = None
     wall_s: float = 0.0
+    screened_out: tuple[Trajectory, ...] = ()
+    """The screen's scored trajectories when none passed and the group stopped there
+    (``RolloutConfig.screen``; ``group`` is then None)."""
 
 
 @dataclass
@@ -90,6 +98,7 @@ class RunnerStats:
     infra_errors: int = 0
     groups: int = 0
     groups_dropped: int = 0
+    groups_screened_out: int = 0
     busy_s: float = 0.0
 
 
@@ -203,24 +212,40 @@ class RolloutRunner:
             self.stats.busy_s += time.monotonic() - t0
             self._slots.release()
 
+    @property
+    def _first_stage(self) -> int:
+        """Trajectories a group runs before it may stop: the screen's, or all of them."""
+        G, screen = self.cfg.group_size, self.cfg.screen
+        return screen if 0 < screen < G else G
+
     async def run_group(self, task: Task) -> GroupResult:
-        """G trajectories of ``task``, concurrently; infra failures dropped, the rest scored."""
-        self._pending += self.cfg.group_size
+        """G trajectories of ``task``, concurrently; infra failures dropped, the rest scored (the
+        first ``screen`` of them alone when none of those passed)."""
+        self._pending += self._first_stage
         return await self._group(task)
 
     async def _group(self, task: Task) -> GroupResult:
         t0 = time.monotonic()
         group_id = f"{task.id}@{uuid.uuid4().hex[:8]}"
-        self.executor.open_group(group_id, self.cfg.group_size)
+        G, first = self.cfg.group_size, self._first_stage
+        self.executor.open_group(group_id, G)
         try:
             results = await asyncio.gather(*(self.run_trajectory(task, group_id, i)
-                                             for i in range(self.cfg.group_size)))
+                                             for i in range(first)))
+            screened = [t for t, _ in results if not t.is_infra_error]
+            if first < G and screened and not any(t.passed for t in screened):
+                self._count(results)
+                self.stats.groups_screened_out += 1
+                return GroupResult(task, None, sum(n for _, n in results),
+                                   wall_s=time.monotonic() - t0, screened_out=tuple(screened))
+            if first < G:
+                self._pending += G - first
+                results += await asyncio.gather(*(self.run_trajectory(task, group_id, i)
+                                                  for i in range(first, G)))
         finally:
             self.executor.close_group(group_id)
         kept = tuple(t for t, _ in results if not t.is_infra_error)
-        infra = sum(n for _, n in results)
-        self.stats.trajectories += len(results)
-        self.stats.infra_errors += infra
+        infra = self._count(results)
         wall = time.monotonic() - t0
         if len(kept) < self.cfg.min_group_size:
             self.stats.groups_dropped += 1
@@ -233,9 +258,18 @@ class RolloutRunner:
                 "max_policy_version": max(versions, default=-1), "wall_s": round(wall, 3)}
         return GroupResult(task, Group(task.id, group_id, kept, meta), infra, None, wall)
 
-    async def run(self, tasks: Iterable[Task], *, max_ready: int | None = None
+    def _count(self, results: list[tuple[Trajectory, int]]) -> int:
+        """Count ``results``' trajectories and infrastructure failures; return the failures."""
+        infra = sum(n for _, n in results)
+        self.stats.trajectories += len(results)
+        self.stats.infra_errors += infra
+        return infra
+
+    async def run(self, tasks: Iterable[Task | None], *, max_ready: int | None = None
                   ) -> AsyncIterator[GroupResult]:
         """Run a group per task, admitting groups as slots free up; yield in completion order.
+        A ``None`` from ``tasks`` means no task yet, ask again (a sampler waiting for tasks it
+        handed out to come back screened out).
 
         ``max_ready`` bounds the finished groups the consumer has not taken yet: no new group is
         admitted while that many wait (a trainer slower than its rollouts then gets fresh groups,
@@ -251,11 +285,14 @@ class RolloutRunner:
 
         async def admit() -> None:
             for task in tasks:
+                if task is None:
+                    await asyncio.sleep(0.05)
+                    continue
                 # Admit the next group once fewer than a group's worth of trajectories is queued.
                 while self._pending >= self.cfg.group_size or (
                         max_ready is not None and done.qsize() >= max_ready):
                     await asyncio.sleep(0.005)
-                self._pending += self.cfg.group_size
+                self._pending += self._first_stage
                 t = asyncio.create_task(one(task))
                 running.add(t)
                 t.add_done_callback(running.discard)

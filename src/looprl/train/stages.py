@@ -216,11 +216,14 @@ class RLSummary:
     minutes: float
     history: list[dict[str, Any]]
     """The loop's per-step metrics rows (``metrics.jsonl``)."""
+    groups_screened_out: int = 0
+    screen_rollouts: int = 0
 
     @classmethod
     def of(cls, stats: Any, minutes: float) -> RLSummary:
         return cls(stats.steps, stats.groups_trained, stats.groups_stale,
-                   stats.zero_variance_groups, stats.idle_fraction, minutes, stats.history)
+                   stats.zero_variance_groups, stats.idle_fraction, minutes, stats.history,
+                   stats.groups_screened_out, stats.screen_rollouts)
 
 
 def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
@@ -267,8 +270,10 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
         runner, sink, close = await _rollouts(cfg, engine, tok, start_dir, run_dir, weights_url,
                                               dist)
         try:
-            loop = GRPOLoop(step, sink, runner, TaskSampler(tasks, cfg.seed), cfg.loop,
-                            store=store, run_dir=run_dir, config_to_save=cfg)
+            sampler = TaskSampler(tasks, cfg.seed,
+                                  max_screens=cfg.loop.max_screens if cfg.rollout.screen else 0)
+            loop = GRPOLoop(step, sink, runner, sampler, cfg.loop, store=store, run_dir=run_dir,
+                            config_to_save=cfg)
             if resume and loop.resume() is not None:
                 console.print(f"resumed RL at step {loop.stats.steps} (weights v{loop.version})")
             with progress_bar() as bar:

@@ -25,6 +25,14 @@ rows x (longest row - prefix); without a shared prefix (or with ``share_prefix=F
 under DDP) rows x longest row. Prefix-sharing rows train together (a group's prompt runs once,
 not once per micro-batch of two rows); the others are packed by length, longest first. A row
 longer than the budget gets a micro-batch of its own.
+
+``drop_silent``: a row whose advantage is 0 at every token (a failure whose negative advantage
+``negative_advantage_scale = 0`` zeroed) adds nothing to the policy gradient, yet its forward
+and backward cost as much as any row's, and failures are the long rows. Such rows are left out
+and counted (``TrainBatch.silent_rows``); the loss still divides by every row of the step
+(``TrainBatch.num_sequences``), so the gradient is the one the full batch gives. Only where
+nothing else reads a row: no KL term (it makes every row's advantage nonzero) and no MTP heads
+distilled from the forward (``GRPOStep.batch`` decides).
 """
 
 from __future__ import annotations
@@ -106,6 +114,9 @@ class TrainBatch:
     """Mean reward over kept-or-skipped valid trajectories (for logging)."""
     no_pass_groups: int = 0
     """Groups where no trajectory passed the tests (skipped when ``skip_without_pass``)."""
+    silent_rows: int = 0
+    """Rows with advantage 0 at every token left out (``drop_silent``); counted in
+    ``num_sequences``, which the loss divides by."""
 
     @property
     def empty(self) -> bool:
@@ -118,13 +129,6 @@ class _Row:
     advantage: float
     token_advantages: tuple[float, ...] | None = None
     """Per token of ``segment`` when they differ from ``advantage`` (token-level credit)."""
-
-
-def passed_tests(t: Trajectory) -> bool:
-    """The trajectory's hidden tests all passed (its ``tests`` reward term is 1) and it made no
-    attempt on the grader (which cancels that term: ``grader_attack``)."""
-    return (t.reward is not None and t.reward.components.get("tests", 0.0) >= 1.0
-            and "grader_attack" not in t.reward.components)
 
 
 def flatten_failures(rewards_G: Sequence[float], passed_G: Sequence[bool]) -> list[float]:
@@ -212,7 +216,7 @@ def _rows(groups: Sequence[Group], credit: Credit
         dropped += len(g.trajectories) - len(valid)
         rewards_G = [t.reward.total for t in valid if t.reward is not None]
         rewards.extend(rewards_G)
-        passed_G = [passed_tests(t) for t in valid]
+        passed_G = [t.passed for t in valid]
         if not any(passed_G):
             no_pass += 1
             if credit.skip_without_pass:
@@ -343,16 +347,24 @@ def pack_segments(segments: Sequence[Segment], advantages_N: Sequence[float], *,
                       micro_batch_tokens, pad_id, share_prefix)
 
 
+def _silent(r: _Row) -> bool:
+    return r.advantage == 0.0 and not any(r.token_advantages or ())
+
+
 def build_batch(groups: Sequence[Group], credit: Credit = Credit(), *,
                 micro_batch_tokens: int = 4096, pad_id: int = 0,
-                share_prefix: bool = True) -> TrainBatch:
+                share_prefix: bool = True, drop_silent: bool = False) -> TrainBatch:
     """Credit ``groups``' tokens (``credit``) and pack them into micro-batches of at most
-    ``micro_batch_tokens`` tokens of forward (a shared prefix counted once: module docstring)."""
+    ``micro_batch_tokens`` tokens of forward (a shared prefix counted once), leaving out the
+    rows with advantage 0 everywhere when ``drop_silent`` (module docstring)."""
     rows, zero_var, dropped, rewards, no_pass = _rows(groups, credit)
+    n_rows = len(rows)
+    if drop_silent:
+        rows = [r for r in rows if not _silent(r)]
     mbs = _pack_rows(rows, micro_batch_tokens, pad_id, share_prefix)
     return TrainBatch(
         micro_batches=mbs,
-        num_sequences=len(rows),
+        num_sequences=n_rows,
         num_tokens=sum(len(r.segment.token_ids_T) for r in rows),
         num_model_tokens=int(sum(float(mb.loss_mask_B_T.sum()) for mb in mbs)),
         groups=len(groups),
@@ -361,4 +373,5 @@ def build_batch(groups: Sequence[Group], credit: Credit = Credit(), *,
         padded_tokens=sum(mb.tokens_B_T.numel() for mb in mbs),
         mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
         no_pass_groups=no_pass,
+        silent_rows=n_rows - len(rows),
     )

@@ -10,7 +10,10 @@ engine, which applies them between decode steps — trajectories in flight conti
 version, and every token records the version that sampled it. Groups whose oldest token lags the
 trainer by more than ``max_staleness`` versions are dropped and counted, their task handed out
 once more (it was never trained on); zero-variance groups are
-skipped and counted; infra-failed trajectories never reach here (the runner drops them).
+skipped and counted; infra-failed trajectories never reach here (the runner drops them). A group
+the runner's difficulty screen stopped (``RolloutConfig.screen``: none of its first rollouts
+passed) takes no place in the queue: its task waits and is handed out again once the fresh tasks
+run out (``TaskSampler.defer``), to a policy that may solve it by then.
 
 Resume (exact at any kill point, including ``kill -9`` during a publish or a checkpoint write)::
 
@@ -67,7 +70,6 @@ from looprl.protocols import WeightSink, WeightStore
 from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import GroupResult, RolloutRunner
 from looprl.trainer import ddp
-from looprl.trainer.batch import passed_tests
 from looprl.trainer.checkpoint import Resumed, latest_checkpoint
 from looprl.trainer.loggers import Loggers, make_loggers, read_metrics, scalars
 from looprl.trainer.step import GRPOStep
@@ -103,6 +105,9 @@ class LoopConfig:
     trajectory viewer reads."""
     seed: int = 0
     """Shuffles the task order (single epoch)."""
+    max_screens: int = 3
+    """Times a task may be screened out (with ``rollout.screen``) before it is given up; a
+    screened-out task is tried again once the fresh tasks run out (``TaskSampler.defer``)."""
     loggers: tuple[str, ...] = ("tensorboard",)
     """Trackers beside ``metrics.jsonl`` (always written): ``tensorboard``, ``wandb`` (the
     ``wandb`` extra), or a plugin; see ``looprl.trainer.loggers``."""
@@ -111,25 +116,46 @@ class LoopConfig:
 class TaskSampler:
     """Walks the task set once in a seeded order; remembers what was trained so a resumed run
     neither loses nor repeats a task. A task whose group was dropped untrained (stale) can be
-    handed out once more (``requeue``): it was never trained on, and tasks are the scarce thing."""
+    handed out once more (``requeue``): it was never trained on, and tasks are the scarce thing.
+    With ``max_screens`` (for a runner with ``RolloutConfig.screen``), a task screened out (the
+    policy could not solve it yet) waits (``defer``) and is handed out again once the fresh
+    tasks run out, to the policy as it is then, up to ``max_screens`` times in all; while none
+    is left to hand out but some are still out (``returned`` not yet called for them: they may
+    come back screened out), the walk yields None, meaning ask again."""
 
-    def __init__(self, tasks: Sequence[Task], seed: int = 0, trained: Sequence[str] = ()):
+    def __init__(self, tasks: Sequence[Task], seed: int = 0, trained: Sequence[str] = (),
+                 max_screens: int = 0):
         self.tasks = list(tasks)
         random.Random(seed).shuffle(self.tasks)
         self.trained: set[str] = set(trained)
+        self.max_screens = max_screens
         self.issued = 0
+        self.out = 0
+        """Tasks handed out whose group has not come back (``returned``)."""
         self._again: deque[Task] = deque()
         self._requeued: set[str] = set()
+        self._later: deque[Task] = deque()
+        self._screens: dict[str, int] = {}
 
-    def __iter__(self) -> Iterator[Task]:
+    def __iter__(self) -> Iterator[Task | None]:
         fresh = iter(self.tasks)
         while True:
             t = self._again.popleft() if self._again else next(fresh, None)
+            if t is None and self._later:
+                t = self._later.popleft()
             if t is None:
-                return
+                if not (self.max_screens and self.out):
+                    return
+                yield None
+                continue
             if t.id not in self.trained:
                 self.issued += 1
+                self.out += 1
                 yield t
+
+    def returned(self) -> None:
+        """A handed-out task's group came back (trained, dropped, stale or screened out)."""
+        self.out = max(self.out - 1, 0)
 
     def requeue(self, task: Task) -> bool:
         """Hand ``task`` out again, next (once per task); False if it was requeued before or
@@ -147,6 +173,27 @@ class TaskSampler:
         self._again.append(task)
         return True
 
+    def defer(self, task: Task) -> bool:
+        """``task`` was screened out: hand it out again after the fresh tasks, unless it has been
+        screened ``max_screens`` times (False: given up).
+
+        >>> from looprl.types import Grader
+        >>> s = TaskSampler([Task(i, "/r", "p", Grader("pytest")) for i in "ab"], max_screens=2)
+        >>> it = iter(s); a = next(it); s.returned(); s.defer(a)
+        True
+        >>> b = next(it); b is not a, next(it) is a   # the fresh task first
+        (True, True)
+        >>> s.returned(); s.defer(a), next(it)        # b is still out: wait for it
+        (False, None)
+        >>> s.returned(); next(it, "done")
+        'done'
+        """
+        self._screens[task.id] = n = self._screens.get(task.id, 0) + 1
+        if n >= self.max_screens or task.id in self.trained:
+            return False
+        self._later.append(task)
+        return True
+
     def mark_trained(self, task_ids: Sequence[str]) -> None:
         self.trained.update(task_ids)
 
@@ -162,6 +209,10 @@ class LoopStats:
     groups_requeued: int = 0
     """Stale groups whose task was handed out again (``TaskSampler.requeue``)."""
     groups_dropped: int = 0
+    groups_screened_out: int = 0
+    """Groups stopped after the screen (``rollout.screen``): no screen trajectory passed."""
+    screen_rollouts: int = 0
+    """Trajectories those screens ran (the rollouts the screen did not save)."""
     zero_variance_groups: int = 0
     trainer_busy_s: float = 0.0
     trainer_idle_s: float = 0.0
@@ -289,7 +340,10 @@ class GRPOLoop:
                 # Finished groups wait in ``queue``, not in the runner: it admits no new group
                 # while one it finished is still untaken, so the queue bounds the policy lag.
                 async for result in self.runner.run(iter(self.sampler), max_ready=1):
-                    await queue.put(result)
+                    if result.screened_out:  # nothing to train: never holds a place in the queue
+                        self._admit(result)
+                    else:
+                        await queue.put(result)
             finally:
                 exhausted.set()
 
@@ -324,6 +378,12 @@ class GRPOLoop:
         return groups
 
     def _admit(self, result: GroupResult) -> Group | None:
+        self.sampler.returned()
+        if result.screened_out:
+            self.stats.groups_screened_out += 1
+            self.stats.screen_rollouts += len(result.screened_out)
+            self.sampler.defer(result.task)
+            return None
         if result.group is None:
             self.stats.groups_dropped += 1
             return None
@@ -337,7 +397,7 @@ class GRPOLoop:
     async def _run_sync(self, progress: Any) -> None:
         tasks = iter(self.sampler)
         while not await self._stop():
-            batch = [t for _, t in zip(range(self._per_rank), tasks, strict=False)]
+            batch = [t for _, t in zip(range(self._per_rank), tasks, strict=False) if t is not None]
             if not await self._any_rank(batch):
                 break
             t0 = time.monotonic()
@@ -383,13 +443,15 @@ class GRPOLoop:
             "tasks": [g.task_id for g in groups],
             **{f"train/{k}": v for k, v in step_metrics.items()},
             **reward_metrics(trajs),
-            "rollout/pass_rate": sum(passed_tests(t) for t in trajs) / max(len(trajs), 1),
+            "rollout/pass_rate": sum(t.passed for t in trajs) / max(len(trajs), 1),
             "rollout/tokens_per_s": self.stats.rollout_tokens / max(elapsed, 1e-9),
             "train/tokens_per_s": self.stats.train_tokens / max(self.stats.trainer_busy_s, 1e-9),
             "loop/trainer_idle_fraction": self.stats.idle_fraction,
             "loop/groups_stale": self.stats.groups_stale,
             "loop/groups_requeued": self.stats.groups_requeued,
             "loop/groups_dropped": self.stats.groups_dropped,
+            "loop/groups_screened_out": self.stats.groups_screened_out,
+            "loop/screen_rollouts": self.stats.screen_rollouts,
             "loop/publish_s": publish_s,
             "runner/infra_errors": self.runner.stats.infra_errors,
         }

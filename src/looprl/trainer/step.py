@@ -184,6 +184,9 @@ class StepMetrics:
     """MTP heads: mean KL(policy || head) over heads and positions (0 without heads)."""
     mtp_accept: float = 0.0
     """MTP heads: mean estimated acceptance of a temperature-1 draft, 1 - TV (0 without heads)."""
+    silent_rows: int = 0
+    """Rows with advantage 0 everywhere left out of the forward (``build_batch``'s
+    ``drop_silent``); ``sequences`` counts them."""
 
     def to_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()}
@@ -322,7 +325,7 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
     batch = dataclasses.replace(batch, micro_batches=tuple(mb.to(device)
                                                            for mb in batch.micro_batches))
     loss_fn, params = get_loss(cfg.loss), cfg.loss_params()
-    minis, seqs = _updates(batch.micro_batches, cfg.mini_batches, dist, device)
+    minis, seqs = _updates(batch.micro_batches, cfg.mini_batches, dist, device, batch.silent_rows)
     model.train()
     prox: dict[int, torch.Tensor] = {}
     if len(minis) > 1:  # the step's starting policy, for PPO clipping across updates
@@ -371,7 +374,7 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
                   for mb in batch.micro_batches)
     c = _Counts(batch.num_sequences, len(batch.micro_batches), batch.zero_variance_groups,
                 batch.dropped_infra, batch.no_pass_groups, batch.num_model_tokens, lag,
-                batch.mean_reward * batch.groups, batch.groups)
+                batch.mean_reward * batch.groups, batch.groups, batch.silent_rows)
     if dist.enabled:  # this rank's share -> the whole step
         acc, c = _all_reduce(acc, c, dist)
     n = max(acc.tokens, 1)
@@ -385,7 +388,8 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
         mean_reward=c.reward_sum / c.groups if c.groups else 0.0,
         mean_staleness=c.lag / c.model_tokens if current_version is not None and c.model_tokens
         else 0.0,
-        mtp_kl=acc.mtp_kl / max(acc.mtp_positions, 1), mtp_accept=acc.mtp_accept / max(acc.mtp_positions, 1))
+        mtp_kl=acc.mtp_kl / max(acc.mtp_positions, 1), mtp_accept=acc.mtp_accept / max(acc.mtp_positions, 1),
+        silent_rows=c.silent_rows)
 
 
 @dataclass(frozen=True)
@@ -403,6 +407,7 @@ class _Counts:
     reward_sum: float
     """Mean reward x groups: the step's mean reward is the ranks' means weighted by groups."""
     groups: int
+    silent_rows: int
 
 
 def _all_reduce(acc: _Acc, c: _Counts, dist: ddp.DistInfo) -> tuple[_Acc, _Counts]:
@@ -417,21 +422,25 @@ def _all_reduce(acc: _Acc, c: _Counts, dist: ddp.DistInfo) -> tuple[_Acc, _Count
     return out, _Counts(*counts)
 
 
-def _updates(mbs: Sequence[MicroBatch], n: int, dist: ddp.DistInfo, device: torch.device
-             ) -> tuple[list[list[MicroBatch]], list[int]]:
+def _updates(mbs: Sequence[MicroBatch], n: int, dist: ddp.DistInfo, device: torch.device,
+             silent: int = 0) -> tuple[list[list[MicroBatch]], list[int]]:
     """The step's ``n`` optimizer updates (consecutive slices of ``mbs``) and the sequences each
-    normalises by. Under torchrun every rank makes as many updates, each slice padded with
-    empty micro-batches (loss mask 0) to the longest rank's (forwards and backwards are
-    collectives), and the count is the whole update's over ranks."""
+    normalises by; ``silent`` rows left out of ``mbs`` (``build_batch``'s ``drop_silent``, which
+    ``GRPOStep`` uses with one update only) count in the first. Under torchrun every rank makes
+    as many updates, each slice padded with empty micro-batches (loss mask 0) to the longest
+    rank's (forwards and backwards are collectives), and the count is the whole update's over
+    ranks."""
     if not dist.enabled:
         minis = _split(mbs, n)
-        return minis, [sum(mb.num_rows for mb in m) for m in minis]
+        return minis, [sum(mb.num_rows for mb in m) + silent * (j == 0)
+                       for j, m in enumerate(minis)]
     n = int(min(n, ddp.all_reduce([len(mbs)], dist, op="max")[0]))
     if n == 0:
         return [], []
     minis = [list(mbs[len(mbs) * j // n:len(mbs) * (j + 1) // n]) for j in range(n)]
     longest = ddp.all_reduce([len(m) for m in minis], dist, op="max")
-    seqs = ddp.all_reduce([sum(mb.num_rows for mb in m) for m in minis], dist)
+    seqs = ddp.all_reduce([sum(mb.num_rows for mb in m) + silent * (j == 0)
+                           for j, m in enumerate(minis)], dist)
     pad = _empty_micro_batch(device)
     return [m + [pad] * (int(k) - len(m)) for m, k in zip(minis, longest, strict=True)], \
         [int(s) for s in seqs]
@@ -469,9 +478,12 @@ class GRPOStep:
         self.vocab_size: int | None = getattr(getattr(model, "config", None), "vocab_size", None)
 
     def batch(self, groups: Sequence[Group]) -> TrainBatch:
+        # a row with advantage 0 everywhere trains nothing unless a KL term or MTP heads read it
+        silent_ok = (self.cfg.mini_batches == 1 and self.cfg.kl_coef == 0.0
+                     and heads_of(self.model) is None)
         return build_batch(groups, self.cfg.credit(),
                            micro_batch_tokens=self.cfg.micro_batch_tokens, pad_id=self.pad_id,
-                           share_prefix=shares_prefixes(self.model))
+                           share_prefix=shares_prefixes(self.model), drop_silent=silent_ok)
 
     def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
         return train_step(self.model, self.ref_model, self.optimizer, batch, self.cfg,
