@@ -12,13 +12,21 @@ config (``-o`` overrides any of them). The window is the first ``--sessions`` sc
 ``RUN/offline/base_k{K}.json``, made once. Last line:
 ``candidate_pass1=… base_pass1=… diff=… ci_low=… ci_high=… sessions=…`` (paired bootstrap over
 the requests).
+
+Before the benches it prints how far the window moved the policy: the weights' relative change
+(‖Δθ‖ / ‖θ‖) and the mean KL(serving ‖ candidate) per model token over the window's first 32
+sessions. ``--no-bench`` stops there (seconds, not minutes). ``-o optimizer=runs/quickstart/ckpt``
+continues the Adam state of the run that trained the serving policy, as the loop can.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
+
+import torch
 
 from looprl.bench.run import BenchSettings
 from looprl.config import apply_overrides, from_dict
@@ -30,7 +38,13 @@ from looprl.feedback.cycle import (
     save_candidate,
     window,
 )
-from looprl.feedback.loop import RealtimeConfig, train_groups, users_tasks, window_groups
+from looprl.feedback.loop import (
+    RealtimeConfig,
+    optimizer_state,
+    train_groups,
+    users_tasks,
+    window_groups,
+)
 from looprl.feedback.store import FeedbackStore
 
 
@@ -41,6 +55,7 @@ def main() -> None:
     ap.add_argument("--version", type=int, default=0, help="the policy version that served them")
     ap.add_argument("--k", type=int, default=5, help="samples per request in the benches")
     ap.add_argument("--name", default="", help="output name (default: from the overrides)")
+    ap.add_argument("--no-bench", action="store_true", help="measure the step, bench nothing")
     ap.add_argument("-o", "--override", action="append", default=[], help="config key=value")
     a = ap.parse_args()
     data = apply_overrides(json.loads((a.run / "config.json").read_text()), a.override)
@@ -53,9 +68,14 @@ def main() -> None:
     if not trajs:
         raise SystemExit(f"{a.run} holds no scored session of v{a.version}")
     groups = window_groups(trajs, {}, "offline")
-    model, tok, m = train_groups(policy, groups, cfg.grpo, cfg.steps, cfg.seed)
+    model, tok, m, _ = train_groups(policy, groups, cfg.grpo, cfg.steps, cfg.seed,
+                                    optimizer_state(policy.path, cfg.optimizer))
     print(f"trained on {len(trajs)} sessions ({len(groups)} groups): loss {m['loss']:+.4f}, "
           f"grad norm {m['grad_norm']:.4f}, {m['updates']:.0f} updates")
+    rel, kl = policy_change(policy.path, model, trajs[:32])
+    print(f"relative_update={rel:.5f} kl_per_token={kl:.5f}")
+    if a.no_bench:
+        return
     root = a.run / "offline"
     out = root / (a.name or ("_".join(a.override) or "default").replace("/", "-"))
     cand = save_candidate(model, tok, out, a.version + 1, {"parent_version": a.version,
@@ -73,6 +93,29 @@ def main() -> None:
     print(f"candidate_pass1={g['pass1_candidate']:.4f} base_pass1={g['pass1_current']:.4f} "
           f"diff={g['pass1_candidate'] - g['pass1_current']:+.4f} ci_low={g['ci_low']:+.4f} "
           f"ci_high={g['ci_high']:+.4f} sessions={len(trajs)}")
+
+
+def policy_change(parent_dir: Path, model: torch.nn.Module, trajs: list) -> tuple[float, float]:
+    """(‖θ' − θ‖ / ‖θ‖, mean KL(parent ‖ model) per model token of ``trajs``)."""
+    from looprl.models.loading import load_model
+
+    parent = load_model(parent_dir, dtype="float32").model.eval()
+    model.eval()
+    with torch.no_grad():
+        num = den = 0.0
+        for p0, p1 in zip(parent.parameters(), model.parameters(), strict=True):
+            num += float(((p1 - p0) ** 2).sum())
+            den += float((p0 ** 2).sum())
+        kl = tokens = 0.0
+        for t in trajs:
+            for s in t.segments:
+                ids = torch.tensor([s.token_ids_T])
+                mask = torch.tensor(s.loss_mask_T[1:], dtype=torch.bool)
+                lp = torch.log_softmax(parent(ids).logits[0, :-1].float(), -1)[mask]
+                lq = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)[mask]
+                kl += float((lp.exp() * (lp - lq)).sum())
+                tokens += int(mask.sum())
+    return math.sqrt(num / max(den, 1e-30)), kl / max(tokens, 1)
 
 
 if __name__ == "__main__":

@@ -268,3 +268,57 @@ allowed_roots = ["{repo.parent}"]
     assert out.strip().splitlines()[-1].startswith("cycles=0 sessions=0 ")
     assert " lost=0 " in (run / "result.txt").read_text()
     assert "**Stopped early** (stopped by signal 15 during cycle 1)" in (run / "report.md").read_text()
+
+
+def test_windows_continue_one_adam_state(tmp_path, store):
+    """The first window continues the Adam state of the run that trained the start model (the
+    newest checkpoint under ``optimizer``); each candidate keeps the state its window left and
+    the next window continues it, at the loop's own learning rate."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from looprl.feedback.cycle import OPTIMIZER_FILE, PolicyRef, save_candidate, window
+    from looprl.feedback.loop import optimizer_state, train_groups
+    from looprl.models.loading import load_model
+    from looprl.trainer.checkpoint import save_checkpoint
+    from looprl.trainer.step import GRPOConfig, make_optimizer
+
+    from .test_cycle import feedback, save_tiny
+
+    start = save_tiny(tmp_path / "start")
+    feedback(store, 4)
+    groups = window_groups(window(store, 0, "edit_outcome"), {}, "c1")
+    grpo = GRPOConfig(lr=3e-4, skip_groups_without_pass=False, norm_tokens=64)
+    # the run that trained the start model: two checkpoints, the newest with 7 Adam steps
+    model = load_model(start, dtype="float32").model
+    opt = make_optimizer(model, GRPOConfig(lr=1e-2))
+    for n in range(1, 8):
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        if n in (3, 7):
+            save_checkpoint(tmp_path / "ckpt", n, model, opt)
+    assert optimizer_state(start) is None  # no state of its own, none named: a fresh Adam
+    first = optimizer_state(start, str(tmp_path / "ckpt"))
+    assert first == tmp_path / "ckpt" / "step_00000007" / OPTIMIZER_FILE
+
+    assert len(groups) == 1  # one request: one group, one step a window
+    _, tok, m, state = train_groups(PolicyRef(start, 0), groups, grpo, 4, 0, first)
+    steps = {int(s["step"]) for s in state["state"].values()}
+    assert m["updates"] == 1 and steps == {8}  # 7 of the run's + this window's
+    assert state["param_groups"][0]["lr"] == 3e-4  # the loop's, not the run's 1e-2
+    cand = save_candidate(load_model(start, dtype="float32").model, tok, tmp_path / "policies",
+                          1, {}, optimizer_state=state)
+    assert optimizer_state(cand, str(tmp_path / "ckpt")) == cand / OPTIMIZER_FILE  # its own
+    *_, state2 = train_groups(PolicyRef(cand, 1), groups, grpo, 4, 0, optimizer_state(cand))
+    assert {int(s["step"]) for s in state2["state"].values()} == {9}
+
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        optimizer_state(start, str(tmp_path / "policies"))
+    other = save_tiny(tmp_path / "other", max_positions=128)
+    big = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=48, intermediate_size=64,
+                                       num_hidden_layers=2, num_attention_heads=2))
+    bad = make_optimizer(big, GRPOConfig())
+    torch.save(bad.state_dict(), tmp_path / "bad.pt")
+    with pytest.raises(ConfigError, match="does not fit the model"):
+        train_groups(PolicyRef(other, 0), groups, grpo, 1, 0, tmp_path / "bad.pt")

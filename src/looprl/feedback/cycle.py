@@ -48,6 +48,8 @@ from looprl.types import Group, Task, Trajectory
 
 POINTER = "current.json"
 POLICY_META = "looprl_policy.json"
+OPTIMIZER_FILE = "optimizer.pt"
+"""Beside a candidate's weights: the Adam state its training left (``feedback.loop``)."""
 
 
 @dataclass(frozen=True)
@@ -220,13 +222,17 @@ def next_version(out: Path, current: int) -> int:
     return max([current, *used]) + 1
 
 
-def save_candidate(model: Any, tokenizer: Any, out: Path, version: int, meta: dict[str, Any]
-                    ) -> Path:
+def save_candidate(model: Any, tokenizer: Any, out: Path, version: int, meta: dict[str, Any],
+                   optimizer_state: dict[str, Any] | None = None) -> Path:
     final = out / f"v{version:04d}"
     tmp = out / f".v{version:04d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    if optimizer_state is not None:
+        import torch
+
+        torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
     (tmp / POLICY_META).write_text(json.dumps({"version": version, **meta}, indent=1))
     os.replace(tmp, final)
     return final

@@ -23,7 +23,9 @@ Each cycle:
    own outcome leaves the policy gradient unbiased; production has one sample of most prompts and
    their difficulty varies far more than a few cycles move the policy, so the request's own past
    is the lower-variance estimate. ``steps`` GRPO steps (``grpo``, Composer's objective) over the
-   window, each session once; the candidate is saved as ``policies/vNNNN``.
+   window, each session once, continuing the Adam state of the policy they start from (the
+   start model's run, ``optimizer``, then each candidate's own): the cycles are one continuing
+   run. The candidate is saved as ``policies/vNNNN`` with that state.
 3. **Gate**: ``looprl.bench`` runs current and candidate on ``gate.tasks`` (held-out tasks the
    users never send; ``gate.skip`` leaves out the head of a file whose first ``users.limit``
    tasks the users do send) and ``bench.gate.compare`` takes a paired bootstrap interval of the
@@ -162,6 +164,12 @@ class RealtimeConfig:
     """Scored untrained sessions of the current policy a cycle trains on."""
     steps: int = 4
     """GRPO steps per cycle over the window (each session in one step)."""
+    optimizer: str = ""
+    """The Adam state the first window continues from: a training run's checkpoint directory
+    (its newest checkpoint's, e.g. ``runs/quickstart/ckpt`` for the quickstart's ``model_rl``)
+    or an ``optimizer.pt``; empty: a fresh optimizer. Each candidate keeps the state its window
+    left (``optimizer.pt`` beside its weights) and the next window continues from the serving
+    policy's, so the cycles train as one continuing run."""
     signal: str = "edit_outcome"
     seed: int = 0
     threads: int = 1
@@ -547,7 +555,10 @@ class Loop:
         t = time.monotonic()
         self.say(f"  training on {len(trajs)} sessions ({row.window['groups']} repeated requests, "
                  f"{row.window['singletons']} single), mean reward {row.window['mean_reward']:+.3f}")
-        model, tok, row.train = train_groups(cur, groups, cfg.grpo, cfg.steps, cfg.seed + n)
+        model, tok, row.train, opt_state = train_groups(
+            cur, groups, cfg.grpo, cfg.steps, cfg.seed + n,
+            optimizer_state(cur.path, cfg.optimizer if Path(cur.path).resolve()
+                            == Path(cfg.model).expanduser().resolve() else ""))
         trained = {x.id: x.reward.total for x in trajs if x.reward is not None}
         if row.train["updates"] < 1:  # every group's rewards were equal: the window is used up
             row.status = "no_update"
@@ -560,8 +571,8 @@ class Loop:
         cand_path = save_candidate(model, tok, self.policies, version, {
             "parent_version": cur.version, "parent_path": str(cur.path), "sessions": len(trajs),
             "cycle": n, "injected_noise": cfg.inject_noise if row.injected else 0.0,
-            "created_at": time.time()})
-        del model
+            "created_at": time.time()}, optimizer_state=opt_state)
+        del model, opt_state
         cand = dataclasses.replace(cur, path=cand_path, version=version)
         row.candidate_version = version
         row.minutes["train"] = (time.monotonic() - t) / 60
@@ -608,10 +619,43 @@ class Loop:
         return out
 
 
-def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, seed: int
-                 ) -> tuple[Any, Any, dict[str, float]]:
+def optimizer_state(policy_dir: Path, fallback: str = "") -> Path | None:
+    """The Adam state a window on ``policy_dir`` continues from: the one its own window left
+    (``optimizer.pt`` beside its weights), else ``fallback`` (``RealtimeConfig.optimizer``: a
+    checkpoint directory, whose newest checkpoint's, or a file), else None (a fresh optimizer)."""
+    from looprl.feedback.cycle import OPTIMIZER_FILE
+
+    own = Path(policy_dir) / OPTIMIZER_FILE
+    if own.is_file():
+        return own
+    if not fallback:
+        return None
+    path = Path(fallback).expanduser()
+    if path.is_dir():
+        from looprl.trainer.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise ConfigError(f"optimizer = {fallback!r}: no complete checkpoint under it "
+                              "(name a training run's ckpt directory or an optimizer.pt)")
+        path = ckpt / OPTIMIZER_FILE
+    if not path.is_file():
+        raise ConfigError(f"optimizer = {fallback!r}: {path} does not exist (name a training "
+                          "run's ckpt directory or an optimizer.pt)")
+    return path
+
+
+def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, seed: int,
+                 optimizer: Path | None = None
+                 ) -> tuple[Any, Any, dict[str, float], dict[str, Any]]:
     """``steps`` GRPO steps of policy ``cur``'s weights over ``groups`` (shuffled, each group in
-    one step); returns (model, tokenizer, the steps' summed or averaged metrics)."""
+    one step), continuing the Adam state in ``optimizer`` (None: a fresh one); returns (model,
+    tokenizer, the steps' summed or averaged metrics, the optimizer state it left).
+
+    Why continue: Adam's first steps from a fresh state move every weight by about ``lr`` in
+    the sign of its gradient, however small and noisy that gradient is, and a window takes only
+    a few steps; with the second moments of a run behind it, a weight moves in proportion to
+    how large its gradient is against what that run saw (docs/experiments.md, stop 35)."""
     import torch
 
     from looprl.models.loading import load_model
@@ -620,6 +664,16 @@ def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, se
     torch.manual_seed(seed)
     lm = load_model(cur.path, dtype="float32")
     step = GRPOStep(lm.model, grpo, pad_id=lm.tokenizer.pad_token_id or 0)
+    if optimizer is not None:  # the run's moments, this loop's settings (lr, betas, decay)
+        settings = [{k: v for k, v in g.items() if k != "params"}
+                    for g in step.optimizer.param_groups]
+        try:
+            step.optimizer.load_state_dict(torch.load(optimizer, weights_only=True))
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise ConfigError(f"{optimizer} does not fit the model at {cur.path} ({e}): name "
+                              "the optimizer state of the run that trained it") from None
+        for group, own in zip(step.optimizer.param_groups, settings, strict=True):
+            group.update(own)
     order = list(groups)
     random.Random(seed).shuffle(order)
     k = min(steps, len(order))
@@ -631,7 +685,7 @@ def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, se
     for key in ("loss", "kl_mean", "is_ratio_max", "clip_fraction", "grad_norm",
                 "mean_staleness"):
         out[key] = math.fsum(m[key] for m in metrics) / k
-    return lm.model, lm.tokenizer, out
+    return lm.model, lm.tokenizer, out, step.optimizer.state_dict()
 
 
 def _gate_tasks(cfg: RealtimeConfig) -> list[Any]:
