@@ -234,9 +234,8 @@ class RolloutRunner:
                                              for i in range(first)))
             screened = [t for t, _ in results if not t.is_infra_error]
             if first < G and screened and not any(t.passed for t in screened):
-                self._count(results)
                 self.stats.groups_screened_out += 1
-                return GroupResult(task, None, sum(n for _, n in results),
+                return GroupResult(task, None, self._count(results),
                                    wall_s=time.monotonic() - t0, screened_out=tuple(screened))
             if first < G:
                 self._pending += G - first
