@@ -62,6 +62,9 @@ def test_no_events_no_reward(store):
     ([("reverted", {}), ("kept", {})], 1.0),
     ([("kept", {}), ("follow_up", {"text": "still failing"})], 0.5),
     ([("kept", {}), ("follow_up", {"text": "thanks!"})], 1.0),
+    # a complaint after a revert says nothing new: every failure scores the same
+    ([("reverted", {}), ("follow_up", {"text": "still failing"})], -1.0),
+    ([("partially_kept", {"files": ["pkg/a.py"]}), ("follow_up", {"text": "still failing"})], -0.5),
     ([("follow_up", {"text": "that's wrong"})], -0.5),
     ([("follow_up", {"text": "that's wrong"}), ("follow_up", {"text": "still wrong"})], -0.5),
     ([("follow_up", {"text": "add a docstring"})], 0.0),
@@ -76,7 +79,7 @@ def test_edit_outcome(store, events, total):
 
 
 @pytest.mark.parametrize("follow_up, total", [
-    ("that's wrong", -1.5),   # asked for a fix, got nothing: as bad as a reverted edit
+    ("that's wrong", -1.0),   # asked for a fix, got nothing: as bad as a reverted edit
     ("thanks!", 0.0),
     ("what does this function return?", 0.0),
     (None, None),             # silence after no change: nothing to score

@@ -21,8 +21,12 @@ network ordered them. Every signal sees its events through ``in_order``.
   complaint, and a policy learned that abstaining pays wherever it was less than ~40% sure
   (docs/experiments.md, stop 33, R2). Silence after no change stays unscored on the edit: the
   user may not have wanted one;
-- every dissatisfied follow-up costs 0.5 (at most one penalty per session: the user's second
-  complaint about the same run is not new information); a satisfied or neutral follow-up is 0.
+- a dissatisfied follow-up costs 0.5 (at most one penalty per session: the user's second
+  complaint about the same run is not new information), unless the edit term already scored the
+  session -1: a complaint after a revert says again that the run failed. Were it counted there,
+  failures would differ by whether the user also complained, which says nothing about the run,
+  and a failure that drew no complaint would beat its group's baseline and be reinforced
+  (docs/experiments.md, stop 34, R2'). A satisfied or neutral follow-up is 0.
   Whether a follow-up is dissatisfied was decided when it was stored (``Event.sentiment``, by
   ``sentiment.follow_up_sentiment``), so a reward costs the same whatever the texts' length.
 
@@ -78,13 +82,14 @@ def outcome_terms(session: SessionRecord, events: Sequence[Event]) -> dict[str, 
     elif complained and not session.files:
         terms["edit"] = -1.0
     if follow:
-        terms["follow_up"] = -0.5 if complained else 0.0
+        failed = terms.get("edit", 0.0) <= -1.0
+        terms["follow_up"] = -0.5 if complained and not failed else 0.0
     return terms
 
 
 def edit_outcome(session: SessionRecord, events: Sequence[Event]) -> RewardBreakdown | None:
     """Kept +1, reverted -1 (so is no change followed by a complaint), partially kept 2*share-1;
-    a dissatisfied follow-up -0.5."""
+    a dissatisfied follow-up -0.5 unless the edit already scored -1."""
     terms = outcome_terms(session, events)
     return None if terms is None else RewardBreakdown.of(terms, details=_details(session, events))
 
