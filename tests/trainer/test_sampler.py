@@ -1,5 +1,5 @@
-"""Single-epoch sampling and the loop's staleness bound: a stale group is dropped, counted, and its
-task (never trained on) handed out once more; a trained task never comes back."""
+"""Sampling and the loop's staleness bound: a stale group is dropped, counted, and its task (never
+trained on) handed out once more; a trained task never comes back within a pass."""
 
 from looprl.rollout.runner import GroupResult
 from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
@@ -38,3 +38,35 @@ def test_a_stale_group_is_dropped_and_its_task_handed_out_once_more():
     assert not sampler.requeue(first)                         # trained tasks never come back
     rest = list(it)
     assert len(rest) == 2 and second not in rest and first not in rest
+
+
+def test_passes_walk_the_tasks_again_each_in_its_own_order_and_resume_within_a_pass():
+    tasks = _tasks(6)
+    sampler = TaskSampler(tasks, seed=3, passes=2)
+    walked = []
+    for t in sampler:
+        walked.append(t.id)
+        sampler.mark_trained([t.id])
+        if len(walked) == 8:  # stopped two tasks into the second pass
+            break
+    first, second = walked[:6], walked[6:]
+    assert sorted(first) == [t.id for t in tasks]
+    assert second != first[:2]  # the second pass has its own order
+    assert first == [t.id for t in TaskSampler(tasks, seed=3)]  # the first is the one-pass order
+    resumed = TaskSampler(tasks, seed=3, passes=2, trained=sampler.state_dict()["trained"])
+    rest = [t.id for t in resumed]
+    assert sorted(second + rest) == sorted(first) and not set(rest) & set(second)
+    # the second pass's order: what a sampler walks when every task was trained once
+    order = [t.id for t in TaskSampler(tasks, seed=3, passes=2, trained=first)]
+    assert order[:2] == second and sorted(order) == sorted(first)
+    # a task not trained in the first pass (its group had no pass) is walked in both
+    late = TaskSampler(tasks, seed=3, passes=2, trained=first[1:])
+    assert [t.id for t in late] == [first[0]] + order
+
+
+def test_passes_must_be_positive():
+    import pytest
+
+    from looprl.config import ConfigError
+    with pytest.raises(ConfigError, match="passes must be at least 1"):
+        LoopConfig(passes=0)

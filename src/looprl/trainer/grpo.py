@@ -4,8 +4,9 @@
     summary = await loop.run()
 
 Rollout workers (``RolloutRunner``) put scored groups into a bounded queue; the trainer takes
-``groups_per_step`` of them, steps once (single epoch: the sampler walks the task set once, so no
-task is trained on twice), publishes the new weights to the ``WeightStore`` and hands them to the
+``groups_per_step`` of them, steps once (single epoch: every batch of rollouts is stepped on once;
+the sampler walks the task set ``passes`` times, so no task is trained on twice within a pass),
+publishes the new weights to the ``WeightStore`` and hands them to the
 engine, which applies them between decode steps — trajectories in flight continue on the new
 version, and every token records the version that sampled it. Groups whose oldest token lags the
 trainer by more than ``max_staleness`` versions are dropped and counted, their task handed out
@@ -59,12 +60,13 @@ import json
 import os
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from looprl.config import FieldError
 from looprl.errors import WeightStoreError
 from looprl.protocols import WeightSink, WeightStore
 from looprl.rewards.composite import reward_metrics
@@ -104,7 +106,12 @@ class LoopConfig:
     ``metadata["train_step"]``) to ``run_dir/trajectories/train.jsonl``: what the dashboard's
     trajectory viewer reads."""
     seed: int = 0
-    """Shuffles the task order (single epoch)."""
+    """Shuffles the task order (each pass its own order)."""
+    passes: int = 1
+    """Walks over the task set. A task is trained at most once a pass, each time on fresh
+    rollouts of the policy as it is then (each batch is still stepped on once: single epoch).
+    More than one only matters when the tasks run out before ``max_minutes``; a task whose group
+    had no pass the first time may have one by the next."""
     max_screens: int = 3
     """Times a task may be screened out (with ``rollout.screen``) before it is given up; a
     screened-out task is tried again once the fresh tasks run out (``TaskSampler.defer``)."""
@@ -112,46 +119,72 @@ class LoopConfig:
     """Trackers beside ``metrics.jsonl`` (always written): ``tensorboard``, ``wandb`` (the
     ``wandb`` extra), or a plugin; see ``looprl.trainer.loggers``."""
 
+    def __post_init__(self) -> None:
+        if self.passes < 1:
+            raise FieldError("passes", f"must be at least 1 (walks over the task set), got {self.passes}")
+
 
 class TaskSampler:
-    """Walks the task set once in a seeded order; remembers what was trained so a resumed run
-    neither loses nor repeats a task. A task whose group was dropped untrained (stale) can be
-    handed out once more (``requeue``): it was never trained on, and tasks are the scarce thing.
-    With ``max_screens`` (for a runner with ``RolloutConfig.screen``), a task screened out (the
-    policy could not solve it yet) waits (``defer``) and is handed out again once the fresh
-    tasks run out, to the policy as it is then, up to ``max_screens`` times in all; while none
-    is left to hand out but some are still out (``returned`` not yet called for them: they may
-    come back screened out), the walk yields None, meaning ask again."""
+    """Walks the task set ``passes`` times, each pass in its own seeded order; remembers how
+    often each task was trained so a resumed run neither loses nor repeats a task within a pass.
+    A task whose group was dropped untrained (stale) can be handed out once more (``requeue``):
+    it was never trained on, and tasks are the scarce thing. With ``max_screens`` (for a runner
+    with ``RolloutConfig.screen``), a task screened out (the policy could not solve it yet) waits
+    (``defer``) and is handed out again once the fresh tasks run out, to the policy as it is
+    then, up to ``max_screens`` times in all; while none is left to hand out but some are still
+    out (``returned`` not yet called for them: they may come back screened out), the walk yields
+    None, meaning ask again.
+
+    >>> from looprl.types import Grader
+    >>> s = TaskSampler([Task(i, "/r", "p", Grader("pytest")) for i in "abc"], passes=2)
+    >>> first = [next(it := iter(s)).id]; s.mark_trained(first)
+    >>> walked = first + [t.id for t in it]
+    >>> sorted(walked[:3]) == sorted(walked[3:]) == ["a", "b", "c"], s.passes_begun
+    (True, 2)
+    """
 
     def __init__(self, tasks: Sequence[Task], seed: int = 0, trained: Sequence[str] = (),
-                 max_screens: int = 0):
+                 max_screens: int = 0, passes: int = 1):
         self.tasks = list(tasks)
-        random.Random(seed).shuffle(self.tasks)
-        self.trained: set[str] = set(trained)
+        self.seed, self.passes = seed, passes
+        self.trained: Counter[str] = Counter(trained)
+        """Times each task was trained (once a pass at most)."""
         self.max_screens = max_screens
         self.issued = 0
+        self.passes_begun = 0
         self.out = 0
         """Tasks handed out whose group has not come back (``returned``)."""
         self._again: deque[Task] = deque()
-        self._requeued: set[str] = set()
+        self._requeued: set[tuple[str, int]] = set()
         self._later: deque[Task] = deque()
         self._screens: dict[str, int] = {}
 
+    def _order(self, n: int) -> list[Task]:
+        order = list(self.tasks)
+        random.Random(self.seed if n == 0 else f"{self.seed}/{n}").shuffle(order)
+        return order
+
+    def _done(self, task_id: str) -> bool:
+        """Trained in the pass under way."""
+        return self.trained[task_id] >= self.passes_begun
+
     def __iter__(self) -> Iterator[Task | None]:
-        fresh = iter(self.tasks)
-        while True:
-            t = self._again.popleft() if self._again else next(fresh, None)
-            if t is None and self._later:
-                t = self._later.popleft()
-            if t is None:
-                if not (self.max_screens and self.out):
-                    return
-                yield None
-                continue
-            if t.id not in self.trained:
-                self.issued += 1
-                self.out += 1
-                yield t
+        for n in range(self.passes):
+            self.passes_begun = n + 1
+            fresh = iter(self._order(n))
+            while True:
+                t = self._again.popleft() if self._again else next(fresh, None)
+                if t is None and self._later:
+                    t = self._later.popleft()
+                if t is None:
+                    if n + 1 < self.passes or not (self.max_screens and self.out):
+                        break
+                    yield None
+                    continue
+                if not self._done(t.id):
+                    self.issued += 1
+                    self.out += 1
+                    yield t
 
     def returned(self) -> None:
         """A handed-out task's group came back (trained, dropped, stale or screened out)."""
@@ -167,9 +200,10 @@ class TaskSampler:
         >>> s.requeue(first), s.requeue(first), next(it) is first
         (True, False, True)
         """
-        if task.id in self._requeued or task.id in self.trained:
+        key = (task.id, self.passes_begun)
+        if key in self._requeued or self._done(task.id):
             return False
-        self._requeued.add(task.id)
+        self._requeued.add(key)
         self._again.append(task)
         return True
 
@@ -189,7 +223,7 @@ class TaskSampler:
         'done'
         """
         self._screens[task.id] = n = self._screens.get(task.id, 0) + 1
-        if n >= self.max_screens or task.id in self.trained:
+        if n >= self.max_screens or self._done(task.id):
             return False
         self._later.append(task)
         return True
@@ -198,7 +232,8 @@ class TaskSampler:
         self.trained.update(task_ids)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"trained": sorted(self.trained)}
+        """``trained`` lists a task once per pass it was trained in."""
+        return {"trained": sorted(self.trained.elements())}
 
 
 @dataclass
@@ -452,6 +487,7 @@ class GRPOLoop:
             "loop/groups_dropped": self.stats.groups_dropped,
             "loop/groups_screened_out": self.stats.groups_screened_out,
             "loop/screen_rollouts": self.stats.screen_rollouts,
+            "loop/pass": self.sampler.passes_begun,
             "loop/publish_s": publish_s,
             "runner/infra_errors": self.runner.stats.infra_errors,
         }
