@@ -1,0 +1,74 @@
+"""How many tokens a verify step would yield if drafts came from the context instead of MTP heads
+(prompt-lookup drafting): replayed over a run's sampled RL trajectories.
+
+    .venv/bin/python scripts/lookup_drafts.py runs/quickstart [--ngram 3] [--draft 4]
+
+At each decode step of a trajectory's model tokens, the drafter looks up the last ``ngram``
+tokens in everything before them (prompt, tool results, earlier turns) and proposes the up to
+``draft`` tokens that followed their latest earlier occurrence. A draft token is counted accepted
+when it equals the token the policy actually sampled there: under exact rejection sampling a
+one-hot draft ``d`` is accepted with probability p(d), and the sampled token equals ``d`` with that
+same probability, so over many steps this is the acceptance the engine would see. The step then
+emits the accepted drafts plus one token, as a verify forward does.
+
+What it is for: whether drafting from the context could beat the heads' ~1.9 tokens per verify
+step on this workload (issue 26) before building it into the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def replay(tokens: list[int], mask: list[int], ngram: int, draft: int) -> tuple[int, int, int]:
+    """(model tokens, verify steps, steps that had a draft) for one token sequence."""
+    last: dict[tuple[int, ...], int] = {}  # n-gram -> the position right after its latest occurrence
+    emitted = steps = drafted = 0
+    pos, n = 0, len(tokens)
+
+    def seen(q: int) -> None:
+        if q >= ngram:
+            last[tuple(tokens[q - ngram:q])] = q
+
+    while pos < n:
+        if not mask[pos]:  # prompt or tool output: the engine prefills it
+            seen(pos)
+            pos += 1
+            continue
+        j = last.get(tuple(tokens[pos - ngram:pos])) if pos >= ngram else None
+        accepted = 0
+        if j is not None:
+            drafted += 1
+            while (accepted < draft and j + accepted < pos and pos + accepted < n
+                   and mask[pos + accepted] and tokens[j + accepted] == tokens[pos + accepted]):
+                accepted += 1
+        # the verify forward's own token, unless the turn ended with the last accepted draft
+        step = accepted + (pos + accepted < n and mask[pos + accepted])
+        for q in range(pos, pos + step):
+            seen(q)
+        emitted, steps, pos = emitted + step, steps + 1, pos + step
+    return emitted, steps, drafted
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--ngram", type=int, default=3)
+    ap.add_argument("--draft", type=int, default=4)
+    args = ap.parse_args()
+    for run in args.runs:
+        emitted = steps = drafted = 0
+        with open(run / "trajectories" / "train.jsonl", encoding="utf-8") as f:
+            for line in f:
+                for seg in json.loads(line)["segments"]:
+                    e, s, d = replay(seg["token_ids_T"], seg["loss_mask_T"], args.ngram, args.draft)
+                    emitted, steps, drafted = emitted + e, steps + s, drafted + d
+        print(f"{run}: {emitted} model tokens in {steps} verify steps: "
+              f"tokens_per_verify={emitted / max(steps, 1):.2f} "
+              f"steps_with_a_draft={drafted / max(steps, 1):.2f} (ngram {args.ngram}, draft {args.draft})")
+
+
+if __name__ == "__main__":
+    main()
