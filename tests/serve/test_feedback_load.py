@@ -92,11 +92,13 @@ def test_feedback_api_under_concurrent_load_with_replays(tmp_path):
     assert stats["events"] == sent - replays == CLIENTS * EVENTS_PER_CLIENT
     assert stats["replays_ignored"] == replays
     # each session's reward: its latest edit by `at` (never by arrival), -0.5 if any complaint
+    # unless that edit was reverted (the revert already said it failed)
     unique = {e["body"]["event_id"]: e for p in plans for e in p}.values()
     for sid in sessions:
         mine = sorted((e["body"] for e in unique if e["sid"] == sid), key=lambda b: b["at"])
         edits = [b for b in mine if b["kind"] in EDIT_VALUE]
-        want = (EDIT_VALUE[edits[-1]["kind"]] if edits else 0.0) + (
-            -0.5 if any("didn't" in b.get("text", "") for b in mine) else 0.0)
+        edit = EDIT_VALUE[edits[-1]["kind"]] if edits else 0.0
+        complained = any("didn't" in b.get("text", "") for b in mine)
+        want = edit - (0.5 if complained and edit > -1.0 else 0.0)
         assert rewards[sid]["total"] == pytest.approx(want), sid
     store.close()
