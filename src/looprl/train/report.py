@@ -102,6 +102,7 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
     gate = evals.gate(cfg)
     pkg_gate = evals.packages_gate(cfg)
     hist = rl.history
+    passes = int(hist[-1].get("loop/pass", 1)) if hist else 1  # the walk over the train tasks RL ended in
     sources = cfg.tasks.train_file or ", ".join(cfg.tasks.train_packages)
     lines = [
         f"# looprl train — {cfg.name}", "",
@@ -110,8 +111,8 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
         f"{rl.zero_variance_groups} zero-variance, trainer idle {rl.idle_fraction:.0%}"
         + (f"; {rl.groups_screened_out} screened out ({rl.screen_rollouts} rollouts)"
            if rl.groups_screened_out else "")
-        + (f"; in pass {passes} of {cfg.loop.passes} over the train tasks"
-           if (passes := int(hist[-1].get("loop/pass", 1)) if hist else 1) > 1 else "") + ".", "",
+        + (f"; in pass {passes} of {cfg.loop.passes} over the train tasks" if passes > 1 else "")
+        + ".", "",
         f"Tasks: {len(sets.train)} train, {len(sets.heldout)} held-out functions"
         + (f", {len(sets.heldout_packages)} of held-out packages "
            f"({', '.join(cfg.tasks.heldout_packages)})" if sets.heldout_packages else "")
