@@ -396,10 +396,10 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
             if finished:  # orphans die with the launcher's pid namespace as it ends; kill them
                 # and the rest of the tree right after this returns, off the caller's path
                 asyncio.get_running_loop().call_soon(prepared.kill_now)
-            else:
+            else:  # the cgroups first: they stop the whole tree before any of it dies
+                cg.kill_all()
                 if proc.returncode is None:  # not reaped yet: its pid cannot have been reused
                     _kill_tree(proc.pid)
-                cg.kill_all()
         assert pumps is not None  # (only a cancellation, which propagates, ends before them)
         if finished:  # the command's output is in the pipes already
             pumps.cancel()
@@ -815,8 +815,8 @@ class BwrapSandbox:
         sandbox's host uid goes back to the pool only once none of its processes is left."""
         self._closing = True
         for p in list(self._running):
+            await asyncio.to_thread(p.cg.kill_all)  # (first: it stops the tree, then kills it)
             p.kill_now()
-            await asyncio.to_thread(p.cg.kill_all)
         await self._gate.enter(True)  # the killed commands' exec calls have reaped them
         await self._gate.leave(True)
         await settle()  # finished commands reaped, their cgroups gone

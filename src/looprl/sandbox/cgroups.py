@@ -77,27 +77,32 @@ class Cgroup:
                 return True
         return False
 
-    def kill_once(self) -> bool:
-        """SIGKILL every process in the cgroups now; False when there was none."""
-        pids = set()
+    def pids(self) -> set[int]:
+        """Every process in the cgroups now."""
+        pids: set[int] = set()
         for d in self.dirs:
             try:
                 pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
             except OSError:
                 pass
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return bool(pids)
+        return pids
 
     def kill_all(self) -> None:
-        """SIGKILL every process in the cgroups until none is left (a few tries)."""
-        for _ in range(50):
-            if not self.kill_once():
+        """SIGKILL every process in the cgroups until none is left. Each is stopped first and
+        none is killed while another still runs (for at most ~50 ms): killed one by one, a shell
+        whose child dies first runs its next command ("sleep 9; rm -rf data") before its own
+        SIGKILL lands."""
+        stopped: set[int] = set()
+        for attempt in range(100):
+            pids = self.pids()
+            if not pids:
                 return
-            time.sleep(0.002)
+            fresh = pids - stopped
+            _signal(fresh, signal.SIGSTOP)
+            stopped |= fresh
+            if not fresh and (attempt >= 50 or all(map(_halted, pids))):
+                _signal(pids, signal.SIGKILL)
+            time.sleep(0.001)
 
     def close(self) -> None:
         self.kill_all()
@@ -129,3 +134,20 @@ def cgroup_janitor() -> int:
                 Cgroup._rmdir(d)
                 n += 1
     return n
+
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _halted(pid: int) -> bool:
+    """Stopped, dying or gone: it runs no more code of its own."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2:][:1] in (b"T", b"t", b"Z", b"X")
