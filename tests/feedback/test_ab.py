@@ -44,8 +44,8 @@ def _arms(p_kept_a: float, p_kept_b: float, n: int, seed: int = 0):
         out = []
         for _ in range(n):
             k = rng.random() < p
-            out.append({"reward": 1.0 if k else -1.0, "kept": float(k), "reverted": float(not k),
-                        "dissatisfied": 0.0})
+            out.append({"reward": 1.0 if k else -1.0, "resolved": float(k), "kept": float(k),
+                        "reverted": float(not k), "dissatisfied": 0.0})
         return out
 
     return {"A": vals(p_kept_a), "B": vals(p_kept_b)}, {"A": n, "B": n}
@@ -58,6 +58,18 @@ def test_decisions():
     assert compare_arms(vals, served, min_sessions=100).decision.action == "rollback"
     vals, served = _arms(0.6, 0.6, 300, seed=3)
     assert compare_arms(vals, served, min_sessions=100).decision.action == "keep"
+    def no_edits(vals):  # nothing resolved or reverted on either arm: the follow-ups decide
+        for v in (x for arm in vals.values() for x in arm):
+            v["resolved"] = 0.0
+            del v["kept"], v["reverted"]
+        return vals
+
+    assert compare_arms(no_edits(vals), served, min_sessions=100).decision.action == "keep"
+    vals, served = _arms(0.8, 0.5, 300)
+    d = compare_arms(no_edits(vals), served, min_sessions=100).decision
+    assert d.action == "rollback" and d.reason.startswith("reward dropped")
+    vals, served = _arms(0.5, 0.8, 300)
+    assert compare_arms(no_edits(vals), served, min_sessions=100).decision.action == "promote"
     vals, served = _arms(0.1, 0.9, 20)  # a huge effect, but too few sessions
     d = compare_arms(vals, served, min_sessions=100).decision
     assert d.action == "keep" and "need >= 100" in d.reason
@@ -134,3 +146,31 @@ def test_kept_within_requests_sees_through_editing_only_easy_requests(store):
     w = ab_report(store, min_sessions=2, n_boot=500).diffs["kept_within_requests"]
     # easy: 0 on 8 edited sessions; hard: 1 - 0 on 8: weighted +0.5, and every resample agrees
     assert (w.diff, w.strata) == (pytest.approx(0.5), 2) and w.lo == pytest.approx(0.5)
+
+
+def test_silence_after_no_edit_hides_no_failure_from_resolved(store):
+    """A edits every request (40% kept, the rest reverted); B edits only the requests it gets right
+    and changes nothing on the others, about which half its users complain and half stay silent.
+    Over the scored sessions B's reward is higher (the silent failures drop out); ``resolved``
+    counts them, shows B resolving fewer requests, and the decision follows it."""
+    def session(arm: str, i: int, edit: str | None, complain: bool = False) -> None:
+        sid = add(store, user=f"{arm}{i}", arm=arm, version=int(arm == "B"),
+                  diff="" if edit is None else TWO_FILE_DIFF)
+        if edit is not None:
+            store.add_event(sid, edit)
+        if complain:
+            store.add_event(sid, "follow_up", {"text": "that did not fix anything"})
+
+    for i in range(200):
+        session("A", i, "kept" if i % 5 < 2 else "reverted", complain=i % 5 >= 2)
+        if i % 4 == 0:
+            session("B", i, "kept")
+        else:  # B: no edit; a complaint on one third of them
+            session("B", i, None, complain=i % 4 == 1)
+    rep = ab_report(store, min_sessions=50, n_boot=500)
+    A, B = rep.arms["A"], rep.arms["B"]
+    assert B.reward > A.reward and B.kept == 1.0  # what the scored sessions alone say
+    assert (A.scored, B.scored) == (200, 100) and (A.sessions, B.sessions) == (200, 200)
+    assert A.resolved == pytest.approx(0.4) and B.resolved == pytest.approx(0.25)
+    assert rep.diffs["resolved"].hi < 0
+    assert rep.decision.action == "rollback" and "fewer requests resolved" in rep.decision.reason

@@ -32,8 +32,10 @@ from tests.example_package import write_example_package
 from .conftest import make_traj
 
 
-def report(reward: tuple[float, float, float], reverted: tuple | None = None) -> ABReport:
+def report(resolved: tuple[float, float, float], reverted: tuple | None = None,
+           reward: tuple = (0.5, 0.4, 0.6)) -> ABReport:
     diffs = {m: Diff(m, None, None, None) for m in ("kept", "dissatisfied", "latency")}
+    diffs["resolved"] = Diff("resolved", *resolved)
     diffs["reward"] = Diff("reward", *reward)
     diffs["reverted"] = Diff("reverted", *(reverted or (None, None, None)))
     return ABReport({}, diffs, None)  # type: ignore[arg-type]
@@ -45,7 +47,16 @@ def test_ab_decision_promotes_only_what_the_interval_supports():
     assert ab_decision(report((-0.01, -0.1, 0.08)), 0.2, 0.05)[0] == "rollback"  # lower
     assert ab_decision(report((0.2, 0.1, 0.3), (0.2, 0.1, 0.3)), 0.2, 0.05)[0] == "rollback"
     action, why = ab_decision(report((None, None, None)), 0.2, 0.05)
-    assert action == "rollback" and "no scored session" in why
+    assert action == "rollback" and "no resolved" in why
+    # the reward is up, but fewer requests were resolved (the candidate edits less): rolled back
+    action, why = ab_decision(report((-0.05, -0.15, 0.05), reward=(0.3, 0.0, 0.6)), 0.2, 0.05)
+    assert action == "rollback" and why.startswith("resolved") and "lower" in why
+    # as many resolved (none edit), but users complain more: rolled back on the reward
+    action, why = ab_decision(report((0.0, 0.0, 0.0), reward=(-0.3, -0.6, 0.0)), 0.2, 0.05)
+    assert action == "rollback" and why.startswith("reward") and "lower" in why
+    # the reward's margin is twice the share's: -0.35 is within 0.4
+    assert ab_decision(report((0.0, 0.0, 0.0), reward=(0.05, -0.35, 0.45)), 0.2, 0.05)[0] \
+        == "promote"
 
 
 def traj(i: str, request: str, r: float) -> Trajectory:
@@ -322,3 +333,29 @@ def test_windows_continue_one_adam_state(tmp_path, store):
     torch.save(bad.state_dict(), tmp_path / "bad.pt")
     with pytest.raises(ConfigError, match="does not fit the model"):
         train_groups(PolicyRef(other, 0), groups, grpo, 1, 0, tmp_path / "bad.pt")
+
+
+def test_a_cycle_starts_only_if_it_and_the_final_ab_fit_the_budget(tmp_path):
+    """The run's ``max_minutes`` covers the final A/B: estimated at the rate users answered."""
+    import time
+
+    from looprl.feedback.loop import Loop
+
+    from .conftest import add
+
+    def loop(max_minutes: float) -> Loop:
+        cfg = load_config(RealtimeConfig, None, ["model=m", "users.simulate=false",
+                                                 f"max_minutes={max_minutes}",
+                                                 "ab.final_sessions=50", "ab.split_b=0.5"])
+        lp = Loop(cfg, tmp_path / f"run{max_minutes}", lambda _: None)
+        for i in range(100):  # 100 answered sessions in 10 minutes: 5 a minute per arm
+            lp.store.add_event(add(lp.store, user=f"u{i}"), "kept")
+        add(lp.store, user="silent")  # not answered: not in the rate
+        lp.t0 = time.monotonic() - 600
+        return lp
+
+    assert loop(60).fits([])[0]  # nothing measured yet: the first cycle starts
+    fits, why = loop(60).fits([6.0, 8.0])  # 50 left >= a cycle (8) + the final A/B (10)
+    assert fits, why
+    fits, why = loop(27).fits([6.0, 8.0])  # 17 left < 18
+    assert not fits and "17 of 27 min left" in why and "final A/B ~10" in why, why

@@ -5,12 +5,16 @@
     rep.arms["B"].kept_rate, rep.diffs["reward"].lo, rep.decision.action   # promote|keep|rollback
 
 Assignment hashes (experiment, user): deterministic, stateless, the same user always lands in the
-same arm of one experiment, and arms of different experiments are independent. Metrics are over
-*scored* sessions (``signals.py`` gives a reward; infrastructure failures are never counted):
+same arm of one experiment, and arms of different experiments are independent. Infrastructure
+failures are never counted. ``resolved`` and ``latency`` are over every session whose value is
+known; the rest over *scored* sessions (``signals.py`` gives a reward, i.e. the user answered):
 
-- ``reward``: mean signal reward;  ``resolved``: share of scored sessions whose edits the user
-  kept (a session without an edit counts 0): what users got, however often the policy edits;
-  ``edited``: share of scored sessions with an edit event;
+- ``resolved``: share of the edits users kept per request: a session whose agent changed nothing
+  counts 0 whether or not the user said so, an edit counts its kept share once the user acted on
+  it (or 0 after a complaint with no action), an edit nobody answered is left out. What users got,
+  however often the policy edits, and the metric the decision uses: over scored sessions only, a
+  policy that edits less would shed into silence the failures ``reward`` and ``kept`` never see;
+- ``reward``: mean signal reward;  ``edited``: share of scored sessions with an edit event;
   ``kept``: mean share of edited files kept (over the sessions with an edit event, so a policy
   that edits less often, only where it is sure, raises it: read it beside ``edited`` and
   ``resolved``);
@@ -23,10 +27,12 @@ hold different users, so unlike ``looprl.bench.gate``'s paired bootstrap nothing
 ``kept_within_requests`` compares kept within each request (repo + prompt) that both arms edited,
 weighted by the request's edited sessions: a policy that edits only the requests it finds easy
 raises ``kept`` but not this; production traffic that never repeats a request has none of it.
-The decision: ``keep`` until both arms have ``min_sessions`` scored sessions; ``promote`` when the
-reward CI's lower bound is above ``min_gain`` and reverts did not rise by more than
-``max_revert_rise`` at the CI's lower bound; ``rollback`` when the reward CI lies below 0 or reverts
-rose; ``keep`` otherwise (not enough evidence either way).
+The decision weighs ``resolved`` (what users got) and ``reward`` (also what they said: where
+neither arm edits, ``resolved`` is 0 on both and only the follow-ups tell them apart): ``keep``
+until both arms have ``min_sessions`` scored sessions; ``rollback`` when either CI lies below 0 or
+reverts rose by more than ``max_revert_rise`` at the CI's lower bound; ``promote`` when either
+CI's lower bound is above ``min_gain``, neither point estimate is below 0 and reverts did not
+rise; ``keep`` otherwise (not enough evidence either way).
 """
 
 from __future__ import annotations
@@ -63,15 +69,17 @@ def assign_arm(user: str, experiment: str, split_b: float = 0.5) -> str:
 
 
 def session_values(session: SessionRecord, events: Sequence[Event],
-                   signal: str = "edit_outcome") -> dict[str, float] | None:
-    """One scored session's value of each metric (a metric it says nothing about is absent)."""
+                   signal: str = "edit_outcome") -> dict[str, float]:
+    """One served session's value of each metric (a metric it says nothing about is absent)."""
+    out = {"latency": session.latency_s}
+    if not session.files:
+        out["resolved"] = 0.0  # nothing to keep: known without the user's answer
     rb = get_signal(signal)(session, events)
     if rb is None:
-        return None
+        return out
     edits = [e for e in in_order(events) if e.kind in EDIT_KINDS]
-    out = {"reward": rb.total, "resolved": 0.0, "edited": float(bool(edits)),
-           "dissatisfied": float(any(e.sentiment == "dissatisfied" for e in events)),
-           "latency": session.latency_s}
+    out |= {"reward": rb.total, "resolved": 0.0, "edited": float(bool(edits)),
+            "dissatisfied": float(any(e.sentiment == "dissatisfied" for e in events))}
     if edits:
         share = edit_share(edits[-1], session.files)
         out["resolved"] = out["kept"] = share
@@ -88,7 +96,7 @@ class ArmMetrics:
     """Sessions with a signal (feedback arrived)."""
     reward: float | None
     resolved: float | None
-    """Share of scored sessions whose edits were kept (no edit: 0)."""
+    """Share of edits kept per session whose outcome is known (no edit: 0, answered or not)."""
     edited: float | None
     """Share of scored sessions with an edit event (``kept`` and ``reverted`` are over these)."""
     kept: float | None
@@ -146,7 +154,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def arm_metrics(arm: str, served: int, values: list[dict[str, float]]) -> ArmMetrics:
     col = {m: [v[m] for v in values if m in v] for m in METRICS}
-    return ArmMetrics(arm, served, len(values), *(_mean(col[m]) for m in METRICS))
+    return ArmMetrics(arm, served, len(col["reward"]), *(_mean(col[m]) for m in METRICS))
 
 
 def decide(arms: dict[str, ArmMetrics], diffs: dict[str, Diff], *, min_sessions: int = 100,
@@ -158,19 +166,25 @@ def decide(arms: dict[str, ArmMetrics], diffs: dict[str, Diff], *, min_sessions:
     if min(a.scored, b.scored) < min_sessions:
         return Decision("keep", f"need >= {min_sessions} scored sessions per arm "
                                 f"(A has {a.scored}, B has {b.scored})")
-    r, rev = diffs["reward"], diffs["reverted"]
-    assert r.lo is not None and r.hi is not None and r.diff is not None
+    rev = diffs["reverted"]
     if rev.lo is not None and rev.lo > max_revert_rise:
         return Decision("rollback", f"reverts rose: B - A {rev.diff:+.3f}, 95% CI lower bound "
                                     f"{rev.lo:+.3f} > {max_revert_rise}")
-    if r.hi < 0:
-        return Decision("rollback", f"reward dropped: B - A {r.diff:+.3f}, 95% CI "
-                                    f"[{r.lo:+.3f}, {r.hi:+.3f}]")
-    if r.lo > min_gain and (rev.hi is None or rev.hi <= max_revert_rise):
-        return Decision("promote", f"reward gain B - A {r.diff:+.3f}, 95% CI "
-                                   f"[{r.lo:+.3f}, {r.hi:+.3f}] > {min_gain}")
-    return Decision("keep", f"no clear difference yet: reward B - A {r.diff:+.3f}, 95% CI "
-                            f"[{r.lo:+.3f}, {r.hi:+.3f}]")
+    both: dict[str, tuple[float, float, float]] = {}  # why a drop rolls back -> (diff, lo, hi)
+    for why, d in (("fewer requests resolved", diffs["resolved"]),
+                   ("reward dropped", diffs["reward"])):
+        assert d.lo is not None and d.hi is not None and d.diff is not None
+        both[why] = (d.diff, d.lo, d.hi)
+    cis = {why: f"{m} B - A {x:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]"
+           for m, (why, (x, lo, hi)) in zip(("resolved", "reward"), both.items(), strict=True)}
+    for why, (_, _, hi) in both.items():
+        if hi < 0:
+            return Decision("rollback", f"{why}: {cis[why]}")
+    gains = [cis[why] for why, (_, lo, _) in both.items() if lo > min_gain]
+    not_lower = all(x >= 0 for x, _, _ in both.values())
+    if gains and not_lower and (rev.hi is None or rev.hi <= max_revert_rise):
+        return Decision("promote", f"gain: {'; '.join(gains)} > {min_gain}")
+    return Decision("keep", f"no clear difference yet: {'; '.join(cis.values())}")
 
 
 def request_of(session: SessionRecord) -> str:
@@ -249,7 +263,7 @@ def arm_values(store: FeedbackStore, *, signal: str = "edit_outcome",
                since: float | None = None
                ) -> tuple[dict[str, list[dict[str, float]]], dict[str, int],
                           dict[str, dict[str, list[float]]]]:
-    """Per arm, each scored session's ``session_values``; the sessions served per arm
+    """Per arm, each served session's ``session_values``; the sessions served per arm
     (infrastructure failures left out); and request -> arm -> kept of each edited session. The
     filters are ``ab_report``'s."""
     events = store.events_by_session()
@@ -263,10 +277,9 @@ def arm_values(store: FeedbackStore, *, signal: str = "edit_outcome",
             continue
         served[s.arm] = served.get(s.arm, 0) + 1
         v = session_values(s, events.get(s.id, []), signal)
-        if v is not None:
-            values.setdefault(s.arm, []).append(v)
-            if "kept" in v:
-                by_request.setdefault(request_of(s), {}).setdefault(s.arm, []).append(v["kept"])
+        values.setdefault(s.arm, []).append(v)
+        if "kept" in v:
+            by_request.setdefault(request_of(s), {}).setdefault(s.arm, []).append(v["kept"])
     return values, served, by_request
 
 

@@ -35,9 +35,11 @@ Each cycle:
    user.
 4. **A/B**: the candidate is offered to ``ab.split_b`` of users (a fresh experiment per cycle, so
    arms reshuffle) until each arm has ``ab.sessions`` scored sessions (or ``ab.timeout_min``).
-   Promote when the reward interval (B - A, 95% bootstrap) lies above ``-ab.margin`` and its
-   point estimate is >= 0 and reverts did not rise (``feedback.ab.decide``'s rollback rules);
-   roll back otherwise. A promotion moves ``current.json``; the serve picks it up.
+   Promote when, for ``resolved`` (B - A, 95% bootstrap: edits kept per request, a request the
+   agent changed nothing for counting 0 whether or not its user said so) and for the reward,
+   the point estimate is >= 0 and the interval lies above ``-ab.margin`` (twice that for the
+   reward), and reverts did not rise (``feedback.ab.decide``'s rollback rules); roll back
+   otherwise. A promotion moves ``current.json``; the serve picks it up.
 5. ``inject_bad_cycle``: that cycle's candidate gets Gaussian noise on its weights (a deliberately
    bad candidate); the run reports whether the gate or the A/B caught it (``rollback_ok``).
 
@@ -138,9 +140,10 @@ class ABSection:
     sessions: int = 60
     """Scored sessions per arm before the A/B decides."""
     split_b: float = 0.5
-    margin: float = 0.2
-    """Promote when the reward difference's 95% interval lies above -margin (and its point is
-    >= 0): the A/B must not show the candidate worse by more than this."""
+    margin: float = 0.1
+    """Promote when the ``resolved`` difference's 95% interval lies above -margin and the
+    reward's above -2 * margin (and both points are >= 0): the A/B must not show the candidate
+    resolving fewer requests by more than this share (``ab_decision``)."""
     max_revert_rise: float = 0.05
     timeout_min: float = 20.0
     """An A/B that has not reached ``sessions`` per arm by then decides on what it has."""
@@ -159,7 +162,8 @@ class RealtimeConfig:
     """The policy served first: an HF model directory (e.g. a quickstart's ``model_sft``)."""
     cycles: int = 4
     max_minutes: float = 60.0
-    """No new cycle starts after this (the final A/B still runs)."""
+    """The whole run's budget: a cycle starts only when it and the final A/B fit in what is
+    left, each estimated from the run so far (``Loop.fits``)."""
     window: int = 64
     """Scored untrained sessions of the current policy a cycle trains on."""
     steps: int = 4
@@ -412,17 +416,28 @@ class CycleRow:
 
 
 def ab_decision(rep: Any, margin: float, max_revert_rise: float) -> tuple[str, str]:
-    """promote | rollback from an ``ab.ABReport`` (module docstring, 4)."""
-    r, rev = rep.diffs["reward"], rep.diffs["reverted"]
-    if r.lo is None or r.hi is None or r.diff is None:
-        return "rollback", "an arm has no scored session: nothing shows the candidate is as good"
+    """promote | rollback from an ``ab.ABReport`` (module docstring, 4): on ``resolved`` (what
+    users got: the reward over scored sessions alone favours a candidate that edits less and
+    leaves its failures to silence, ``ab.py``) and on ``reward`` (what they said: where neither
+    arm edits, ``resolved`` is 0 on both and only the follow-ups tell them apart). Both must be
+    not lower and not worse by more than the margin: ``margin`` for ``resolved``, twice it for
+    the reward, whose edit term (2 * kept share - 1) spans twice the range."""
+    rev = rep.diffs["reverted"]
     if rev.lo is not None and rev.lo > max_revert_rise:
         return "rollback", (f"reverts rose: B - A {rev.diff:+.3f}, 95% CI low end {rev.lo:+.3f} "
                             f"> {max_revert_rise}")
-    ci = f"reward B - A {r.diff:+.3f}, 95% CI [{r.lo:+.3f}, {r.hi:+.3f}]"
-    if r.lo >= -margin and r.diff >= 0:
-        return "promote", f"{ci}: not worse by more than {margin} and not lower"
-    return "rollback", f"{ci}: {'lower' if r.diff < 0 else f'may be worse by more than {margin}'}"
+    shown = []
+    for metric, m in (("resolved", margin), ("reward", 2 * margin)):
+        d = rep.diffs[metric]
+        if d.lo is None or d.hi is None or d.diff is None:
+            return "rollback", (f"an arm has no {metric}: nothing shows the candidate is as good")
+        ci = f"{metric} B - A {d.diff:+.3f}, 95% CI [{d.lo:+.3f}, {d.hi:+.3f}]"
+        if d.diff < 0:
+            return "rollback", f"{ci}: lower"
+        if d.lo < -m:
+            return "rollback", f"{ci}: may be worse by more than {m:g}"
+        shown.append(ci)
+    return "promote", f"{'; '.join(shown)}: neither lower nor worse by more than the margin"
 
 
 class Loop:
@@ -461,6 +476,22 @@ class Loop:
 
     def minutes(self) -> float:
         return (time.monotonic() - self.t0) / 60
+
+    def fits(self, cycle_minutes: list[float]) -> tuple[bool, str]:
+        """Whether another cycle and then the final A/B fit in ``max_minutes``: the cycle
+        estimated by the longest so far, the final A/B by its sessions at the rate users have
+        answered so far (an arm gets its ``split`` share of them)."""
+        cfg = self.cfg
+        left = cfg.max_minutes - self.minutes()
+        cycle = max(cycle_minutes, default=0.0)
+        final = 0.0
+        if cfg.ab.final_sessions and cycle_minutes:
+            rate = len(self._scored()) / max(self.minutes(), 1e-6)
+            split = min(cfg.ab.split_b, 1.0 - cfg.ab.split_b)
+            final = cfg.ab.final_sessions / max(rate * split, 1e-6)
+        why = (f"{left:.0f} of {cfg.max_minutes:.0f} min left; a cycle takes ~{cycle:.0f}, the "
+               f"final A/B ~{final:.0f}")
+        return cycle + final <= left, why
 
     # -- gate ----------------------------------------------------------------------------------
     def gate(self, current: Any, cand: Any) -> dict[str, Any]:
@@ -829,13 +860,16 @@ def run_loop(cfg: RealtimeConfig, runs: str | Path = "runs",
     rows: list[CycleRow] = []
     final: dict[str, Any] = {}
     stopped, phase = "", "the start"
+    took: list[float] = []
     try:
         for n in range(1, cfg.cycles + 1):
-            if loop.minutes() > cfg.max_minutes:
-                say(f"stopping after {n - 1} cycles: {cfg.max_minutes:.0f} min reached")
+            fits, why = loop.fits(took)
+            if not fits:
+                say(f"stopping after {n - 1} cycles: {why}")
                 break
-            phase = f"cycle {n}"
+            phase, t = f"cycle {n}", loop.minutes()
             row = loop.cycle(n)
+            took.append(loop.minutes() - t)
             rows.append(row)
             with (run / "cycles.jsonl").open("a") as fh:
                 fh.write(json.dumps(dataclasses.asdict(row)) + "\n")

@@ -19,7 +19,7 @@ from typing import Any
 
 from looprl.feedback.ab import arm_values, mean_interval
 
-PLOTTED = (("resolved", "sessions with their edit kept (share)"),
+PLOTTED = (("resolved", "requests resolved: edits kept (share)"),
            ("edited", "sessions with an edit (share)"), ("kept", "edits kept (share)"),
            ("reverted", "edits reverted (share)"),
            ("dissatisfied", "dissatisfied follow-ups (share)"), ("latency", "latency (s)"))
@@ -33,7 +33,8 @@ def arm_table(store: Any, signal: str, experiment: str, versions: dict[str, int]
     out: dict[str, dict[str, Any]] = {}
     for arm, version in versions.items():
         vs = values.get(arm, [])
-        row: dict[str, Any] = {"version": version, "served": served.get(arm, 0), "scored": len(vs)}
+        row: dict[str, Any] = {"version": version, "served": served.get(arm, 0),
+                               "scored": sum("reward" in v for v in vs)}
         for m, _ in PLOTTED:
             xs = [v[m] for v in vs if m in v]
             row[m] = mean_interval(xs) if xs else None
