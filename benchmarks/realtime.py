@@ -17,8 +17,9 @@ line is machine-readable (``LoopResult.line``):
 interval; ``rollback_ok=1`` when the broken candidate was rejected by the gate or rolled back by
 the A/B; ``lost`` counts sessions users sent that the store lacks; ``trained_twice`` sessions two
 cycles trained on; ``edited_delta`` the change in the share of sessions with an edit (kept is
-measured over those, so read the two together); ``resolved_*`` the change in the share of sessions
-whose edit the user kept (no edit counts 0); ``kept_within_*`` kept B − A within the requests both
+measured over those, so read the two together); ``resolved_*`` the change in edits kept per request
+(a session with no edit counts 0, answered or not: what users got, and what the A/B decisions
+weigh beside the reward); ``kept_within_*`` kept B − A within the requests both
 arms edited (does B fix the same requests better, or only edit easier ones). The run's report
 (tables with every arm's intervals, plots) is ``runs/NAME/report.md``.
 """
