@@ -116,6 +116,10 @@ class Diff:
     strata: int | None = None
     """``kept_within_requests`` only: the requests both arms edited."""
 
+    def ci(self) -> str:
+        """The difference and its interval in words (for a Diff that has them)."""
+        return f"{self.metric} B - A {self.diff:+.3f}, 95% CI [{self.lo:+.3f}, {self.hi:+.3f}]"
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -170,21 +174,16 @@ def decide(arms: dict[str, ArmMetrics], diffs: dict[str, Diff], *, min_sessions:
     if rev.lo is not None and rev.lo > max_revert_rise:
         return Decision("rollback", f"reverts rose: B - A {rev.diff:+.3f}, 95% CI lower bound "
                                     f"{rev.lo:+.3f} > {max_revert_rise}")
-    both: dict[str, tuple[float, float, float]] = {}  # why a drop rolls back -> (diff, lo, hi)
-    for why, d in (("fewer requests resolved", diffs["resolved"]),
-                   ("reward dropped", diffs["reward"])):
+    checks = ((diffs["resolved"], "fewer requests resolved"), (diffs["reward"], "reward dropped"))
+    for d, why in checks:
         assert d.lo is not None and d.hi is not None and d.diff is not None
-        both[why] = (d.diff, d.lo, d.hi)
-    cis = {why: f"{m} B - A {x:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]"
-           for m, (why, (x, lo, hi)) in zip(("resolved", "reward"), both.items(), strict=True)}
-    for why, (_, _, hi) in both.items():
-        if hi < 0:
-            return Decision("rollback", f"{why}: {cis[why]}")
-    gains = [cis[why] for why, (_, lo, _) in both.items() if lo > min_gain]
-    not_lower = all(x >= 0 for x, _, _ in both.values())
+        if d.hi < 0:
+            return Decision("rollback", f"{why}: {d.ci()}")
+    gains = [d.ci() for d, _ in checks if d.lo is not None and d.lo > min_gain]
+    not_lower = all(d.diff is not None and d.diff >= 0 for d, _ in checks)
     if gains and not_lower and (rev.hi is None or rev.hi <= max_revert_rise):
         return Decision("promote", f"gain: {'; '.join(gains)} > {min_gain}")
-    return Decision("keep", f"no clear difference yet: {'; '.join(cis.values())}")
+    return Decision("keep", f"no clear difference yet: {'; '.join(d.ci() for d, _ in checks)}")
 
 
 def request_of(session: SessionRecord) -> str:

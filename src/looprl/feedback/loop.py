@@ -430,8 +430,8 @@ def ab_decision(rep: Any, margin: float, max_revert_rise: float) -> tuple[str, s
     for metric, m in (("resolved", margin), ("reward", 2 * margin)):
         d = rep.diffs[metric]
         if d.lo is None or d.hi is None or d.diff is None:
-            return "rollback", (f"an arm has no {metric}: nothing shows the candidate is as good")
-        ci = f"{metric} B - A {d.diff:+.3f}, 95% CI [{d.lo:+.3f}, {d.hi:+.3f}]"
+            return "rollback", f"an arm has no {metric}: nothing shows the candidate is as good"
+        ci = d.ci()
         if d.diff < 0:
             return "rollback", f"{ci}: lower"
         if d.lo < -m:
