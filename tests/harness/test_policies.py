@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import random
 import shutil
 import sys
 
@@ -20,6 +21,7 @@ from looprl.harness.policies import (
     oracle_turns,
     parse_unified_diff,
     selections,
+    slipped_turns,
     tight_edit,
 )
 from looprl.harness.tools import make_tools
@@ -239,3 +241,18 @@ def test_tight_edit_gives_up_across_lines_or_when_nothing_is_unique():
     assert tight_edit("a = 1\nb = 2\n", "a = 2\nb = 3\n") is None  # two places
     assert tight_edit("f(a, b)\nf(a, b)\n", "f(a, b)\nf(b, a)\n") is None  # the whole line repeats
     assert tight_edit("x = (1 +\n     2)\n", "x = (1 -\n     2)\n") == ("1 +", "1 -", 1)
+
+
+def test_a_slip_cuts_only_the_first_try_of_the_edit():
+    one = ['<tool_call>{"name": "edit_file", "arguments": {"path": "a.py", "old_string": "x = 1", '
+           '"new_string": "x = 2"}}</tool_call>',
+           '<tool_call>{"name": "finish", "arguments": {}}</tool_call>']
+    cuts = set()
+    for seed in range(20):
+        cut, *rest = slipped_turns(one, random.Random(seed))
+        assert rest == one and one[0].startswith(cut) and '"arguments"' in cut
+        assert "</tool_call>" not in cut
+        cuts.add(cut)
+    assert len(cuts) > 5  # cut anywhere in the arguments
+    with pytest.raises(TaskError, match="one edit_file call"):
+        slipped_turns([one[0] + one[0], one[1]], random.Random(0))

@@ -99,3 +99,27 @@ def test_a_demo_that_does_not_reach_the_gold_state_is_dropped(purelib, looprl_ho
             await sb.close()
 
     assert asyncio.run(check()) == (True, False)
+
+
+@pytest.mark.parametrize("kind", [pytest.param("bwrap", marks=needs_bwrap)])
+def test_slip_demos_fail_once_then_fix_and_learn_only_the_fix(purelib, looprl_home, kind):
+    repos = synthetic_repos(purelib=purelib)
+    items = synthetic_tasks(repos, 6, seed=2)
+    tok = build_tokenizer(None)
+    sources = [(i.task, i.files) for i in items]
+    plain = asyncio.run(oracle_demos(sources, tok, tools=TOOLS))
+    slipped = asyncio.run(oracle_demos(sources, tok, tools=TOOLS, slips=1.0, seed=5))
+    assert len(slipped) == len(plain) == 6
+    for p, d in zip(plain, slipped, strict=True):
+        results = [(m["name"], m["content"]) for m in d.messages if m["role"] == "tool"]
+        names = [n for n, _ in results]
+        # the cut call comes back as an invalid call (counted as broken); the edit then works
+        assert d.metadata["slip"] == "cut" and d.counters.broken_tool_calls == 1
+        assert results[-3][1].startswith("Invalid tool call: unclosed <tool_call> block")
+        assert names[-2:] == ["edit_file", "finish"] and results[-2][1].startswith("Edited")
+        # SFT learns the same model tokens as the plain demo: the slip is context only
+        seg, plain_seg = d.segments[0], p.segments[0]
+        learned = [t for t, m in zip(seg.token_ids_T, seg.loss_mask_T, strict=True) if m]
+        assert learned == [t for t, m in zip(plain_seg.token_ids_T, plain_seg.loss_mask_T,
+                                              strict=True) if m]
+        assert len(seg.token_ids_T) > len(plain_seg.token_ids_T)

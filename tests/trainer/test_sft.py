@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from looprl.config import FieldError
 from looprl.errors import ConfigError
 from looprl.trainer.sft import SFTConfig, sft
 from looprl.trainer.step import token_logprobs
@@ -43,3 +44,36 @@ def test_sft_learns_the_model_tokens_and_counts_steps():
 def test_no_trainable_data_is_a_clear_error():
     with pytest.raises(ConfigError, match="no trainable segments"):
         sft(tiny_llama(), [trajectory([seg()], None, stop=StopReason.INFRA_ERROR)])
+
+
+class _RecordingAdamW(torch.optim.AdamW):
+    """AdamW that remembers the learning rate of every step it takes."""
+
+    def __init__(self, params, lr: float) -> None:
+        super().__init__(params, lr=lr)
+        self.lrs: list[float] = []
+
+    def step(self, closure=None):  # noqa: ANN001, ANN201 (torch's signature)
+        self.lrs.append(self.param_groups[0]["lr"])
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_the_schedule_sets_every_steps_learning_rate(schedule: str):
+    model = tiny_llama()
+    opt = _RecordingAdamW(model.parameters(), lr=1e-2)
+    trajs = [trajectory([seg(s)], None) for s in range(4)]
+    sft(model, trajs, SFTConfig(lr=1e-2, max_steps=40, batch_sequences=2, schedule=schedule,
+                                progress=False), optimizer=opt)
+    assert len(opt.lrs) == 40
+    if schedule == "constant":
+        assert opt.lrs == [1e-2] * 40
+    else:  # 2 warmup steps (5% of 40) up to the peak, then a cosine decay to near 0
+        assert opt.lrs[:3] == pytest.approx([5e-3, 1e-2, 1e-2])
+        assert opt.lrs == sorted(opt.lrs[:2]) + sorted(opt.lrs[2:], reverse=True)
+        assert opt.lrs[-1] < 2e-5 and opt.lrs[21] == pytest.approx(5e-3, rel=0.05)
+
+
+def test_an_unknown_schedule_is_a_clear_error():
+    with pytest.raises(FieldError, match="schedule must be one of constant, cosine"):
+        SFTConfig(schedule="linear")

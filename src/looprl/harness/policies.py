@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import random
 import re
 import shlex
 import tokenize
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from looprl.errors import PolicyError, TaskError
+from looprl.harness.format import TOOL_CLOSE, TOOL_OPEN
 from looprl.harness.tools.edit_file import find_all
 from looprl.harness.tools.grep import shown_path
 from looprl.types import Generation, SamplingParams, Task
@@ -208,6 +210,23 @@ def oracle_turns(task: Task, *, verify: bool = False,
         turns.append(_call("run_tests", tests=tests) if tests else _call("run_tests"))
     turns.append(_call("finish", summary="Fixed it."))
     return turns
+
+
+def slipped_turns(turns: list[str], rng: random.Random) -> list[str]:
+    """``turns`` with a broken try of its edit turn before it: the call cut off inside its
+    arguments, before its closing tag, the slip policies make most. The script of an engineer
+    who slipped once and, told so by the tool, made the edit right. The edit turn must be one
+    ``edit_file`` call (a ``TaskError`` otherwise).
+
+    The slip is a cut, never an ``old_string`` a character off: the right edit then follows a
+    near copy of its own text, and SFT on it teaches the model not to copy what it just saw
+    (docs/experiments.md, stop 38)."""
+    at = next((i for i, t in enumerate(turns) if '"name": "edit_file"' in t), None)
+    if at is None or turns[at].count(TOOL_OPEN) != 1:
+        raise TaskError("a slip needs an edit turn of one edit_file call")
+    good = turns[at]
+    body = len(TOOL_OPEN) + good.index('"arguments"')
+    return turns[:at] + [good[:rng.randrange(body, len(good) - len(TOOL_CLOSE) - 1)]] + turns[at:]
 
 
 def _turn(calls: list[str]) -> str:
@@ -446,12 +465,16 @@ def _edit_snippet(h: Hunk, cur: str, max_widen: int = 6) -> tuple[str, str] | No
 
 class OracleAgent:
     """An ``Engine`` that solves ``task`` from its gold patch through the harness tools: it plays
-    the script of ``oracle_turns`` (the calls do not depend on the tool results)."""
+    the script of ``oracle_turns`` (the calls do not depend on the tool results), with a
+    broken first try of its edit when ``slip`` (``slipped_turns``, drawn from ``seed``)."""
 
     def __init__(self, task: Task, tokenizer: Any, end_of_turn: str = "<|im_end|>", *,
-                 verify: bool = False, files: Mapping[str, str] | None = None) -> None:
+                 verify: bool = False, files: Mapping[str, str] | None = None,
+                 slip: bool = False, seed: int = 0) -> None:
         self.task = task
         self.turns = oracle_turns(task, verify=verify, files=files)
+        if slip:
+            self.turns = slipped_turns(self.turns, random.Random(seed))
         self._script = ScriptedPolicy(tokenizer, self.turns, end_of_turn)
 
     @property

@@ -80,7 +80,9 @@ def _batches(data_N: torch.Tensor, batch: int, seq_len: int, gen: torch.Generato
     return torch.stack([data_N[s:s + seq_len + 1] for s in starts.tolist()])
 
 
-def _lr(step: int, steps: int, lr: float, warmup: int) -> float:
+def warmup_cosine_lr(step: int, steps: int, lr: float, warmup: int) -> float:
+    """The learning rate at ``step`` of ``steps``: linear warmup to ``lr`` over ``warmup`` steps,
+    then a cosine decay to 0 at the last step."""
     if step < warmup:
         return lr * (step + 1) / warmup
     return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
@@ -155,7 +157,7 @@ def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, ou
         for step in range(steps):
             xy = _batches(train, batch, seq_len, gen)
             for g in opt.param_groups:
-                g["lr"] = _lr(step, steps, lr, warmup=max(1, steps // 20))
+                g["lr"] = warmup_cosine_lr(step, steps, lr, warmup=max(1, steps // 20))
             x = xy[:, :-1]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), capture_hidden(model) as seen:
                 fwd = model(input_ids=x, labels=x.clone())

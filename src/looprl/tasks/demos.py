@@ -13,13 +13,21 @@ again; a task that was never validated is never a demo source here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import random
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from looprl.errors import LooprlError, TaskError, ToolError
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.format import ChatFormat
-from looprl.harness.policies import OracleAgent, apply_hunks, parse_unified_diff, repo_file_text
+from looprl.harness.policies import (
+    OracleAgent,
+    apply_hunks,
+    parse_unified_diff,
+    repo_file_text,
+)
 from looprl.harness.tools import make_tools
 from looprl.protocols import Sandbox
 from looprl.types import StopReason, Task, Trajectory
@@ -61,10 +69,39 @@ async def matches(sb: Sandbox, expected: Mapping[str, str | None]) -> bool:
     return True
 
 
+def without_turn_loss(traj: Trajectory, turn: int) -> Trajectory:
+    """``traj`` with its model turn number ``turn`` (from 0: the runs of model tokens in its one
+    segment) made context only: SFT learns what follows a slip, never the slip."""
+    seg, *rest = traj.segments
+    was, runs = seg.loss_mask_T, -1
+    mask = list(was)
+    for i, m in enumerate(was):
+        runs += bool(m and (i == 0 or not was[i - 1]))
+        if m and runs == turn:
+            mask[i] = 0
+    return dataclasses.replace(traj, segments=(dataclasses.replace(seg, loss_mask_T=tuple(mask)),
+                                               *rest))
+
+
+def _failed_turns(traj: Trajectory) -> list[int]:
+    """The model turns (from 0) of ``traj`` whose calls came back with a failure."""
+    turn, out = -1, []
+    for m in traj.messages:
+        if m["role"] == "assistant":
+            turn += 1
+        elif m["role"] == "tool" and str(m.get("content", "")).startswith(
+                ("Error", "Invalid tool call")) and turn not in out:
+            out.append(turn)
+    return out
+
+
 async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt: ChatFormat,
-                      tools: list, cfg: AgentConfig) -> Trajectory | None:
+                      tools: list, cfg: AgentConfig, slip: bool = False,
+                      seed: int = 0) -> Trajectory | None:
     """The oracle's trajectory on one task in a fresh sandbox, or None when it does not check
-    out (see the module docstring)."""
+    out (see the module docstring). With ``slip`` the oracle first tries its edit broken
+    (``policies.slipped_turns``); the demo then fails exactly there, and that turn is context
+    only (``without_turn_loss``)."""
     from looprl.sandbox import create_sandbox
 
     expected = expected_files(task, files)
@@ -72,35 +109,53 @@ async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt
     try:
         for path, text in (files or {}).items():
             await sb.write(path, text.encode())
-        traj = await run_agent(task, sb, OracleAgent(task, tok, files=files), fmt, tools, cfg,
-                               group_id=task.id, trajectory_id=f"{task.id}/oracle")
-        if traj.stop_reason != StopReason.FINISHED or traj.counters.broken_tool_calls:
+        oracle = OracleAgent(task, tok, files=files, slip=slip, seed=seed)
+        traj = await run_agent(task, sb, oracle, fmt, tools, cfg, group_id=task.id,
+                               trajectory_id=f"{task.id}/oracle")
+        if traj.stop_reason != StopReason.FINISHED or not await matches(sb, expected):
             return None
-        return traj if await matches(sb, expected) else None
+        if not slip:
+            return None if traj.counters.broken_tool_calls else traj
+        failed = _failed_turns(traj)  # the cut call, and nothing else
+        if len(failed) != 1 or traj.counters.broken_tool_calls != 1:
+            return None
+        return without_turn_loss(dataclasses.replace(
+            traj, metadata={**traj.metadata, "slip": "cut"}), failed[0])
     finally:
         await sb.close()
 
 
 async def oracle_demos(sources: list[DemoSource], tok: Any, *, tools: Iterable[str] | None = None,
-                       cfg: AgentConfig | None = None, workers: int = 4,
-                       progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+                       cfg: AgentConfig | None = None, workers: int = 4, slips: float = 0.0,
+                       seed: int = 0, progress: Callable[[int], None] | None = None
+                       ) -> list[Trajectory]:
     """Checked oracle trajectories for ``sources`` (in order, failures left out), ``workers``
-    sandboxes at once. A failure (sandbox, bad gold patch) loses that demo only."""
+    sandboxes at once. A failure (sandbox, bad gold patch) loses that demo only. A ``slips``
+    share of them, drawn from ``seed``, recover from a slip (``oracle_demo``); a source whose
+    edit cannot slip (several calls in its edit turn) gives its demo without one."""
     fmt = ChatFormat(tok)
     tool_objs = make_tools(list(tools)) if tools is not None else make_tools()
     cfg = cfg or AgentConfig(max_turns=16, context_window=1 << 20, max_new_tokens=1 << 16,
                              max_total_new_tokens=1 << 20)
     sem = asyncio.Semaphore(workers)
+    rng = random.Random(seed)
+    slipped = [rng.random() < slips for _ in sources]
 
-    async def one(task: Task, files: Mapping[str, str] | None) -> Trajectory | None:
+    async def one(i: int, task: Task, files: Mapping[str, str] | None) -> Trajectory | None:
         async with sem:
             try:
-                return await oracle_demo(task, files, tok, fmt, tool_objs, cfg)
+                for slip in dict.fromkeys((slipped[i], False)):
+                    with contextlib.suppress(TaskError):
+                        demo = await oracle_demo(task, files, tok, fmt, tool_objs, cfg, slip,
+                                                 seed=seed * 1_000_003 + i)
+                        if demo is not None:
+                            return demo
+                return None
             except (LooprlError, OSError):
                 return None
             finally:
                 if progress:
                     progress(1)
 
-    got = await asyncio.gather(*(one(t, f) for t, f in sources))
+    got = await asyncio.gather(*(one(i, t, f) for i, (t, f) in enumerate(sources)))
     return [t for t in got if t is not None]

@@ -167,11 +167,20 @@ class DemosSection:
     the task packages are excluded); 0 = none."""
     kinds: list[str] = field(default_factory=lambda: list(LOCAL_KINDS))
     """Mutation kinds of the synthetic demos."""
+    slips: float = 0.0
+    """Share of the demos that first try their edit broken (the call cut off before its
+    closing tag) and, told so by the tool, make it right; the broken try is context only in
+    SFT, and these demos are left out of pretraining. Demos that never fail never show what to
+    do after a failed call, and a policy then finishes or flails (docs/experiments.md, stop 38)."""
     workers: int = 4
     """Sandboxes making demos at once."""
     validation: int = 32
     """Demos kept out of SFT to measure teacher-forced per-tool turn accuracy before SFT, after
     SFT and after RL (``looprl.bench.turns``): which turns the model can reproduce."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.slips <= 1.0:
+            raise FieldError("slips", f"must be a share in [0, 1], got {self.slips!r}")
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], t
     from looprl.models.pretrain import pretrain
     from looprl.tasks.drills import copy_drills
 
+    demos = [d for d in demos if "slip" not in d.metadata]  # a slip is never text to learn
     drills = copy_drills(demos, tok, per_demo=cfg.model.drills, seed=cfg.seed) \
         if cfg.model.drills and demos else []
     if drills:
@@ -144,11 +145,14 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
     with progress_bar() as bar:
         job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
         demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
-                                         workers=cfg.demos.workers,
+                                         workers=cfg.demos.workers, slips=cfg.demos.slips,
+                                         seed=cfg.seed,
                                          progress=lambda n: bar.advance(job, n)))
     n_real = sum(1 for d in demos if not d.task_id.startswith("synthetic-"))
+    n_slips = sum(1 for d in demos if "slip" in d.metadata)
     console.print(f"SFT demos: {n_real}/{n_task_sources} train tasks, "
-                  f"{len(demos) - n_real}/{len(sources) - n_task_sources} synthetic")
+                  f"{len(demos) - n_real}/{len(sources) - n_task_sources} synthetic"
+                  + (f", {n_slips} recovering from a slip" if n_slips else ""))
     return demos
 
 

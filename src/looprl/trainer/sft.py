@@ -23,9 +23,10 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from looprl.config import FieldError
+from looprl.config import FieldError, check_choice
 from looprl.errors import ConfigError
 from looprl.models.mtp import capture_hidden, clip_grad_norms, distill_spans, heads_of
+from looprl.models.pretrain import warmup_cosine_lr
 from looprl.trainer.batch import pack_segments
 from looprl.trainer.step import shares_prefixes, token_logprobs
 from looprl.types import Segment, Trajectory
@@ -36,6 +37,10 @@ class SFTConfig:
     """Knobs of supervised fine-tuning."""
 
     lr: float = 1e-4
+    schedule: str = "constant"
+    """``constant``: ``lr`` throughout. ``cosine``: linear warmup over the first 5% of the steps,
+    then a cosine decay to 0, as pretraining does: the last steps move the weights little, so
+    the model SFT ends on is not wherever a full-size step's noise left it."""
     epochs: int = 1
     """Passes over the segments (ignored when ``max_steps`` is set)."""
     max_steps: int | None = None
@@ -58,6 +63,7 @@ class SFTConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.lr < math.inf:
             raise FieldError("lr", f"must be a finite number > 0, got {self.lr!r}")
+        check_choice("schedule", self.schedule, ("constant", "cosine"))
         if not self.max_grad_norm > 0.0:
             raise FieldError("max_grad_norm", f"must be > 0 (inf = no clip), got {self.max_grad_norm!r}")
         if not 0.0 <= self.weight_decay < math.inf:
@@ -145,7 +151,10 @@ def sft(model: nn.Module, trajectories: Sequence[Trajectory], cfg: SFTConfig | N
     t0, losses, tokens = time.perf_counter(), [], 0
     with Progress(disable=not cfg.progress, transient=False) as bar:
         task = bar.add_task("sft", total=len(plan))
-        for idx in plan:
+        for step, idx in enumerate(plan):
+            if cfg.schedule == "cosine":
+                for g in optimizer.param_groups:
+                    g["lr"] = warmup_cosine_lr(step, len(plan), cfg.lr, warmup=max(1, len(plan) // 20))
             loss, n = sft_step(model, optimizer, [segs[i] for i in idx], cfg)
             losses.append(loss)
             tokens += n
