@@ -63,3 +63,11 @@ def test_mtp_and_speculation_settings_are_checked_at_load(override, says):
     ok = load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"),
                      ["model.mtp_heads=2", "model.speculative=off"])
     assert (ok.model.mtp_heads, ok.model.speculative) == (2, "off")
+
+
+@pytest.mark.parametrize("override,says", [
+    (["demos.slips=1.5"], "demos.slips must be a share in \\[0, 1\\]"),
+    (["sft.schedule=linear"], "sft.schedule must be one of constant, cosine")])
+def test_sft_data_and_schedule_settings_are_checked_at_load(override, says):
+    with pytest.raises(ConfigError, match=says):
+        load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"), override)
