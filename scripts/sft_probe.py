@@ -6,7 +6,7 @@ this SFT give, on the run's own demos, seed and held-out tasks?
 The run's ``config.json`` gives the demos, the SFT config and the evaluation (``-o`` overrides any
 of them); its ``model_init/`` (the pretrained default model) is what SFT starts from, so an arm
 differs from the run's own SFT only in what ``-o`` changes. The demos are rebuilt as the run built
-them and cached in ``RUN/probe/demos.jsonl``. Output under ``RUN/probe/NAME``: the SFT model and
+them and cached in ``RUN/probe/demos_slips<demos.slips>.jsonl``. Output under ``RUN/probe/NAME``: the SFT model and
 ``result.json``. Measured:
 
 - teacher-forced turn accuracy (``looprl.bench.turns``) on the run's validation demos and on the

@@ -211,6 +211,23 @@ class Segment(_Record):
     def num_model_tokens(self) -> int:
         return sum(self.loss_mask_T)
 
+    def model_turns(self) -> list[tuple[int, int]]:
+        """[start, end) of every maximal run of model tokens: the model's turns, in order.
+
+        >>> Segment((1, 2, 3, 4, 5, 6), (0.0,) * 6, (0, 1, 1, 0, 1, 0), (-1, 0, 0, -1, 0, -1)).model_turns()
+        [(1, 3), (4, 5)]
+        """
+        out, start = [], None
+        for i, m in enumerate(self.loss_mask_T):
+            if m and start is None:
+                start = i
+            elif not m and start is not None:
+                out.append((start, i))
+                start = None
+        if start is not None:
+            out.append((start, len(self.loss_mask_T)))
+        return out
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Segment:
         return cls(tuple(d["token_ids_T"]), tuple(float(x) for x in d["logprobs_T"]),
@@ -288,6 +305,18 @@ class Trajectory(_Record):
     @property
     def is_infra_error(self) -> bool:
         return self.stop_reason == StopReason.INFRA_ERROR
+
+    def broken_spans(self) -> list[tuple[int, int, int]]:
+        """(segment index, start, end) token spans of the broken tool calls' blocks, from
+        ``metadata["broken_spans"]`` (recorded by the agent loop); [] when there were none.
+
+        >>> t = Trajectory("t", "g", (), (), Counters(), StopReason.FINISHED,
+        ...                metadata={"broken_spans": "[[0, 5, 9]]"})
+        >>> t.broken_spans()
+        [(0, 5, 9)]
+        """
+        raw = self.metadata.get("broken_spans")
+        return [tuple(span) for span in json.loads(raw)] if raw else []  # type: ignore[misc]
 
     @property
     def passed(self) -> bool:

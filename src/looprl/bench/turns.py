@@ -89,20 +89,6 @@ def _turn_tool(text: str) -> str:
     return m.group(1) if m else "malformed"
 
 
-def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
-    """[start, end) of every maximal run of ones."""
-    out, start = [], None
-    for i, m in enumerate(mask):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i))
-            start = None
-    if start is not None:
-        out.append((start, len(mask)))
-    return out
-
-
 @torch.no_grad()
 def turn_accuracy(model: nn.Module, tokenizer, trajectories: Sequence[Trajectory], *,
                   max_segments: int | None = None) -> TurnAccuracy:
@@ -116,7 +102,7 @@ def turn_accuracy(model: nn.Module, tokenizer, trajectories: Sequence[Trajectory
         for seg in segs[:max_segments]:
             ids = torch.tensor([seg.token_ids_T])
             pred = model(input_ids=ids).logits[0].argmax(-1)  # pred[i] is the guess for token i+1
-            for a, b in _runs(seg.loss_mask_T):
+            for a, b in seg.model_turns():
                 if a == 0:
                     a = 1  # a model token with no context cannot be predicted; score the rest
                     if b <= a:

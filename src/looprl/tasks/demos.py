@@ -70,29 +70,12 @@ async def matches(sb: Sandbox, expected: Mapping[str, str | None]) -> bool:
 
 
 def without_turn_loss(traj: Trajectory, turn: int) -> Trajectory:
-    """``traj`` with its model turn number ``turn`` (from 0: the runs of model tokens in its one
+    """``traj`` with its model turn number ``turn`` (from 0, ``Segment.model_turns`` of its one
     segment) made context only: SFT learns what follows a slip, never the slip."""
     seg, *rest = traj.segments
-    was, runs = seg.loss_mask_T, -1
-    mask = list(was)
-    for i, m in enumerate(was):
-        runs += bool(m and (i == 0 or not was[i - 1]))
-        if m and runs == turn:
-            mask[i] = 0
-    return dataclasses.replace(traj, segments=(dataclasses.replace(seg, loss_mask_T=tuple(mask)),
-                                               *rest))
-
-
-def _failed_turns(traj: Trajectory) -> list[int]:
-    """The model turns (from 0) of ``traj`` whose calls came back with a failure."""
-    turn, out = -1, []
-    for m in traj.messages:
-        if m["role"] == "assistant":
-            turn += 1
-        elif m["role"] == "tool" and str(m.get("content", "")).startswith(
-                ("Error", "Invalid tool call")) and turn not in out:
-            out.append(turn)
-    return out
+    a, b = seg.model_turns()[turn]
+    mask = seg.loss_mask_T[:a] + (0,) * (b - a) + seg.loss_mask_T[b:]
+    return dataclasses.replace(traj, segments=(dataclasses.replace(seg, loss_mask_T=mask), *rest))
 
 
 async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt: ChatFormat,
@@ -112,15 +95,17 @@ async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt
         oracle = OracleAgent(task, tok, files=files, slip=slip, seed=seed)
         traj = await run_agent(task, sb, oracle, fmt, tools, cfg, group_id=task.id,
                                trajectory_id=f"{task.id}/oracle")
-        if traj.stop_reason != StopReason.FINISHED or not await matches(sb, expected):
+        # a slipped demo's one broken call is its cut call
+        if traj.stop_reason != StopReason.FINISHED or traj.counters.broken_tool_calls != int(slip):
+            return None
+        if not await matches(sb, expected):
             return None
         if not slip:
-            return None if traj.counters.broken_tool_calls else traj
-        failed = _failed_turns(traj)  # the cut call, and nothing else
-        if len(failed) != 1 or traj.counters.broken_tool_calls != 1:
-            return None
+            return traj
+        ((_, cut, _),) = traj.broken_spans()
+        turn = next(k for k, (a, b) in enumerate(traj.segments[0].model_turns()) if a <= cut < b)
         return without_turn_loss(dataclasses.replace(
-            traj, metadata={**traj.metadata, "slip": "cut"}), failed[0])
+            traj, metadata={**traj.metadata, "slip": "cut"}), turn)
     finally:
         await sb.close()
 

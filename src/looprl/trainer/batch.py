@@ -37,7 +37,6 @@ distilled from the forward (``GRPOStep.batch`` decides).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,7 +64,7 @@ class Credit:
     """Scale a group's negative advantages down so that its failures push down no more token
     mass (advantage x model tokens, summed) than its passes push up (``balance_negatives``)."""
     broken_call_advantage: float | None = None
-    """The advantage of every token of a broken tool call's block (``broken_spans``), in
+    """The advantage of every token of a broken tool call's block (``Trajectory.broken_spans``), in
     passing and failing trajectories alike; None = those tokens get the trajectory's."""
 
 
@@ -175,22 +174,8 @@ def balance_negatives(advantages_G: Sequence[float], tokens_G: Sequence[int]) ->
     return [a * pos / neg if a < 0 else a for a in advantages_G]
 
 
-def broken_spans(t: Trajectory) -> list[tuple[int, int, int]]:
-    """(segment index, start, end) token spans of the broken tool calls' blocks, from
-    ``metadata["broken_spans"]`` (recorded by the agent loop); [] when there were none.
-
-    >>> from looprl.types import Counters, StopReason
-    >>> t = Trajectory("t", "g", (), (), Counters(), StopReason.FINISHED,
-    ...                metadata={"broken_spans": "[[0, 5, 9]]"})
-    >>> broken_spans(t)
-    [(0, 5, 9)]
-    """
-    raw = t.metadata.get("broken_spans")
-    return [tuple(span) for span in json.loads(raw)] if raw else []  # type: ignore[misc]
-
-
 def _trajectory_rows(t: Trajectory, advantage: float, credit: Credit) -> list[_Row]:
-    spans = broken_spans(t) if credit.broken_call_advantage is not None else []
+    spans = t.broken_spans() if credit.broken_call_advantage is not None else []
     rows = []
     for i, seg in enumerate(t.segments):
         if seg.num_model_tokens == 0:
