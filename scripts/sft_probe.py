@@ -56,6 +56,10 @@ def main() -> None:
     ap.add_argument("--no-eval", action="store_true", help="turn accuracy only (no held-out pass@1)")
     args = ap.parse_args()
 
+    missing = [n for n in ("config.json", "model_init/config.json") if not (args.run / n).is_file()]
+    if missing:
+        raise SystemExit(f"{args.run} is not a finished run with a pretrained default model (no "
+                         f"{', '.join(missing)}); give a directory `looprl train` wrote")
     cfg = from_dict(TrainConfig, apply_overrides(
         json.loads((args.run / "config.json").read_text()), args.overrides))
     sets = TaskSets.load(args.run)
