@@ -71,6 +71,7 @@ def main() -> None:
     demos = _cached(args.run / "probe" / f"demos_slips{cfg.demos.slips:g}.jsonl",
                     lambda: stages.make_demos(sets.train, tok, cfg))
     train, val = stages.split_validation(demos, cfg.demos.validation, cfg.seed)
+    train = stages.rename_demos(train, tok, cfg)
     held = _cached(args.run / "probe" / "heldout_demos.jsonl", lambda: asyncio.run(oracle_demos(
         [(t, None) for t in sets.heldout], tok, tools=cfg.rollout.tools, workers=cfg.demos.workers)))
 

@@ -67,6 +67,7 @@ def test_mtp_and_speculation_settings_are_checked_at_load(override, says):
 
 @pytest.mark.parametrize("override,says", [
     (["demos.slips=1.5"], "demos.slips must be a share in \\[0, 1\\]"),
+    (["demos.renamed=-0.1"], "demos.renamed must be a share in \\[0, 1\\]"),
     (["sft.schedule=linear"], "sft.schedule must be one of constant, cosine")])
 def test_sft_data_and_schedule_settings_are_checked_at_load(override, says):
     with pytest.raises(ConfigError, match=says):

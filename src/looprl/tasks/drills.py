@@ -18,6 +18,12 @@ can be remembered: only copying from the context predicts the call. Random ident
 from the demos' own tool outputs (real names, real tokenization). Drills carry a loss on every
 token (pretraining), and being a few hundred tokens long, many fit in one window.
 
+A renamed demo (``renamed_demos``, for SFT) is the same idea on a whole demo: every identifier its
+``edit_file`` call's ``old_string`` names is renamed at random in all the code the transcript
+holds (the prompt's selection, tool outputs, the edit call's strings), so the demo stays one
+coherent fix, with its loss on the same model turns, of code no prior can predict: only copying
+reproduces the edit.
+
 The chat format must be ChatML (``<|im_start|>role ... <|im_end|>``), as the default tokenizer's
 and Qwen's are; other templates raise ``ConfigError``.
 """
@@ -25,19 +31,24 @@ and Qwen's are; other templates raise ``ConfigError``.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import keyword
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from looprl.errors import ConfigError
 from looprl.harness.format import ChatFormat, parse_turn
-from looprl.types import Trajectory
+from looprl.types import Segment, Trajectory
 
 _BLOCK = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
 _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+_CODE_NAME = re.compile(r"(?<![\\\w])[A-Za-z_]\w*\b(?![\"'])")
+"""A name in code as it stands in a file: not a letter of an escape (``\\w``, ``\\n``), not a
+string prefix (``r"``)."""
 _KEEP = set(keyword.kwlist) | set(dir(builtins)) | {"self", "cls"}
 KINDS = ("grep", "read_file", "edit_file")
 
@@ -52,17 +63,21 @@ def _call(body: str) -> tuple[str, dict[str, Any]] | None:
     return call.name, json.loads(call.arguments)
 
 
-def _swap(texts: tuple[str, str], pairs: dict[str, str]) -> tuple[str, str]:
-    """Replace each key, as a whole word, by its value in both texts (in one pass)."""
+def _renamer(pairs: dict[str, str], *, code: bool = False) -> Callable[[str], str]:
+    """Text -> the text with each key of ``pairs``, as a whole word, replaced by its value (in
+    one pass, so a value that is another key is never renamed again). With ``code`` (text as it
+    stands in a file), only where ``_CODE_NAME`` sees a name."""
     if not pairs:
-        return texts
-    pat = re.compile(r"\b(" + "|".join(map(re.escape, sorted(pairs, key=len, reverse=True)))
-                     + r")\b")
+        return lambda text: text
+    names = "|".join(map(re.escape, sorted(pairs, key=len, reverse=True)))
+    pat = re.compile(rf"(?<![\\\w])({names})\b(?![\"'])" if code else rf"\b({names})\b")
+    return lambda text: pat.sub(lambda m: pairs[m.group(1)], text)
 
-    def swap(text: str) -> str:
-        return pat.sub(lambda m: pairs[m.group(1)], text)
 
-    return swap(texts[0]), swap(texts[1])
+def _swap(texts: tuple[str, str], pairs: dict[str, str]) -> tuple[str, str]:
+    """Replace each key, as a whole word, by its value in both texts."""
+    rename = _renamer(pairs)
+    return rename(texts[0]), rename(texts[1])
 
 
 def _fresh(rng: random.Random, pool: Sequence[str], avoid: set[str]) -> str:
@@ -123,6 +138,16 @@ def identifier_pool(texts: Iterable[str], min_len: int = 3) -> list[str]:
                    if len(n) >= min_len and n not in _KEEP and not n.isupper()})
 
 
+def _tool_pool(texts: Iterable[str]) -> list[str]:
+    """The identifiers random names are drawn from: those of the tool outputs in ``texts``."""
+    pool = identifier_pool(body for t in texts for role, body in _BLOCK.findall(t)
+                           if role == "tool")
+    if len(pool) < 50:
+        raise ConfigError(f"only {len(pool)} identifiers in the demos' tool outputs; copy drills "
+                          "and renamed demos need more demos")
+    return pool
+
+
 def copy_drills(demos: Sequence[Trajectory], tok: Any, *, per_demo: int = 4, seed: int = 0,
                 kinds: Iterable[str] = KINDS) -> list[list[int]]:
     """Token ids of ``per_demo`` drills per copying step of each demo (see the module
@@ -132,11 +157,7 @@ def copy_drills(demos: Sequence[Trajectory], tok: Any, *, per_demo: int = 4, see
     if texts and not any(_BLOCK.search(t) for t in texts):
         raise ConfigError("copy drills need a ChatML chat format (<|im_start|>role ... "
                           "<|im_end|>); this tokenizer's template renders something else")
-    pool = identifier_pool(body for t in texts for role, body in _BLOCK.findall(t)
-                           if role == "tool")
-    if len(pool) < 50:
-        raise ConfigError(f"only {len(pool)} identifiers in the demos' tool outputs; copy drills "
-                          "need more demos")
+    pool = _tool_pool(texts)
     rng = random.Random(seed)
     wanted = set(kinds)
     docs: list[list[int]] = []
@@ -152,3 +173,90 @@ def copy_drills(demos: Sequence[Trajectory], tok: Any, *, per_demo: int = 4, see
                                        f"<|im_start|>assistant\n{got[1]}{fmt.eot}\n"))
     rng.shuffle(docs)
     return docs
+
+
+def _edited_names(fmt: ChatFormat, seg: Segment) -> list[str]:
+    """The identifiers (keywords, builtins and ``self`` aside) of the ``old_string`` of every
+    ``edit_file`` call among the model turns of ``seg``, sorted."""
+    names: set[str] = set()
+    for a, b in seg.model_turns():
+        call = _call(fmt.decode(seg.token_ids_T[a:b]))
+        if call is not None and call[0] == "edit_file":
+            names |= {n for n in _CODE_NAME.findall(str(call[1].get("old_string", "")))
+                      if n not in _KEEP}
+    return sorted(names)
+
+
+def _renamed_turn(body: str, rename: Callable[[str], str]) -> str:
+    """A model turn with the code strings of its ``edit_file`` call renamed (as JSON strings,
+    so escapes stay valid); any other turn as it is."""
+    call = _call(body)
+    if call is None or call[0] != "edit_file":
+        return body
+    for key in ("old_string", "new_string"):
+        value = call[1].get(key)
+        if isinstance(value, str):
+            body = body.replace(json.dumps(value), json.dumps(rename(value)), 1)
+    return body
+
+
+def _renamed(demo: Trajectory, fmt: ChatFormat, rng: random.Random, pool: Sequence[str]
+             ) -> Trajectory | None:
+    """``demo`` (one segment) with its edited names renamed (module docstring), or None when it
+    edits no name. Only code is renamed: the contents of user and tool messages and the strings
+    of ``edit_file`` calls, never the system prompt, a role header or a call's JSON keys. Context
+    and model turns are re-encoded piece by piece, as the harness encodes them, so the loss stays
+    on the model's turns alone."""
+    seg, = demo.segments
+    names = _edited_names(fmt, seg)
+    if not names:
+        return None
+    decode = partial(fmt.tokenizer.decode, skip_special_tokens=False,
+                     clean_up_tokenization_spaces=False)
+    taken = set(_IDENT.findall(decode(list(seg.token_ids_T))))
+    rename = _renamer({n: _fresh(rng, pool, taken) for n in names}, code=True)
+
+    def rename_context(text: str) -> str:
+        head, *blocks = text.split("<|im_start|>")
+        out = [head]
+        for block in blocks:
+            role, nl, rest = block.partition("\n")
+            body, end, tail = rest.partition("<|im_end|>")
+            out.append(role + nl + (rename(body) if role in ("user", "tool") else body) + end + tail)
+        return "<|im_start|>".join(out)
+
+    cuts = sorted({0, len(seg.token_ids_T), *(i for turn in seg.model_turns() for i in turn)})
+    ids: list[int] = []
+    mask: list[int] = []
+    versions: list[int] = []
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        piece = list(seg.token_ids_T[a:b])
+        if seg.loss_mask_T[a]:
+            new = fmt.encode(_renamed_turn(fmt.decode(piece), rename))
+            new += [fmt.eot_id] if piece[-1] == fmt.eot_id else []
+        else:
+            new = fmt.encode(rename_context(decode(piece)))
+        ids += new
+        mask += [seg.loss_mask_T[a]] * len(new)
+        versions += [seg.policy_version_T[a]] * len(new)
+    messages = tuple({**m, "content": rename(m["content"])}
+                     if m.get("role") in ("user", "tool") and "content" in m else m
+                     for m in demo.messages)
+    return dataclasses.replace(
+        demo, task_id=f"{demo.task_id}/renamed", messages=messages,
+        segments=(Segment(tuple(ids), (0.0,) * len(ids), tuple(mask), tuple(versions)),),
+        metadata={**demo.metadata, "renamed": " ".join(names)})
+
+
+def renamed_demos(demos: Sequence[Trajectory], tok: Any, *, share: float, seed: int = 0
+                  ) -> list[Trajectory]:
+    """``demos`` with a ``share`` of those that edit a name replaced by renamed copies (module
+    docstring; ``metadata["renamed"]`` lists the names, space-separated); the others, and slip
+    demos (their broken spans are token positions), as they are, in order."""
+    if share <= 0:
+        return list(demos)
+    fmt = ChatFormat(tok)
+    pool = _tool_pool(fmt.decode(list(s.token_ids_T)) for d in demos for s in d.segments)
+    rng = random.Random(seed)
+    return [(_renamed(d, fmt, rng, pool) or d) if rng.random() < share and "slip" not in d.metadata
+            else d for d in demos]

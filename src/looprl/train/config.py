@@ -172,6 +172,10 @@ class DemosSection:
     closing tag) and, told so by the tool, make it right; the broken try is context only in
     SFT, and these demos are left out of pretraining. Demos that never fail never show what to
     do after a failed call, and a policy then finishes or flails (docs/experiments.md, stop 38)."""
+    renamed: float = 0.0
+    """Share of the SFT demos (validation ones aside) whose edit's names are renamed at random
+    throughout the demo (``tasks.drills.renamed_demos``): the same fix of code no prior can
+    predict, so SFT trains copying the edit from the context, not guessing it."""
     workers: int = 4
     """Sandboxes making demos at once."""
     validation: int = 32
@@ -179,8 +183,10 @@ class DemosSection:
     SFT and after RL (``looprl.bench.turns``): which turns the model can reproduce."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.slips <= 1.0:
-            raise FieldError("slips", f"must be a share in [0, 1], got {self.slips!r}")
+        for name in ("slips", "renamed"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise FieldError(name, f"must be a share in [0, 1], got {value!r}")
 
 
 @dataclass(frozen=True)

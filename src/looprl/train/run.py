@@ -138,6 +138,7 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
     demos, val = stages.split_validation(stages.make_demos(sets.train, tok, cfg),
                                          cfg.demos.validation, cfg.seed)
     stages.pretrain_model(cfg, model_dir, demos, tok)
+    demos = stages.rename_demos(demos, tok, cfg)  # for SFT: pretraining reads the real code
     model = load_model(model_dir).model.to(device)
     turns = {"init": turn_accuracy(model, tok, val).to_json()} if val else {}
     sft_record = None

@@ -156,6 +156,18 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
     return demos
 
 
+def rename_demos(demos: list[Trajectory], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
+    """``demos`` with a ``demos.renamed`` share of them renamed (``tasks.drills.renamed_demos``)."""
+    if not cfg.demos.renamed or not demos:
+        return demos
+    from looprl.tasks.drills import renamed_demos
+
+    out = renamed_demos(demos, tok, share=cfg.demos.renamed, seed=cfg.seed)
+    console.print(f"SFT demos: {sum(1 for d in out if 'renamed' in d.metadata)} of {len(out)} "
+                  "renamed")
+    return out
+
+
 def split_validation(demos: list[Trajectory], n: int, seed: int
                      ) -> tuple[list[Trajectory], list[Trajectory]]:
     """(train, validation): ``n`` demos drawn at random, never more than a fifth of them."""
