@@ -3,6 +3,7 @@ original name/path/line is gone, and turns that copy nothing give no drill."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -172,6 +173,12 @@ def test_renaming_touches_code_only_never_json_keys_escapes_or_the_system_prompt
         ("assistant", _call_text("edit_file", path="pkg/a.py", old_string=old,
                                  new_string=old.replace(", n)", ", n - 1)"))),
         ("tool", "Edited pkg/a.py"), ("assistant", _call_text("finish", summary="done"))])
+    edit_args = json.dumps({"path": "pkg/a.py", "old_string": old, "new_string": old})
+    demo = dataclasses.replace(demo, messages=(
+        {"role": "system", "content": system}, {"role": "user", "content": code},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c0", "type": "function",
+             "function": {"name": "edit_file", "arguments": edit_args}}]}))
     (new,) = renamed_demos([demo] + [_demo(tok)], tok, share=1.0, seed=0)[:1]
     assert new.metadata["renamed"] == "n path re sub"
     seg = new.segments[0]
@@ -185,3 +192,7 @@ def test_renaming_touches_code_only_never_json_keys_escapes_or_the_system_prompt
     assert got in fmt.tokenizer.decode(list(seg.token_ids_T[:a]))  # still copied from the selection
     assert edit[1]["new_string"] == got.replace(", ", ", ", 1)[:-1] + " - 1)"
     assert _call(fmt.decode(seg.token_ids_T[c:d])) == ("finish", {"summary": "done"})
+    system_msg, user_msg, assistant_msg = new.messages  # the record renamed as the tokens are
+    assert system_msg["content"] == system and got in user_msg["content"]
+    recorded = json.loads(assistant_msg["tool_calls"][0]["function"]["arguments"])
+    assert recorded == {"path": "pkg/a.py", "old_string": got, "new_string": got}

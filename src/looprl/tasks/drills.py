@@ -31,6 +31,7 @@ and Qwen's are; other templates raise ``ConfigError``.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import json
 import keyword
@@ -42,7 +43,7 @@ from typing import Any
 
 from looprl.errors import ConfigError
 from looprl.harness.format import ChatFormat, parse_turn
-from looprl.types import Segment, Trajectory
+from looprl.types import Message, Segment, Trajectory
 
 _BLOCK = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)
 _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
@@ -187,17 +188,43 @@ def _edited_names(fmt: ChatFormat, seg: Segment) -> list[str]:
     return sorted(names)
 
 
+_EDIT_CODE = ("old_string", "new_string")
+"""The arguments of an ``edit_file`` call that hold code."""
+
+
 def _renamed_turn(body: str, rename: Callable[[str], str]) -> str:
-    """A model turn with the code strings of its ``edit_file`` call renamed (as JSON strings,
-    so escapes stay valid); any other turn as it is."""
+    """A model turn with the code strings of its ``edit_file`` call renamed in place (as JSON
+    strings, so escapes stay valid and the rest of the turn's text is untouched); any other turn
+    as it is."""
     call = _call(body)
     if call is None or call[0] != "edit_file":
         return body
-    for key in ("old_string", "new_string"):
+    for key in _EDIT_CODE:
         value = call[1].get(key)
         if isinstance(value, str):
             body = body.replace(json.dumps(value), json.dumps(rename(value)), 1)
     return body
+
+
+def _renamed_message(msg: Message, rename: Callable[[str], str]) -> Message:
+    """A chat message renamed as its turn is: user and tool contents, and the code strings of
+    an assistant's ``edit_file`` calls."""
+    if msg.get("role") in ("user", "tool") and "content" in msg:
+        return {**msg, "content": rename(msg["content"])}
+    calls = msg.get("tool_calls")
+    if not calls:
+        return msg
+    out = []
+    for call in calls:
+        fn = call.get("function", {})
+        if fn.get("name") == "edit_file":
+            with contextlib.suppress(ValueError, TypeError, AttributeError):  # broken: left as is
+                args = json.loads(fn["arguments"])
+                fn = {**fn, "arguments": json.dumps({
+                    k: rename(v) if k in _EDIT_CODE and isinstance(v, str) else v
+                    for k, v in args.items()}, ensure_ascii=False)}
+        out.append({**call, "function": fn})
+    return {**msg, "tool_calls": out}
 
 
 def _renamed(demo: Trajectory, fmt: ChatFormat, rng: random.Random, pool: Sequence[str]
@@ -239,11 +266,9 @@ def _renamed(demo: Trajectory, fmt: ChatFormat, rng: random.Random, pool: Sequen
         ids += new
         mask += [seg.loss_mask_T[a]] * len(new)
         versions += [seg.policy_version_T[a]] * len(new)
-    messages = tuple({**m, "content": rename(m["content"])}
-                     if m.get("role") in ("user", "tool") and "content" in m else m
-                     for m in demo.messages)
     return dataclasses.replace(
-        demo, task_id=f"{demo.task_id}/renamed", messages=messages,
+        demo, task_id=f"{demo.task_id}/renamed",
+        messages=tuple(_renamed_message(m, rename) for m in demo.messages),
         segments=(Segment(tuple(ids), (0.0,) * len(ids), tuple(mask), tuple(versions)),),
         metadata={**demo.metadata, "renamed": " ".join(names)})
 
