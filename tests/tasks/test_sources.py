@@ -5,13 +5,6 @@ from looprl.tasks import sources
 from tests.example_package import write_example_package
 
 
-def test_parse_spec():
-    assert sources.parse_spec("toolz==1.2.0") == ("toolz", "1.2.0")
-    assert sources.parse_spec("more-itertools") == ("more-itertools", None)
-    with pytest.raises(TaskError, match="NAME==VERSION"):
-        sources.parse_spec("toolz>=1; rm -rf /")
-
-
 def test_layout_of_src_package(tmp_path):
     repo = write_example_package(tmp_path / "m")
     (repo / "docs").mkdir()

@@ -1,4 +1,4 @@
-"""Synthetic SFT demos: mutations of installed packages' functions, solved by the oracle through
+"""Synthetic SFT demos: mutations of source packages' functions, solved by the oracle through
 the harness in real sandboxes, each checked to restore the pristine file."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from looprl.errors import TaskError
 from looprl.harness.format import ChatFormat
 from looprl.models.tokenizer import build_tokenizer
 from looprl.tasks import mutate
@@ -21,28 +22,31 @@ TOOLS = ("grep", "read_file", "edit_file", "finish")
 
 
 @pytest.fixture
-def purelib(tmp_path):
-    """A site-packages with two packages: minicalc (the task package) and helpers."""
-    root = tmp_path / "site-packages"
+def corpus(tmp_path):
+    """Source repositories laid out as ``models.corpus`` makes them: minicalc (the task package),
+    helpers, and tiny (too few files)."""
+    root = tmp_path / "corpus"
     for name in ("minicalc", "helpers"):
-        pkg = root / name
+        pkg = root / name / name
         pkg.mkdir(parents=True)
         (pkg / "__init__.py").write_text("")
         (pkg / "core.py").write_text(CORE)
         (pkg / "more.py").write_text(CORE.replace("def ", "def more_"))
-    (root / "tiny").mkdir()
-    (root / "tiny" / "__init__.py").write_text("")  # too few files: skipped
-    return root
+    (root / "tiny" / "tiny").mkdir(parents=True)
+    (root / "tiny" / "tiny" / "__init__.py").write_text("")
+    return sorted(root.iterdir())
 
 
-def test_repos_exclude_task_packages_and_tiny_ones(purelib, looprl_home):
-    repos = synthetic_repos(exclude=["minicalc==0.1"], purelib=purelib)
+def test_repos_exclude_task_packages_and_tiny_ones(corpus):
+    repos = synthetic_repos(exclude=["minicalc==0.1"], repos=corpus)
     assert [r.name for r in repos] == ["helpers"]
     assert (repos[0] / "helpers" / "core.py").read_text() == CORE  # paths keep the package dir
+    with pytest.raises(TaskError, match="no source repositories"):
+        synthetic_repos(exclude=["minicalc", "helpers"], repos=corpus)
 
 
-def test_items_are_public_single_site_and_balanced(purelib, looprl_home):
-    repos = synthetic_repos(purelib=purelib)
+def test_items_are_public_single_site_and_balanced(corpus, looprl_home):
+    repos = synthetic_repos(repos=corpus)
     items = synthetic_tasks(repos, 12, seed=1)
     assert len(items) == 8 and len({i.task.id for i in items}) == 8  # 2 a file, 4 files
     for i in items:
@@ -58,8 +62,8 @@ def test_items_are_public_single_site_and_balanced(purelib, looprl_home):
 
 
 @pytest.mark.parametrize("kind", [pytest.param("bwrap", marks=needs_bwrap)])
-def test_oracle_demos_undo_the_bug_through_the_harness(purelib, looprl_home, kind):
-    repos = synthetic_repos(purelib=purelib)
+def test_oracle_demos_undo_the_bug_through_the_harness(corpus, looprl_home, kind):
+    repos = synthetic_repos(repos=corpus)
     items = synthetic_tasks(repos, 6, seed=2)
     tok = build_tokenizer(None)
     demos = asyncio.run(oracle_demos([(i.task, i.files) for i in items], tok, tools=TOOLS))
@@ -73,10 +77,10 @@ def test_oracle_demos_undo_the_bug_through_the_harness(purelib, looprl_home, kin
 
 
 @pytest.mark.parametrize("kind", [pytest.param("bwrap", marks=needs_bwrap)])
-def test_a_demo_that_does_not_reach_the_gold_state_is_dropped(purelib, looprl_home, kind):
+def test_a_demo_that_does_not_reach_the_gold_state_is_dropped(corpus, looprl_home, kind):
     import dataclasses
 
-    repos = synthetic_repos(purelib=purelib)
+    repos = synthetic_repos(repos=corpus)
     (item,) = synthetic_tasks(repos, 1, seed=3)
     (path,) = item.files
     pristine = (Path(item.task.repo) / path).read_text()
@@ -102,8 +106,8 @@ def test_a_demo_that_does_not_reach_the_gold_state_is_dropped(purelib, looprl_ho
 
 
 @pytest.mark.parametrize("kind", [pytest.param("bwrap", marks=needs_bwrap)])
-def test_slip_demos_fail_once_then_fix_and_learn_only_the_fix(purelib, looprl_home, kind):
-    repos = synthetic_repos(purelib=purelib)
+def test_slip_demos_fail_once_then_fix_and_learn_only_the_fix(corpus, looprl_home, kind):
+    repos = synthetic_repos(repos=corpus)
     items = synthetic_tasks(repos, 6, seed=2)
     tok = build_tokenizer(None)
     sources = [(i.task, i.files) for i in items]

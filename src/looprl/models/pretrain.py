@@ -1,10 +1,11 @@
-"""Optional next-token pretraining of a local model on the Python source installed in this venv.
+"""Optional next-token pretraining of a local model on Python source (the pinned source corpus).
 
     from looprl.models.pretrain import pretrain
     result = pretrain("~/.cache/looprl/models/default", steps=300)
     result.final_loss, result.loss_png            # the model dir is updated in place
 
-Text: a deterministic sample of site-packages ``.py`` files plus synthetic agent conversations in
+Text: a deterministic sample of the source corpus's ``.py`` files (``models.corpus``: pinned sdists
+from PyPI, so the same on any machine) plus synthetic agent conversations in
 the harness's chat format, tokenized, joined with the end-of-text token and cut into random
 windows. A rich progress bar shows the loss; the curve is saved as ``pretrain_loss.png``.
 
@@ -60,13 +61,15 @@ class PretrainResult:
         return sum(tail) / len(tail)
 
 
-def corpus_tokens(tokenizer, max_chars: int, seed: int,
-                  transcripts: Sequence[Sequence[int]] = ()) -> torch.Tensor:
-    """One long 1-D tensor of token ids: source files, chat examples and ``transcripts`` (token
-    ids as they are, e.g. harness trajectories) separated by EOS, the documents shuffled."""
+def corpus_tokens(tokenizer, max_chars: int, seed: int, transcripts: Sequence[Sequence[int]] = (),
+                  exclude: Sequence[str] = ()) -> torch.Tensor:
+    """One long 1-D tensor of token ids: source files (of the source corpus minus ``exclude``),
+    chat examples and ``transcripts`` (token ids as they are, e.g. harness trajectories)
+    separated by EOS, the documents shuffled."""
     sep = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    docs = [tokenizer.encode(text) for text in [*python_sources(max_chars=max_chars, seed=seed),
-                                                *chat_examples(seed=seed + 1)]]
+    texts = [*python_sources(max_chars=max_chars, seed=seed, exclude=exclude),
+             *chat_examples(seed=seed + 1)]
+    docs = [tokenizer.encode(text) for text in texts]
     docs += [list(t) for t in transcripts]
     random.Random(seed).shuffle(docs)
     ids: list[int] = []
@@ -108,7 +111,8 @@ def pretrain(model_dir: str | Path, *, steps: int = 300, batch: int = 8, seq_len
              lr: float = 3e-3, corpus_chars: int = 4_000_000, bf16: bool = False, seed: int = 0,
              out_dir: str | Path | None = None, show_progress: bool = True,
              num_threads: int | None = None,
-             transcripts: Sequence[Sequence[int]] = (), mtp_heads: int = 0) -> PretrainResult:
+             transcripts: Sequence[Sequence[int]] = (), mtp_heads: int = 0,
+             exclude: Sequence[str] = ()) -> PretrainResult:
     """Train ``steps`` AdamW steps of next-token prediction; save to ``out_dir`` (default: in place).
 
     ``num_threads`` sets torch's intra-op threads for the run (restored after): on a shared 2-core
@@ -117,20 +121,21 @@ def pretrain(model_dir: str | Path, *, steps: int = 300, batch: int = 8, seq_len
     whole agent transcripts teaches the copying the agent needs (a name from the prompt into a
     grep, a path and line from grep into a read, a line from a read into an edit) with a loss on
     every token, not only the ~10% the model samples. ``mtp_heads``: k MTP heads to add and
-    train alongside (0: none added; heads the model dir has are trained either way).
+    train alongside (0: none added; heads the model dir has are trained either way). ``exclude``:
+    packages of the source corpus left out of the text (task packages).
     """
     previous = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
         return _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, out_dir,
-                         show_progress, transcripts, mtp_heads)
+                         show_progress, transcripts, mtp_heads, exclude)
     finally:
         torch.set_num_threads(previous)
 
 
 def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, out_dir,
-              show_progress, transcripts, mtp_heads) -> PretrainResult:
+              show_progress, transcripts, mtp_heads, exclude) -> PretrainResult:
     if steps < 1 or batch < 1 or seq_len < 8:
         raise ConfigError("pretrain needs steps >= 1, batch >= 1 and seq_len >= 8")
     lm = load_model(model_dir, dtype="float32")
@@ -139,7 +144,7 @@ def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, ou
     if heads is None and mtp_heads:
         heads = attach_heads(model, new_heads(model, mtp_heads))
     out = Path(out_dir).expanduser() if out_dir else lm.path
-    data = corpus_tokens(tok, corpus_chars, seed, transcripts)
+    data = corpus_tokens(tok, corpus_chars, seed, transcripts, exclude)
     n_val = max(seq_len * 4, len(data) // 20)
     if len(data) - n_val < seq_len * 2:
         raise ConfigError(f"corpus too small ({len(data)} tokens) for seq_len {seq_len}; raise corpus_chars")

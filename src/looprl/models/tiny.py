@@ -4,7 +4,7 @@
     path = init_default_model("~/.cache/looprl/models/default", size="small")
     # -> config.json, model.safetensors, tokenizer.json, tokenizer_config.json (chat template)
 
-The tokenizer is trained in seconds on a sample of the Python source installed in this venv plus
+The tokenizer is trained in seconds on a sample of the pinned source corpus (``models.corpus``) plus
 synthetic conversations rendered through the harness's chat template (so `<tool_call>` blocks,
 JSON arguments and role headers tokenize compactly). Weights are random until ``pretrain``,
 except for a planted copy (induction) circuit (``plant_copy_circuit``; ``copy_circuit=False``
@@ -24,8 +24,7 @@ import math
 import os
 import random
 import shutil
-import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.errors import ConfigError
+from looprl.models.corpus import iter_corpus
 from looprl.models.loading import hf_progress_bars  # noqa: F401 — HF's bars off unless asked
 from looprl.models.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
@@ -68,36 +68,34 @@ def _package_files(top: Path) -> Iterator[Path]:
         yield from (Path(d) / f for f in sorted(files) if f.endswith(".py"))
 
 
-def python_sources(max_chars: int = 2_000_000, seed: int = 0,
-                   roots: list[Path] | None = None, max_per_package: int = 100_000) -> Iterator[str]:
-    """A deterministic sample of .py files from the venv's site-packages (up to ``max_chars``):
-    top-level packages in a seeded order, at most ``max_per_package`` characters from each, so the
-    mix is varied and only what is read gets walked."""
-    roots = roots or [Path(sysconfig.get_paths()["purelib"])]
-    rng = random.Random(seed)
+def python_sources(max_chars: int = 2_000_000, seed: int = 0, repos: Iterable[Path] | None = None,
+                   exclude: Iterable[str] = (), max_per_package: int = 100_000) -> Iterator[str]:
+    """A deterministic sample of .py files (up to ``max_chars``), at most ``max_per_package``
+    characters from each repository of ``repos``, so the mix is varied and only what is read gets
+    walked. ``repos`` defaults to the pinned source corpus (``models.corpus``) minus ``exclude``
+    in an order seeded by ``seed``: the same text on any machine and any date."""
+    repos = iter_corpus(seed, exclude) if repos is None else repos
     total, found = 0, False
-    for root in roots:
-        tops = sorted(p for p in root.iterdir() if not p.name.startswith((".", "_")))
-        rng.shuffle(tops)
-        for top in tops:
-            taken = 0
-            for f in _package_files(top):
-                try:
-                    text = f.read_text(encoding="utf-8")
-                except (UnicodeDecodeError, OSError):
-                    continue
-                if not text.strip() or len(text) > 100_000:
-                    continue
-                found = True
-                yield text
-                taken += len(text)
-                total += len(text)
-                if total >= max_chars:
-                    return
-                if taken >= max_per_package:
-                    break
+    for repo in repos:
+        taken = 0
+        for f in _package_files(repo):
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            if not text.strip() or len(text) > 100_000:
+                continue
+            found = True
+            yield text
+            taken += len(text)
+            total += len(text)
+            if total >= max_chars:
+                return
+            if taken >= max_per_package:
+                break
     if not found:
-        raise ConfigError(f"no Python files under {roots}; pass roots= with some Python source")
+        raise ConfigError("no Python files in the source repositories given; pass repos= folders "
+                          "with some Python source")
 
 
 _TOOLS = [
@@ -246,7 +244,7 @@ def plant_copy_circuit(model: LlamaForCausalLM, seed: int = 0, *, span: int = 20
         a1.o_proj.weight[:D, :n_v] = alpha * P_v.T
 
 
-INIT_RECIPE = "copy2"
+INIT_RECIPE = "copy2-corpus1"
 """Part of the cache name of default models: bump it when ``init_default_model`` changes."""
 
 

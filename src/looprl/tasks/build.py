@@ -42,6 +42,7 @@ from pathlib import Path
 from looprl import paths
 from looprl.config import FieldError, check_choice
 from looprl.errors import RewardError, SandboxError, TaskError, ToolError
+from looprl.pypi import normalize
 from looprl.rewards.diffs import lines_changed
 from looprl.rewards.tests import (
     OUTPUT_FILE,
@@ -54,7 +55,7 @@ from looprl.rewards.tests import (
 from looprl.tasks import mutate
 from looprl.tasks.coverage import CallMap, def_line, record_coverage
 from looprl.tasks.prompts import Evidence, make_prompt
-from looprl.tasks.sources import PackageSnapshot, normalize
+from looprl.tasks.sources import PackageSnapshot
 from looprl.tasks.timing import stage
 from looprl.types import Grader, Task
 

@@ -20,19 +20,13 @@ from pathlib import Path
 
 from looprl import paths
 from looprl.errors import RewardError, TaskError
+from looprl.pypi import download_sdist, normalize, sha256, unpack
 from looprl.rewards.diffs import lines_changed
 from looprl.rewards.tests import run_tests
 from looprl.tasks.build import BuildConfig, Progress, _module_of, validate_all
 from looprl.tasks.mutate import unified_diff
 from looprl.tasks.prompts import Evidence, make_prompt
-from looprl.tasks.sources import (
-    PackageSnapshot,
-    download_sdist,
-    find_layout,
-    normalize,
-    sha256,
-    unpack,
-)
+from looprl.tasks.sources import PackageSnapshot, find_layout
 from looprl.tasks.timing import stage
 from looprl.types import Grader, Task
 

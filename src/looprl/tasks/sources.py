@@ -6,7 +6,7 @@ tests that pass (twice, in a sandbox with no network).
 
 Layout of the cache (``looprl.paths.sub("packages")``)::
 
-    sdists/NAME-VERSION.tar.gz                     pip download --no-deps --no-binary :all:
+    sdists/NAME-VERSION.tar.gz                     the release's sdist from the index (``looprl.pypi``)
     NAME-VERSION-SHA12-py3.11/repo/                the unpacked sdist (immutable base snapshot)
     NAME-VERSION-SHA12-py3.11/venv/                pytest + runtime deps + inferred test deps
                                                    (installed by uv if present, else pip)
@@ -24,15 +24,10 @@ from __future__ import annotations
 import asyncio
 import configparser
 import email.parser
-import hashlib
 import json
-import os
-import re
 import shutil
 import subprocess
 import sys
-import tarfile
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,6 +36,14 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from looprl import paths
 from looprl.errors import TaskError
+from looprl.pypi import (
+    NOT_SOURCE_DIRS,
+    download_sdist,
+    normalize,
+    parse_spec,
+    sha256,
+    unpack,
+)
 from looprl.rewards.hacking import is_test_path
 from looprl.rewards.tests import TestRun, pytest_command, run_tests
 from looprl.tasks.timing import stage
@@ -52,8 +55,6 @@ _SKIP_DEPS = {"coverage", "pytest-cov", "codecov", "coveralls", "flake8", "mypy"
               "pytest-xdist", "pytest-randomly", "pytest-benchmark", "pytest-codspeed",
               "pytest-mypy-plugins", "pytest-mypy", "pyright", "setuptools-scm"}
 TEST_CONFIG_FILES = ("conftest.py", "pytest.ini", "setup.cfg", "pyproject.toml", "tox.ini")
-_NOT_SOURCE_DIRS = {"docs", "doc", "examples", "example", "benchmarks", "bench", "scripts",
-                    "tools", "build", "dist", ".github", "tests", "test", "testing"}
 _NOT_SOURCE_FILES = {"setup.py", "conftest.py", "noxfile.py", "tasks.py", "fabfile.py",
                      "docs_conf.py", "versioneer.py"}
 MIN_PASSING = 10
@@ -94,89 +95,6 @@ class PackageSnapshot:
         return cls(**{k: tuple(v) if k in tuples else v for k, v in d.items()})
 
 
-def parse_spec(spec: str) -> tuple[str, str | None]:
-    """'NAME==VERSION' -> (NAME, VERSION); 'NAME' -> (NAME, None) meaning the latest release."""
-    name, _, version = spec.strip().partition("==")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or (version and not re.fullmatch(
-            r"[A-Za-z0-9.+!_-]+", version)):
-        raise TaskError(f"bad package spec {spec!r}: write NAME==VERSION, e.g. toolz==1.2.0")
-    return name, version or None
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def _find_sdist(folder: Path, name: str, version: str | None) -> Path | None:
-    stem = normalize(name)
-    for p in sorted(folder.iterdir()):
-        n = p.name.lower()
-        for ext in (".tar.gz", ".zip", ".tar.bz2"):
-            if n.endswith(ext):
-                base = n[: -len(ext)]
-                pname, _, pver = base.rpartition("-")
-                if normalize(pname) == stem and (version is None or pver == version.lower()):
-                    return p
-    return None
-
-
-def download_sdist(name: str, version: str | None) -> Path:
-    """The sdist of NAME==VERSION, downloaded once into ``packages/sdists``."""
-    folder = paths.sub("packages") / "sdists"
-    folder.mkdir(exist_ok=True)
-    if version and (hit := _find_sdist(folder, name, version)):
-        return hit
-    req = f"{name}=={version}" if version else name
-    tmp = folder / f".dl-{os.getpid()}-{normalize(name)}-{version or 'latest'}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                        ":all:", "-q", "-d", str(tmp), req], capture_output=True, text=True)
-    try:
-        if r.returncode != 0:
-            raise TaskError(f"pip download {req} failed (is the name/version right, is PyPI "
-                            f"reachable?): {r.stderr.strip()[-600:]}")
-        got = _find_sdist(tmp, name, version)
-        if got is None:
-            raise TaskError(f"{req}: PyPI has no sdist of it (only wheels); pick another version")
-        dest = folder / got.name
-        os.replace(got, dest)
-        return dest
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def unpack(sdist: Path, dest: Path) -> Path:
-    """Unpack ``sdist`` so that ``dest`` is the package's root directory."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if sdist.name.endswith(".zip"):
-        with zipfile.ZipFile(sdist) as z:
-            z.extractall(tmp)
-    else:
-        with tarfile.open(sdist) as t:
-            t.extractall(tmp, filter="data")
-    entries = list(tmp.iterdir())
-    root = entries[0] if len(entries) == 1 and entries[0].is_dir() else tmp
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(root, dest)
-    shutil.rmtree(tmp, ignore_errors=True)
-    for d in list(dest.rglob("__pycache__")):
-        shutil.rmtree(d, ignore_errors=True)
-    for p in dest.rglob("*"):  # the sandbox user (not root) must read the base
-        if not p.is_symlink():
-            p.chmod(p.stat().st_mode | 0o444 | (0o111 if p.is_dir() else 0))
-    return dest
-
-
 # ------------------------------------------------------------------ layout
 
 
@@ -214,7 +132,7 @@ def find_layout(repo: Path) -> tuple[str, tuple[str, ...], tuple[str, ...], tupl
                 continue
             parts = parts[1:]
         if (f in tests or parts[-1] in _NOT_SOURCE_FILES or parts[-1].startswith("_version")
-                or any(p in _NOT_SOURCE_DIRS for p in parts[:-1])):
+                or any(p in NOT_SOURCE_DIRS for p in parts[:-1])):
             continue
         if len(parts) > 1 and not (repo / f).parent.joinpath("__init__.py").exists():
             continue  # a loose script dir, not an importable package

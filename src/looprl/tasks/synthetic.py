@@ -1,4 +1,4 @@
-"""Synthetic bug-fix demonstrations from the Python source installed in this venv: SFT data that
+"""Synthetic bug-fix demonstrations from the pinned source corpus (``models.corpus``): SFT data that
 teaches a small model to find and fix a bug through the harness tools before RL.
 
     repos = synthetic_repos(exclude={"toolz", "inflection"})       # never a task package
@@ -7,9 +7,8 @@ teaches a small model to find and fix a bug through the harness tools before RL.
                                      tools=("grep", "read_file", "edit_file", "finish")))
 
 An item is one single-site mutation (``mutate.LOCAL_KINDS`` by default: the fix can be read off
-the mutated line) of a public function of an installed package. Its workspace is a real sandbox
-over a hard-linked copy of the package (made once under ``LOOPRL_HOME/synthetic``) with the
-mutated file written in; the prompt names the function in the task styles that need no test
+the mutated line) of a public function of a corpus package. Its workspace is a real sandbox over
+the package's repository (``LOOPRL_HOME/corpus``) with the mutated file written in; the prompt names the function in the task styles that need no test
 output (``bug_report``, ``terse``); the ``OracleAgent`` (grep the ``def``, read it, edit the
 smallest snippet, finish) runs through ``run_agent``, so every demo is token-exact harness data.
 Demos are not graded by tests — there are none — but each is checked (``tasks.demos``): the
@@ -22,19 +21,16 @@ must never be SFT data.
 from __future__ import annotations
 
 import random
-import shutil
-import subprocess
-import sysconfig
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from looprl import paths
 from looprl.errors import TaskError
+from looprl.models.corpus import corpus_repos
+from looprl.pypi import normalize
 from looprl.tasks import mutate
 from looprl.tasks.prompts import Evidence, make_prompt
-from looprl.tasks.sources import normalize
 from looprl.types import Grader, Task
 
 MAX_REPO_FILES = 300
@@ -51,44 +47,18 @@ class SyntheticTask:
     """path -> mutated text, written into the sandbox before the agent starts."""
 
 
-def _package_dirs(purelib: Path) -> Iterable[Path]:
-    for p in sorted(purelib.iterdir()):
-        if p.is_dir() and (p / "__init__.py").is_file() and not p.name.startswith(("_", ".")):
-            yield p
-
-
-def synthetic_repos(exclude: Iterable[str] = (), *, purelib: Path | None = None,
+def synthetic_repos(exclude: Iterable[str] = (), *, repos: Iterable[Path] | None = None,
                     max_files: int = MAX_REPO_FILES) -> list[Path]:
-    """Repos (``LOOPRL_HOME/synthetic/repos/<pkg>``, holding ``<pkg>/...``) of the installed
-    packages with 3..``max_files`` Python files, minus ``exclude`` (distribution or import
-    names, compared normalised). Made once by hard links; cached."""
-    purelib = purelib or Path(sysconfig.get_paths()["purelib"])
-    banned = {normalize(x.split("==")[0]) for x in exclude}
-    root = paths.sub("synthetic") / "repos"
-    out = []
-    for pkg in _package_dirs(purelib):
-        if normalize(pkg.name) in banned:
-            continue
-        py = [f for f in pkg.rglob("*.py") if "__pycache__" not in f.parts]
-        if not 3 <= len(py) <= max_files:
-            continue
-        repo = root / pkg.name
-        if not (repo / pkg.name).is_dir():
-            tmp = root / f".{pkg.name}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            r = subprocess.run(["cp", "-al", str(pkg), str(tmp / pkg.name)], capture_output=True)
-            if r.returncode != 0:  # another filesystem: a real copy
-                shutil.rmtree(tmp / pkg.name, ignore_errors=True)
-                shutil.copytree(pkg, tmp / pkg.name, symlinks=True)
-            for cache in list(tmp.rglob("__pycache__")):
-                shutil.rmtree(cache, ignore_errors=True)
-            shutil.rmtree(repo, ignore_errors=True)
-            tmp.rename(repo)
-        out.append(repo)
+    """The repositories (each holding one import package of its own name) of ``repos`` (the
+    pinned source corpus, ``models.corpus``, by default) with 3..``max_files`` Python files,
+    minus ``exclude`` (distribution or import names, compared normalised)."""
+    banned = {normalize(x.split("==")[0]) for x in exclude if x}
+    repos = corpus_repos(exclude) if repos is None else repos
+    out = [r for r in repos if normalize(r.name) not in banned and (r / r.name).is_dir()
+           and 3 <= sum(1 for _ in (r / r.name).rglob("*.py")) <= max_files]
     if not out:
-        raise TaskError(f"no installed packages under {purelib} are usable for synthetic demos "
-                        f"(3..{max_files} .py files, not excluded)")
+        raise TaskError(f"no source repositories are usable for synthetic demos (3..{max_files} "
+                        ".py files, not excluded)")
     return out
 
 

@@ -111,8 +111,8 @@ class ModelSection:
     size: str = "small"
     """A name in ``looprl.models.tiny.SIZES`` (default model only)."""
     pretrain_steps: int = 0
-    """Next-token pretraining steps on installed Python source before SFT (default model only;
-    0 = skip)."""
+    """Next-token pretraining steps on the pinned source corpus (``models.corpus``) before SFT
+    (default model only; 0 = skip)."""
     mtp_heads: int = 0
     """Multi-token-prediction heads added to the default model and distilled from its own head
     during pretraining (``looprl.models.mtp``; needs ``pretrain_steps``), then kept current by

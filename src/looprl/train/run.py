@@ -137,7 +137,8 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
     tok = load_model(model_dir).tokenizer
     demos, val = stages.split_validation(stages.make_demos(sets.train, tok, cfg),
                                          cfg.demos.validation, cfg.seed)
-    stages.pretrain_model(cfg, model_dir, demos, tok)
+    stages.pretrain_model(cfg, model_dir, demos, tok,
+                          sets.train + sets.heldout + sets.heldout_packages)
     demos = stages.rename_demos(demos, tok, cfg)  # for SFT: pretraining reads the real code
     model = load_model(model_dir).model.to(device)
     turns = {"init": turn_accuracy(model, tok, val).to_json()} if val else {}

@@ -14,7 +14,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,11 +103,19 @@ def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
     return dest
 
 
-def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], tok: Any) -> None:
-    """``model.pretrain_steps`` of next-token pretraining of the default model on installed
-    Python source plus the whole transcripts of ``demos`` (tool output included: a loss on every
-    token, where SFT has one on the model's turns only), and ``model.drills`` copy drills per
-    copying step of ``demos``."""
+def task_packages(cfg: TrainConfig, tasks: Iterable[Task]) -> list[str]:
+    """The packages the config's tasks and ``tasks`` come from: never pretraining text or synthetic
+    demos, since a held-out function's source must never be trained on."""
+    names = {s.split("==")[0] for s in cfg.tasks.train_packages + cfg.tasks.heldout_packages}
+    return sorted(names | {str(t.metadata.get("package", "")) for t in tasks} - {""})
+
+
+def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], tok: Any,
+                   tasks: Iterable[Task] = ()) -> None:
+    """``model.pretrain_steps`` of next-token pretraining of the default model on the source
+    corpus (``models.corpus``, minus the packages of the config and of ``tasks``) plus the whole
+    transcripts of ``demos`` (tool output included: a loss on every token, where SFT has one on
+    the model's turns only), and ``model.drills`` copy drills per copying step of ``demos``."""
     if cfg.model.path or not cfg.model.pretrain_steps:
         return
     from looprl.models.pretrain import pretrain
@@ -120,12 +128,13 @@ def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], t
         console.print(f"pretraining text: + {len(drills):,} copy drills from {len(demos)} demos")
     transcripts = [list(seg.token_ids_T) for d in demos for seg in d.segments]
     pretrain(model_dir, steps=cfg.model.pretrain_steps, transcripts=transcripts + drills,
-             bf16=native_bf16(torch.device("cpu")), mtp_heads=cfg.model.mtp_heads)  # on the CPU
+             bf16=native_bf16(torch.device("cpu")), mtp_heads=cfg.model.mtp_heads,  # on the CPU
+             exclude=task_packages(cfg, tasks))
 
 
 def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
     """The oracle's checked trajectories on the train tasks (``demos.oracle``), then
-    ``demos.synthetic`` more from installed packages, all with the tools RL and evaluation offer
+    ``demos.synthetic`` more from the source corpus, all with the tools RL and evaluation offer
     (they are in the prompt)."""
     from looprl.tasks.demos import oracle_demos
     from looprl.tasks.synthetic import synthetic_repos, synthetic_tasks
@@ -134,9 +143,8 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
     sources: list[tuple[Task, Any]] = [(t, None) for t in train] if cfg.demos.oracle else []
     n_task_sources = len(sources)
     if cfg.demos.synthetic:
-        task_pkgs = [s.split("==")[0] for s in cfg.tasks.train_packages + cfg.tasks.heldout_packages]
-        task_pkgs += sorted({str(t.metadata.get("package", "")) for t in train})
-        items = synthetic_tasks(synthetic_repos(exclude=task_pkgs), cfg.demos.synthetic,
+        items = synthetic_tasks(synthetic_repos(exclude=task_packages(cfg, train)),
+                                cfg.demos.synthetic,
                                 seed=cfg.seed, kinds=tuple(cfg.demos.kinds))
         sources += [(select_code(i.task, i.files) if cfg.tasks.selection else i.task, i.files)
                     for i in items]
