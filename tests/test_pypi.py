@@ -24,3 +24,22 @@ def test_unpack_puts_the_single_top_folder_at_dest(tmp_path):
         t.add(src, arcname="demo-1.0")
     root = pypi.unpack(sdist, tmp_path / "out")
     assert root == tmp_path / "out" and (root / "demo" / "__init__.py").read_text() == "x = 1\n"
+
+
+def test_download_keeps_only_an_sdist_whose_digest_matches(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOPRL_HOME", str(tmp_path / "home"))
+    src = tmp_path / "demo-1.0"
+    src.mkdir()
+    (src / "setup.py").write_text("")
+    built = tmp_path / "built.tar.gz"
+    with tarfile.open(built, "w:gz") as t:
+        t.add(src, arcname="demo-1.0")
+    record = {"filename": "demo-1.0.tar.gz", "url": built.as_uri(), "hashes": {"sha256": "0" * 64}}
+    monkeypatch.setattr(pypi, "_sdist_files", lambda name: [("1.0", record)])
+    with pytest.raises(TaskError, match="does not match"):
+        pypi.download_sdist("demo", "1.0")
+    sdists = tmp_path / "home" / "packages" / "sdists"
+    assert list(sdists.iterdir()) == []  # nothing half-written is kept
+    record["hashes"]["sha256"] = pypi.sha256(built)
+    got = pypi.download_sdist("demo", None)  # no version: the latest final release
+    assert got == sdists / "demo-1.0.tar.gz" and got.read_bytes() == built.read_bytes()

@@ -15,6 +15,7 @@ import re
 import shutil
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -60,8 +61,12 @@ def index_url() -> str:
     return os.environ.get("LOOPRL_INDEX_URL", "https://pypi.org/simple").rstrip("/")
 
 
+_SDIST_NAME = re.compile(r"(?P<name>.+)-(?P<version>[^-]+)\.(?:tar\.gz|zip|tar\.bz2)")
+
+
 def _sdist_files(name: str) -> list[tuple[str, dict]]:
-    """(version, file record) of every sdist of ``name`` on the index that is not yanked."""
+    """(version, file record) of every sdist of ``name`` on the index that is not yanked; a
+    record's ``url`` is absolute (a mirror may give it relative to the project page)."""
     url = f"{index_url()}/{normalize(name).replace('_', '-')}/"
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
@@ -69,7 +74,8 @@ def _sdist_files(name: str) -> list[tuple[str, dict]]:
             files = json.load(r)["files"]
     except urllib.error.HTTPError as e:
         hint = "check the name" if e.code == 404 else "try again later"
-        raise TaskError(f"the package index answered {e.code} for {name!r} ({url}); {hint}") from None
+        raise TaskError(f"the package index answered {e.code} for {name!r} ({url}); "
+                        f"{hint}") from None
     except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError) as e:
         raise TaskError(f"could not read {url} ({e}); is the network up, or set LOOPRL_INDEX_URL "
                         "to a mirror with PEP 691 JSON") from None
@@ -79,11 +85,8 @@ def _sdist_files(name: str) -> list[tuple[str, dict]]:
             continue
         hit = _SDIST_NAME.fullmatch(f["filename"])
         if hit and normalize(hit["name"]) == normalize(name):
-            out.append((hit["version"], f))
+            out.append((hit["version"], {**f, "url": urllib.parse.urljoin(url, f["url"])}))
     return out
-
-
-_SDIST_NAME = re.compile(r"(?P<name>.+)-(?P<version>[^-]+)\.(?:tar\.gz|zip|tar\.bz2)")
 
 
 def _final(version: str) -> Version | None:
@@ -117,7 +120,8 @@ def download_sdist(name: str, version: str | None) -> Path:
     try:
         with urllib.request.urlopen(picked[0]["url"], timeout=120) as r, open(tmp, "wb") as f:
             shutil.copyfileobj(r, f)
-        if sha256(tmp) != picked[0]["hashes"]["sha256"]:
+        want = picked[0].get("hashes", {}).get("sha256")  # PyPI publishes it; a mirror may not
+        if want and sha256(tmp) != want:
             raise TaskError(f"{req}: the downloaded sdist does not match the index's sha256; "
                             "try again")
         os.replace(tmp, dest)

@@ -67,7 +67,8 @@ def _import_packages(root: Path) -> list[Path]:
 
 
 def fetch_repos(spec: str) -> list[Path]:
-    """The repositories (one per import package) of the pinned ``spec``, made once from its sdist."""
+    """The repositories (one per import package) of the pinned ``spec``, made once from its
+    sdist."""
     name, version = parse_spec(spec)
     dest = paths.sub("corpus") / f"{normalize(name)}-{version}"
     if not dest.is_dir():

@@ -8,9 +8,10 @@ teaches a small model to find and fix a bug through the harness tools before RL.
 
 An item is one single-site mutation (``mutate.LOCAL_KINDS`` by default: the fix can be read off
 the mutated line) of a public function of a corpus package. Its workspace is a real sandbox over
-the package's repository (``LOOPRL_HOME/corpus``) with the mutated file written in; the prompt names the function in the task styles that need no test
-output (``bug_report``, ``terse``); the ``OracleAgent`` (grep the ``def``, read it, edit the
-smallest snippet, finish) runs through ``run_agent``, so every demo is token-exact harness data.
+the package's repository (``LOOPRL_HOME/corpus``) with the mutated file written in; the prompt
+names the function in the task styles that need no test output (``bug_report``, ``terse``); the
+``OracleAgent`` (grep the ``def``, read it, edit the smallest snippet, finish) runs through
+``run_agent``, so every demo is token-exact harness data.
 Demos are not graded by tests — there are none — but each is checked (``tasks.demos``): the
 workspace must end identical to the pristine package, i.e. the mutation was undone.
 
