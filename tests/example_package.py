@@ -7,6 +7,7 @@ the task pipeline (real tasks come from PyPI packages through ``sources.py``).
 
 from __future__ import annotations
 
+import tarfile
 from pathlib import Path
 
 CORE = '''"""Small numeric and text helpers."""
@@ -123,3 +124,16 @@ def write_example_package(dest: str | Path) -> Path:
     for p in [root, *root.rglob("*")]:  # the sandbox user must read the base
         p.chmod(0o755 if p.is_dir() else 0o644)
     return root
+
+
+def write_sdist(folder: Path, name: str, files: dict[str, str]) -> Path:
+    """``folder/NAME-1.0.tar.gz``: an sdist whose single top folder ``NAME-1.0`` holds ``files``
+    (repo-relative path -> text)."""
+    src = folder / "build" / f"{name}-1.0"
+    for rel, text in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    out = folder / f"{name}-1.0.tar.gz"
+    with tarfile.open(out, "w:gz") as t:
+        t.add(src, arcname=src.name)
+    return out

@@ -1,11 +1,10 @@
 """Pinned source distributions from PyPI: specs, and unpacking to the package's root."""
 
-import tarfile
-
 import pytest
 
 from looprl import pypi
 from looprl.errors import TaskError
+from tests.example_package import write_sdist
 
 
 def test_parse_spec():
@@ -16,24 +15,14 @@ def test_parse_spec():
 
 
 def test_unpack_puts_the_single_top_folder_at_dest(tmp_path):
-    src = tmp_path / "demo-1.0"
-    (src / "demo").mkdir(parents=True)
-    (src / "demo" / "__init__.py").write_text("x = 1\n")
-    sdist = tmp_path / "demo-1.0.tar.gz"
-    with tarfile.open(sdist, "w:gz") as t:
-        t.add(src, arcname="demo-1.0")
+    sdist = write_sdist(tmp_path, "demo", {"demo/__init__.py": "x = 1\n"})
     root = pypi.unpack(sdist, tmp_path / "out")
     assert root == tmp_path / "out" and (root / "demo" / "__init__.py").read_text() == "x = 1\n"
 
 
 def test_download_keeps_only_an_sdist_whose_digest_matches(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOPRL_HOME", str(tmp_path / "home"))
-    src = tmp_path / "demo-1.0"
-    src.mkdir()
-    (src / "setup.py").write_text("")
-    built = tmp_path / "built.tar.gz"
-    with tarfile.open(built, "w:gz") as t:
-        t.add(src, arcname="demo-1.0")
+    built = write_sdist(tmp_path / "built", "demo", {"setup.py": ""})
     record = {"filename": "demo-1.0.tar.gz", "url": built.as_uri(), "hashes": {"sha256": "0" * 64}}
     monkeypatch.setattr(pypi, "_sdist_files", lambda name: [("1.0", record)])
     with pytest.raises(TaskError, match="does not match"):

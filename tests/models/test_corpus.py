@@ -3,7 +3,6 @@ text on any machine, and never a task package."""
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from looprl import pypi
 from looprl.models import corpus
 from looprl.models.tiny import python_sources
 from looprl.pypi import normalize, parse_spec
+from tests.example_package import write_sdist
 
 CONFIGS = Path(__file__).parents[2] / "src" / "looprl" / "configs"
 
@@ -21,17 +21,6 @@ CONFIGS = Path(__file__).parents[2] / "src" / "looprl" / "configs"
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOPRL_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
-
-
-def _sdist(tmp_path: Path, name: str, files: dict[str, str]) -> Path:
-    src = tmp_path / "build" / f"{name}-1.0"
-    for rel, text in files.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_text(text)
-    out = tmp_path / f"{name}-1.0.tar.gz"
-    with tarfile.open(out, "w:gz") as t:
-        t.add(src, arcname=src.name)
-    return out
 
 
 def test_corpus_is_pinned_sorted_and_never_a_task_package():
@@ -46,11 +35,11 @@ def test_corpus_is_pinned_sorted_and_never_a_task_package():
 
 def test_repos_hold_library_packages_only(tmp_path, home, monkeypatch):
     sdists = {
-        "srcpkg": _sdist(tmp_path, "srcpkg", {"src/alpha/__init__.py": "A = 1\n",
+        "srcpkg": write_sdist(tmp_path, "srcpkg", {"src/alpha/__init__.py": "A = 1\n",
                                               "src/alpha/core.py": "def f():\n    return 1\n",
                                               "tests/__init__.py": "", "docs/conf.py": "x = 1\n",
                                               "setup.py": "import setuptools\n"}),
-        "flat": _sdist(tmp_path, "flat", {"beta/__init__.py": "", "gamma/__init__.py": "",
+        "flat": write_sdist(tmp_path, "flat", {"beta/__init__.py": "", "gamma/__init__.py": "",
                                           "_private/__init__.py": "", "examples/__init__.py": ""}),
     }
     monkeypatch.setattr(corpus, "download_sdist", lambda name, version: sdists[name])

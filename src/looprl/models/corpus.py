@@ -85,7 +85,9 @@ def fetch_repos(spec: str) -> list[Path]:
     return sorted(p for p in dest.iterdir() if p.is_dir())
 
 
-def _banned(exclude: Iterable[str]) -> set[str]:
+def banned_names(exclude: Iterable[str]) -> set[str]:
+    """The normalised names of ``exclude`` (``NAME`` or ``NAME==VERSION``; distribution or
+    import names), as a repository's name is compared with them."""
     return {normalize(x.split("==")[0]) for x in exclude if x}
 
 
@@ -96,7 +98,7 @@ def _kept(specs: Iterable[str], banned: set[str]) -> list[str]:
 def corpus_repos(exclude: Iterable[str] = (), specs: Iterable[str] = CORPUS) -> list[Path]:
     """Every repository of ``specs`` minus the packages in ``exclude`` (``NAME`` or
     ``NAME==VERSION``; distribution or import names), fetched in parallel on first use."""
-    banned = _banned(exclude)
+    banned = banned_names(exclude)
     with ThreadPoolExecutor(8) as pool:
         repos = [r for rs in pool.map(fetch_repos, _kept(specs, banned)) for r in rs]
     return [r for r in repos if normalize(r.name) not in banned]
@@ -106,7 +108,7 @@ def iter_corpus(seed: int, exclude: Iterable[str] = (), specs: Iterable[str] = C
                 ) -> Iterator[Path]:
     """The repositories of ``specs`` minus ``exclude`` in an order seeded by ``seed``, each
     fetched only when reached: a reader that needs little text downloads little."""
-    banned = _banned(exclude)
+    banned = banned_names(exclude)
     order = _kept(specs, banned)
     random.Random(seed).shuffle(order)
     for spec in order:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from looprl.errors import TaskError
-from looprl.models.corpus import corpus_repos
+from looprl.models.corpus import banned_names, corpus_repos
 from looprl.pypi import normalize
 from looprl.tasks import mutate
 from looprl.tasks.prompts import Evidence, make_prompt
@@ -53,7 +53,7 @@ def synthetic_repos(exclude: Iterable[str] = (), *, repos: Iterable[Path] | None
     """The repositories (each holding one import package of its own name) of ``repos`` (the
     pinned source corpus, ``models.corpus``, by default) with 3..``max_files`` Python files,
     minus ``exclude`` (distribution or import names, compared normalised)."""
-    banned = {normalize(x.split("==")[0]) for x in exclude if x}
+    banned = banned_names(exclude)
     repos = corpus_repos(exclude) if repos is None else repos
     out = [r for r in repos if normalize(r.name) not in banned and (r / r.name).is_dir()
            and 3 <= sum(1 for _ in (r / r.name).rglob("*.py")) <= max_files]
