@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import pytest
 
@@ -14,16 +15,21 @@ from looprl.errors import SandboxUnavailableError
 @functools.cache
 def sandbox_unavailable() -> str | None:
     """Why sandboxed tests cannot run here, or None when they can. Checked once a session, so
-    the skip reason says what failed (a check that fails under load skips every sandbox test)."""
+    the skip reason says what failed; tried three times, since a check beside busy sandboxes
+    once failed where one seconds later passed."""
     from looprl.sandbox.bwrap import check_bwrap
 
     if os.geteuid() != 0:
         return "needs root (overlay mounts, per-sandbox uids)"
-    try:
-        check_bwrap()
-    except SandboxUnavailableError as e:
-        return str(e)
-    return None
+    reason = ""
+    for attempt in range(3):
+        try:
+            check_bwrap()
+            return None
+        except SandboxUnavailableError as e:
+            reason = str(e)
+            time.sleep(2 * (attempt + 1))
+    return reason
 
 
 def bwrap_ok() -> bool:
