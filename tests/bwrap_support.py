@@ -21,14 +21,14 @@ def sandbox_unavailable() -> str | None:
 
     if os.geteuid() != 0:
         return "needs root (overlay mounts, per-sandbox uids)"
-    reason = ""
     for attempt in range(3):
+        if attempt:
+            time.sleep(2 * attempt)
         try:
             check_bwrap()
             return None
         except SandboxUnavailableError as e:
             reason = str(e)
-            time.sleep(2 * (attempt + 1))
     return reason
 
 
