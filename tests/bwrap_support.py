@@ -36,6 +36,8 @@ def bwrap_ok() -> bool:
     return sandbox_unavailable() is None
 
 
-needs_bwrap = [pytest.mark.needs_bwrap,
-               pytest.mark.skipif(not bwrap_ok(),
-                                  reason=f"needs a sandbox: {sandbox_unavailable()}")]
+skip_without_sandbox = pytest.mark.skipif(not bwrap_ok(),
+                                          reason=f"needs a sandbox: {sandbox_unavailable()}")
+needs_bwrap = [pytest.mark.needs_bwrap, skip_without_sandbox]
+"""A module's ``pytestmark``; a single test takes ``@pytest.mark.needs_bwrap`` and
+``@skip_without_sandbox``."""

@@ -32,6 +32,7 @@ from looprl.feedback.cycle import (
     withdraw_candidate,
 )
 from looprl.models.tokenizer import build_tokenizer
+from tests.bwrap_support import skip_without_sandbox
 
 from .conftest import add
 
@@ -173,6 +174,8 @@ def test_init_policies_points_at_the_model_until_a_promotion(tmp_path, model_dir
 
 
 @pytest.mark.slow
+@pytest.mark.needs_bwrap
+@skip_without_sandbox
 def test_served_sessions_train_and_gate_end_to_end(tmp_path):
     """Sessions served by a real model engine through the API, user follow-ups as feedback, one
     cycle: a real GRPO step on the engine's own tokens/logprobs, then the bench gate."""
@@ -184,11 +187,8 @@ def test_served_sessions_train_and_gate_end_to_end(tmp_path):
     from looprl.models.tiny import init_default_model
     from looprl.serve.api import ServeConfig, make_app
     from looprl.types import Grader, Task
-    from tests.bwrap_support import bwrap_ok
     from tests.example_package import write_example_package
 
-    if not bwrap_ok():
-        pytest.skip("needs bubblewrap, user namespaces and root")
     model = init_default_model(tmp_path / "m", size="tiny", corpus_chars=50_000, vocab_size=512)
     repo = write_example_package(tmp_path / "minicalc")
     store = FeedbackStore(tmp_path / "fb.db")

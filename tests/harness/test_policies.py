@@ -26,8 +26,8 @@ from looprl.harness.policies import (
 )
 from looprl.harness.tools import make_tools
 from looprl.types import SamplingParams, StopReason, Trajectory
+from tests.bwrap_support import skip_without_sandbox
 
-from .conftest import bwrap_ok
 from .dir_sandbox import DirSandbox, tree_diff
 
 
@@ -197,7 +197,7 @@ def test_scripted_policy_truncates_and_tracks_sessions(tok):
 
 
 @pytest.mark.needs_bwrap
-@pytest.mark.skipif(not bwrap_ok(), reason="needs bubblewrap, user namespaces and root")
+@skip_without_sandbox
 def test_oracle_cli_in_the_real_sandbox(task, repo, tmp_path):
     from typer.testing import CliRunner
 

@@ -36,11 +36,11 @@ def test_corpus_is_pinned_sorted_and_never_a_task_package():
 def test_repos_hold_library_packages_only(tmp_path, home, monkeypatch):
     sdists = {
         "srcpkg": write_sdist(tmp_path, "srcpkg", {"src/alpha/__init__.py": "A = 1\n",
-                                              "src/alpha/core.py": "def f():\n    return 1\n",
-                                              "tests/__init__.py": "", "docs/conf.py": "x = 1\n",
-                                              "setup.py": "import setuptools\n"}),
+                                                   "src/alpha/core.py": "def f():\n    return 1\n",
+                                                   "tests/__init__.py": "", "docs/conf.py": "x = 1\n",
+                                                   "setup.py": "import setuptools\n"}),
         "flat": write_sdist(tmp_path, "flat", {"beta/__init__.py": "", "gamma/__init__.py": "",
-                                          "_private/__init__.py": "", "examples/__init__.py": ""}),
+                                               "_private/__init__.py": "", "examples/__init__.py": ""}),
     }
     monkeypatch.setattr(corpus, "download_sdist", lambda name, version: sdists[name])
     repos = corpus.fetch_repos("srcpkg==1.0")
