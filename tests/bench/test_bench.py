@@ -2,13 +2,15 @@
 graded in sandboxes; then reports, pass@k and the promotion gate."""
 
 import json
+import random
+import statistics
 import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from looprl.bench.cli import app
-from looprl.bench.gate import compare, load
+from looprl.bench.gate import Precision, compare, load, precision
 from looprl.bench.report import pass_at_k, summarize, write_report
 from looprl.bench.run import PolicyFactory, Sample, run_bench
 from looprl.errors import ConfigError
@@ -98,6 +100,47 @@ def test_gate_needs_common_tasks_and_tolerates_noise():
     assert not worse.passed and worse.diffs[0].hi < 0
     with pytest.raises(ConfigError, match="share no task ids"):
         compare(rep([1]), {"per_task": {"other": {}}})
+
+
+def test_precision_predicts_the_spread_of_repeated_evaluations():
+    """Evaluations of fresh task draws (true per-task lift uniform on -0.1 .. 0.3, variance
+    0.0133; k = 3 samples per task and arm): the spread estimated from one evaluation matches the
+    spread of the mean difference over many."""
+    rng = random.Random(0)
+
+    def evaluation(n: int = 100, k: int = 3) -> tuple[dict, dict]:
+        a, b = {}, {}
+        for i in range(n):
+            pa = rng.uniform(0.1, 0.5)
+            pb = pa + rng.uniform(-0.1, 0.3)
+            for rep, p in ((a, pa), (b, pb)):
+                rep[f"t{i}"] = {"n": k, "pass@1": sum(rng.random() < p for _ in range(k)) / k}
+        return {"per_task": a}, {"per_task": b}
+
+    runs = [evaluation() for _ in range(400)]
+    diffs = [statistics.fmean(b["per_task"][t]["pass@1"] - a["per_task"][t]["pass@1"]
+                              for t in a["per_task"]) for a, b in runs]
+    observed = 1.96 * statistics.stdev(diffs)
+    est = [precision(a, b) for a, b in runs]
+    assert all(e is not None and e.n_tasks == 100 and e.k == 3 for e in est)
+    assert statistics.fmean(e.half_width() for e in est) == pytest.approx(observed, rel=0.1)
+    large = precision(*evaluation(n=5000))
+    assert large is not None and large.between == pytest.approx(0.4 ** 2 / 12, rel=0.15)
+    # The sizes it proposes reach the target, one fewer does not.
+    e = est[0]
+    n = e.tasks_for(0.03)
+    assert e.half_width(n_tasks=n) <= 0.03 < e.half_width(n_tasks=n - 1)
+    k = e.samples_for(0.05)
+    assert k is not None and e.half_width(k=k) <= 0.05 < e.half_width(k=max(k - 1, 1e-9))
+
+
+def test_precision_says_when_no_sample_count_is_enough():
+    wide = Precision(n_tasks=100, k=3, between=0.05, sampling=0.12)
+    assert wide.samples_for(0.03) is None
+    assert "no k on these 100 tasks (±4.4 at best)" in wide.markdown()
+    assert "takes 385 tasks at k = 3" in wide.markdown()
+    one_sample = {"per_task": {"t0": {"n": 1, "pass@1": 1.0}, "t1": {"n": 1, "pass@1": 0.0}}}
+    assert precision(one_sample, one_sample) is None  # no task tells noise from spread
 
 
 def test_policy_specs_are_checked():

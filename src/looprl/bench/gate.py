@@ -7,11 +7,16 @@ Tasks are resampled with replacement (paired: both reports on the same task ids)
 how much of a difference could be task-set noise. The gate passes when the candidate's pass@1 is
 not worse than the base by more than ``max_drop`` at the CI's lower bound
 (non-inferiority), and, if ``min_gain`` > 0, when the lower bound also exceeds ``min_gain``.
+
+``precision`` splits the pass@1 difference's variance into the spread of the true per-task
+differences and the noise of k samples per task, to say what an evaluation must cost for a given
+interval: more samples shrink only the second part, more tasks shrink both.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from dataclasses import dataclass
@@ -48,12 +53,85 @@ class MetricDiff:
     """95% paired bootstrap interval of diff."""
 
 
+Z95 = 1.96
+"""The normal quantile of a two-sided 95% interval."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How wide the 95% interval of a pass@1 difference is, and would be with other sizes.
+
+    The variance of one task's observed difference is ``between + sampling / k``: the variance
+    over tasks of the true differences, plus each sample's pass/fail noise (p(1-p) of both
+    arms) averaged over the k samples. Its mean over n tasks has 1.96 x sqrt(that / n) as the
+    interval's half-width (normal approximation of the paired bootstrap).
+    """
+
+    n_tasks: int
+    k: int
+    between: float
+    sampling: float
+
+    def half_width(self, n_tasks: int | None = None, k: int | None = None) -> float:
+        n, kk = n_tasks or self.n_tasks, k or self.k
+        return Z95 * math.sqrt((self.between + self.sampling / kk) / n)
+
+    def tasks_for(self, half_width: float, k: int | None = None) -> int:
+        """The fewest tasks whose interval is at most ``half_width`` with ``k`` samples each."""
+        kk = k or self.k
+        return math.ceil(Z95 ** 2 * (self.between + self.sampling / kk) / half_width ** 2)
+
+    def samples_for(self, half_width: float) -> int | None:
+        """The fewest samples per task that reach ``half_width`` on these tasks; None when even
+        infinitely many would not (the between-task spread alone is wider)."""
+        room = half_width ** 2 * self.n_tasks / Z95 ** 2 - self.between
+        if room <= 0:
+            return None
+        return max(1, math.ceil(self.sampling / room))
+
+    def markdown(self, target: float = 0.03) -> str:
+        pts = f"±{target * 100:g} points"
+        by_k = self.samples_for(target)
+        k_part = (f"k = {by_k} on these {self.n_tasks}" if by_k is not None else
+                  f"no k on these {self.n_tasks} tasks (±{self.half_width(k=10 ** 9) * 100:.1f} "
+                  "at best)")
+        return (f"pass@1 interval ±{self.half_width() * 100:.1f} points on {self.n_tasks} tasks x "
+                f"{self.k} (variance over tasks {self.between:.4f}, per sample {self.sampling:.3f}); "
+                f"{pts} takes {self.tasks_for(target)} tasks at k = {self.k}, or {k_part}.")
+
+
+def precision(a: dict[str, Any], b: dict[str, Any]) -> Precision | None:
+    """``Precision`` of pass@1(b) - pass@1(a) over their common tasks (None when fewer than
+    two tasks, or no task has two graded samples in both reports, to tell noise from spread)."""
+    common = sorted(set(a["per_task"]) & set(b["per_task"]))
+    rows = [(a["per_task"][t], b["per_task"][t]) for t in common]
+    if len(rows) < 2:
+        return None
+
+    def noise(r: dict[str, Any]) -> tuple[float, int]:
+        """Unbiased p(1-p) of one sample, and the samples it came from."""
+        n, p = int(r.get("n", 1)), float(r["pass@1"])
+        return (p * (1 - p) * n / (n - 1) if n > 1 else math.nan), n
+
+    diffs = [float(y["pass@1"]) - float(x["pass@1"]) for x, y in rows]
+    noises = [(noise(x), noise(y)) for x, y in rows]
+    known = [(sx, nx, sy, ny) for (sx, nx), (sy, ny) in noises if nx > 1 and ny > 1]
+    if not known:
+        return None
+    sampling = statistics.fmean(sx + sy for sx, _, sy, _ in known)
+    of_mean = statistics.fmean(sx / nx + sy / ny for sx, nx, sy, ny in known)
+    between = max(statistics.variance(diffs) - of_mean, 0.0)
+    k = round(statistics.fmean(nx + ny for _, nx, _, ny in known) / 2)
+    return Precision(len(rows), k, between, sampling)
+
+
 @dataclass(frozen=True)
 class Comparison:
     n_tasks: int
     diffs: tuple[MetricDiff, ...]
     passed: bool
     reason: str
+    precision: Precision | None = None
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -100,7 +178,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 2000, seed: i
         ok, why = False, f"pass@1 gain not shown: CI lower bound {p1.lo:+.3f} <= {min_gain}"
     else:
         ok, why = True, f"pass@1 diff {p1.diff:+.3f}, 95% CI [{p1.lo:+.3f}, {p1.hi:+.3f}]"
-    return Comparison(len(common), tuple(diffs), ok, why)
+    return Comparison(len(common), tuple(diffs), ok, why, precision(a, b))
 
 
 def comparison_markdown(c: Comparison) -> str:
@@ -112,4 +190,6 @@ def comparison_markdown(c: Comparison) -> str:
         verdict = "B" if better else ("A" if worse else "=")
         lines.append(f"| {d.metric} | {d.a:.4g} | {d.b:.4g} | {d.diff:+.4g} | "
                      f"[{d.lo:+.4g}, {d.hi:+.4g}] | {verdict} |")
+    if c.precision:
+        lines += ["", c.precision.markdown()]
     return "\n".join(lines)

@@ -91,7 +91,8 @@ def _eval_table(title: str, a: dict[str, Any], b: dict[str, Any], cmp: Compariso
     p1 = cmp.diffs[0]
     return [f"## {title}", "",
             f"{cmp.n_tasks} tasks x {a.get('k', 1)} samples. pass@1 RL - {start_label}: "
-            f"{p1.diff:+.3f} (95% CI [{p1.lo:+.3f}, {p1.hi:+.3f}]).", "", *md, ""]
+            f"{p1.diff:+.3f} (95% CI [{p1.lo:+.3f}, {p1.hi:+.3f}]).", "", *md, "",
+            *([cmp.precision.markdown(), ""] if cmp.precision else [])]
 
 
 def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, *,
