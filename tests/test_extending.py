@@ -32,6 +32,25 @@ def test_the_extending_example_trains_with_its_own_tool_reward_and_tasks(tmp_pat
     task = json.loads((run / "tasks" / "train.jsonl").read_text().splitlines()[0])
     assert task["repo"].startswith(str(EXAMPLE / "repos"))
 
+    # An RL arm from this run's start (scripts/rl_arm.py): RL again with another learning rate,
+    # the start stages taken as they are.
+    script = EXAMPLE.parent.parent / "scripts" / "rl_arm.py"
+    refused = subprocess.run([sys.executable, str(script), str(run), "--name", "arm",
+                              "-o", "sft.max_steps=5"], cwd=EXAMPLE, capture_output=True, text=True)
+    assert refused.returncode != 0 and "may not change" in refused.stderr
+    assert not (tmp_path / "arm").exists()
+    out = subprocess.run([sys.executable, str(script), str(run), "--name", "arm",
+                          "-o", "grpo.lr=2e-4", "-o", "loop.max_steps=1"],
+                         cwd=EXAMPLE, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    arm = tmp_path / "arm"
+    assert json.loads((arm / "config.json").read_text())["grpo"]["lr"] == 2e-4
+    assert (arm / "eval_start.json").read_text() == (run / "eval_start.json").read_text()
+    assert "SFT on" not in out.stdout  # the start model was taken, not trained again
+    assert [json.loads(x)["step"] for x in (arm / "metrics.jsonl").read_text().splitlines()
+            if "step" in json.loads(x)] == [1]
+    assert out.stdout.splitlines()[-1].startswith("arm_minus_base=")
+
 
 def test_the_plugin_tool_runs_in_a_real_sandbox(tmp_path):
     from looprl.harness.tools.base import ToolContext

@@ -1,0 +1,86 @@
+"""One RL arm from the start of a finished ``looprl train`` run: what does this RL change make of
+the same start model, on the same tasks, measured against the same start evaluation?
+
+    .venv/bin/python scripts/rl_arm.py runs/quickstart --name lr3e4 -o grpo.lr=3e-4
+
+The arm is a run of its own, ``RUNS/NAME`` beside ``RUN``: it takes ``RUN``'s tasks, start model
+(``model_start/``, ``start.json``, the validation demos) and start evaluations, and the config
+``RUN`` saved with the ``-o`` overrides; ``looprl train`` then finds those stages done and runs
+RL, the RL evaluation and the report. Overrides may change RL (``grpo``, ``loop``, ``rollout``,
+``reward``, ``trainer``, ...), not what the arm copies: the tasks, the start model and how it was
+made, or the evaluation (``tasks``, ``model``, ``demos``, ``sft``, ``eval``, ``seed``); those need
+a run of their own (or ``scripts/sft_probe.py`` for an SFT change).
+
+Last lines: the arm's report line, then the arm's RL model against ``RUN``'s, paired over the
+same held-out tasks (when ``RUN`` has its RL evaluation):
+``arm_minus_base=… arm_minus_base_ci_low=… arm_minus_base_ci_high=…``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from looprl.bench.gate import compare, load
+from looprl.config import apply_overrides, from_dict
+from looprl.train.config import TrainConfig
+from looprl.train.run import run
+
+COPIED = ("tasks", "model_start", "start.json", "demos_validation.jsonl", "eval_start.json",
+          "eval_start_packages.json", "trajectories/eval_start.jsonl",
+          "trajectories/eval_start_packages.jsonl")
+"""What the arm takes from the base run (those present): the stages before RL."""
+
+FIXED = ("tasks", "model", "demos", "sft", "eval", "seed")
+"""Config sections an arm may not override: they made (or measure) what it copies."""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", type=Path, help="a run directory with its start evaluated "
+                    "(config.json, start.json, model_start/, tasks/, eval_start.json)")
+    ap.add_argument("--name", required=True, help="the arm's name: its run is RUN/../NAME")
+    ap.add_argument("-o", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args()
+
+    missing = [n for n in ("config.json", "start.json", "model_start/config.json",
+                           "tasks/train.jsonl", "eval_start.json") if not (args.run / n).is_file()]
+    if missing:
+        raise SystemExit(f"{args.run} is not a run whose start was evaluated (no "
+                         f"{', '.join(missing)}); give a directory `looprl train` wrote, once it "
+                         "has reached RL")
+    fixed = [o for o in args.overrides if o.split("=", 1)[0].split(".")[0] in FIXED]
+    if fixed:
+        raise SystemExit(f"-o {fixed[0].split('=', 1)[0]}: an arm starts from {args.run}'s tasks, "
+                         f"start model and start evaluation, so it may not change "
+                         f"{', '.join(FIXED)}; change RL only (grpo, loop, rollout, reward, ...)")
+    if any(o.split("=", 1)[0] == "name" for o in args.overrides):
+        raise SystemExit("give the arm's name with --name, not -o name=...")
+    arm = args.run.parent / args.name
+    if arm.exists():
+        raise SystemExit(f"{arm} exists; pick another --name")
+    cfg = from_dict(TrainConfig, apply_overrides(
+        json.loads((args.run / "config.json").read_text()), [*args.overrides, f"name={args.name}"]))
+
+    (arm / "trajectories").mkdir(parents=True)
+    for name in COPIED:
+        src = args.run / name
+        if src.is_dir():
+            shutil.copytree(src, arm / name)
+        elif src.is_file():
+            shutil.copy2(src, arm / name)
+    report = run(cfg, args.run.parent)
+    if report is None:
+        return
+    print(report.read_text().splitlines()[-1])
+    if (args.run / "eval_rl.json").is_file():
+        c = compare(load(args.run / "eval_rl.json"), load(arm / "eval_rl.json"), seed=cfg.seed)
+        d = c.diffs[0]
+        print(f"arm_minus_base={d.diff:.4f} arm_minus_base_ci_low={d.lo:.4f} "
+              f"arm_minus_base_ci_high={d.hi:.4f}")
+
+
+if __name__ == "__main__":
+    main()
