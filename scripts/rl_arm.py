@@ -9,7 +9,8 @@ The arm is a run of its own, ``RUNS/NAME`` beside ``RUN``: it takes ``RUN``'s ta
 RL, the RL evaluation and the report. Overrides may change RL (``grpo``, ``loop``, ``rollout``,
 ``reward``, ``trainer``, ...), not what the arm copies: the tasks, the start model and how it was
 made, or the evaluation (``tasks``, ``model``, ``demos``, ``sft``, ``eval``, ``seed``); those need
-a run of their own (or ``scripts/sft_probe.py`` for an SFT change).
+a run of their own (or ``scripts/sft_probe.py`` for an SFT change). Where the model runs
+(``model.threads``, ``model.rl_threads``, ``model.device``) may change.
 
 Last lines: the arm's report line, then the arm's RL model against ``RUN``'s, paired over the
 same held-out tasks (when ``RUN`` has its RL evaluation):
@@ -35,6 +36,8 @@ COPIED = ("tasks", "model_start", "start.json", "demos_validation.jsonl", "eval_
 
 FIXED = ("tasks", "model", "demos", "sft", "eval", "seed")
 """Config sections an arm may not override: they made (or measure) what it copies."""
+RUNTIME = ("model.threads", "model.rl_threads", "model.device")
+"""Fields of those sections that say where the copied model runs, not what it is: free."""
 
 
 def main() -> None:
@@ -51,7 +54,8 @@ def main() -> None:
         raise SystemExit(f"{args.run} is not a run whose start was evaluated (no "
                          f"{', '.join(missing)}); give a directory `looprl train` wrote, once it "
                          "has reached RL")
-    fixed = [o for o in args.overrides if o.split("=", 1)[0].split(".")[0] in FIXED]
+    fixed = [o for o in args.overrides if o.split("=", 1)[0].split(".")[0] in FIXED
+             and o.split("=", 1)[0] not in RUNTIME]
     if fixed:
         raise SystemExit(f"-o {fixed[0].split('=', 1)[0]}: an arm starts from {args.run}'s tasks, "
                          f"start model and start evaluation, so it may not change "
