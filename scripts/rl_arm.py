@@ -54,13 +54,13 @@ def main() -> None:
         raise SystemExit(f"{args.run} is not a run whose start was evaluated (no "
                          f"{', '.join(missing)}); give a directory `looprl train` wrote, once it "
                          "has reached RL")
-    fixed = [o for o in args.overrides if o.split("=", 1)[0].split(".")[0] in FIXED
-             and o.split("=", 1)[0] not in RUNTIME]
+    keys = [o.split("=", 1)[0] for o in args.overrides]
+    fixed = [k for k in keys if k.split(".")[0] in FIXED and k not in RUNTIME]
     if fixed:
-        raise SystemExit(f"-o {fixed[0].split('=', 1)[0]}: an arm starts from {args.run}'s tasks, "
+        raise SystemExit(f"-o {fixed[0]}: an arm starts from {args.run}'s tasks, "
                          f"start model and start evaluation, so it may not change "
                          f"{', '.join(FIXED)}; change RL only (grpo, loop, rollout, reward, ...)")
-    if any(o.split("=", 1)[0] == "name" for o in args.overrides):
+    if "name" in keys:
         raise SystemExit("give the arm's name with --name, not -o name=...")
     arm = args.run.parent / args.name
     if arm.exists():

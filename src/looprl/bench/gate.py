@@ -109,13 +109,13 @@ def precision(a: dict[str, Any], b: dict[str, Any]) -> Precision | None:
         return None
 
     def noise(r: dict[str, Any]) -> tuple[float, int]:
-        """Unbiased p(1-p) of one sample, and the samples it came from."""
-        n, p = int(r.get("n", 1)), float(r["pass@1"])
-        return (p * (1 - p) * n / (n - 1) if n > 1 else math.nan), n
+        """Unbiased p(1-p) of one sample (n > 1 samples), and n."""
+        n, p = int(r["n"]), float(r["pass@1"])
+        return p * (1 - p) * n / (n - 1), n
 
     diffs = [float(y["pass@1"]) - float(x["pass@1"]) for x, y in rows]
-    noises = [(noise(x), noise(y)) for x, y in rows]
-    known = [(sx, nx, sy, ny) for (sx, nx), (sy, ny) in noises if nx > 1 and ny > 1]
+    known = [(*noise(x), *noise(y)) for x, y in rows
+             if int(x.get("n", 1)) > 1 and int(y.get("n", 1)) > 1]
     if not known:
         return None
     sampling = statistics.fmean(sx + sy for sx, _, sy, _ in known)
