@@ -9,8 +9,9 @@ The arm is a run of its own, ``RUNS/NAME`` beside ``RUN``: it takes ``RUN``'s ta
 RL, the RL evaluation and the report. Overrides may change RL (``grpo``, ``loop``, ``rollout``,
 ``reward``, ``trainer``, ...), not what the arm copies: the tasks, the start model and how it was
 made, or the evaluation (``tasks``, ``model``, ``demos``, ``sft``, ``eval``, ``seed``); those need
-a run of their own (or ``scripts/sft_probe.py`` for an SFT change). Where the model runs
-(``model.threads``, ``model.rl_threads``, ``model.device``) may change.
+a run of their own (or ``scripts/sft_probe.py`` for an SFT change). Where and how the model
+runs (``model.threads``, ``model.rl_threads``, ``model.device``, ``model.speculative``,
+``model.lookup``) may change.
 
 Last lines: the arm's report line, then the arm's RL model against ``RUN``'s, paired over the
 same held-out tasks (when ``RUN`` has its RL evaluation):
@@ -36,8 +37,8 @@ COPIED = ("tasks", "model_start", "start.json", "demos_validation.jsonl", "eval_
 
 FIXED = ("tasks", "model", "demos", "sft", "eval", "seed")
 """Config sections an arm may not override: they made (or measure) what it copies."""
-RUNTIME = ("model.threads", "model.rl_threads", "model.device")
-"""Fields of those sections that say where the copied model runs, not what it is: free."""
+RUNTIME = ("model.threads", "model.rl_threads", "model.device", "model.speculative", "model.lookup")
+"""Fields of those sections that say where and how the copied model runs, not what it is: free."""
 
 
 def main() -> None:

@@ -56,13 +56,14 @@ def test_drills_without_pretraining_are_refused_at_load(override):
 @pytest.mark.parametrize("override,says", [
     (["model.mtp_heads=2", "model.pretrain_steps=0"], "model.mtp_heads"),
     (["model.mtp_heads=-1"], "model.mtp_heads"),
-    (["model.speculative=always"], "model.speculative must be one of auto, off, on")])
+    (["model.speculative=always"], "model.speculative must be one of auto, off, on"),
+    (["model.lookup=-2"], "model.lookup .* must be >= 0")])
 def test_mtp_and_speculation_settings_are_checked_at_load(override, says):
     with pytest.raises(ConfigError, match=says):
         load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"), override)
     ok = load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"),
-                     ["model.mtp_heads=2", "model.speculative=off"])
-    assert (ok.model.mtp_heads, ok.model.speculative) == (2, "off")
+                     ["model.mtp_heads=2", "model.speculative=off", "model.lookup=6"])
+    assert (ok.model.mtp_heads, ok.model.speculative, ok.model.lookup) == (2, "off", 6)
 
 
 @pytest.mark.parametrize("override,says", [

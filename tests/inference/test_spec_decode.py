@@ -1,5 +1,6 @@
-"""Speculative decoding with MTP heads: exact (greedy tokens identical to plain decoding, sampled
-tokens from the same distribution), through sessions, groups and weight swaps; ``auto`` mode."""
+"""Speculative decoding with MTP heads and prompt lookup: exact (greedy tokens identical to plain
+decoding, sampled tokens from the same distribution), through sessions, groups and weight swaps;
+``auto`` mode."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from looprl.errors import ConfigError
-from looprl.inference.spec import Draft, SpecController, accept
+from looprl.inference.spec import Draft, Drafter, NgramIndex, SpecController, accept
 from looprl.inference.torch_engine import TorchEngine
 from looprl.models.mtp import attach_heads, heads_of, new_heads, train_heads
 from looprl.types import SamplingParams
@@ -153,10 +154,89 @@ def test_engine_on_without_heads_is_a_config_error():
         TorchEngine(model, tok, speculative="on")
 
 
+# -- prompt lookup -------------------------------------------------------------------------------
+def test_ngram_index_proposes_what_followed_the_longest_earlier_match():
+    ix = NgramIndex([1, 2, 3, 9, 2, 3, 4, 5, 7, 3], max_n=3)
+    assert ix.propose(2) == [4, 5]  # "3" last occurred before "4 5" (the most recent wins)
+    ix.extend([4, 5])
+    assert ix.propose(3) == [7, 3, 4]  # "3 4 5" occurred before, followed by "7 3 4"
+    ix.extend([8])
+    assert ix.propose(3) == []  # "8" is new
+    assert NgramIndex([]).propose(4) == [] and NgramIndex([6]).propose(4) == []
+
+
+def test_looked_up_drafts_are_accepted_with_the_targets_probability():
+    # A looked-up token d is a point-mass draft: accepted with probability p(d), and the
+    # emitted token (d, or the residual's when rejected) follows p, through Drafter and accept.
+    model, _ = make_tiny("llama")
+    drafter = Drafter(model, None, lookup=1)
+    V, N, d = model.config.vocab_size, 40_000, 7
+    logits_V = torch.full((V,), -30.0)
+    logits_V[:6] = torch.tensor([2.0, 1.5, 0.3, 0.0, -1.0, 0.7])
+    logits_V[d] = 1.0
+    g = torch.Generator().manual_seed(0)
+    temps, top_ps = torch.ones(N), torch.ones(N)
+    draft = drafter.draft(torch.zeros(N, 64), [0] * N, temps, top_ps, torch.rand(N, 1, generator=g),
+                          [[d]] * N)
+    assert draft.tokens_B_K.unique().tolist() == [d] and torch.equal(draft.probs_B_K_V.sum(-1), torch.ones(N, 1))
+    out = accept(logits_V.expand(N, 2, V).clone(), draft, temps, top_ps, torch.rand(N, 1, generator=g),
+                 torch.rand(N, generator=g))
+    p_V = torch.softmax(logits_V, -1)
+    assert abs(sum(out.accepted_B) / N - float(p_V[d])) < 0.01
+    first = torch.bincount(torch.tensor([t[0] for t in out.tokens_B_T]), minlength=V).float()
+    support = p_V > 1e-6
+    assert first[~support].sum() == 0
+    assert chi2_pvalue(first[support], N * p_V[support]) > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lookup_without_heads_is_exact_over_turns_and_saves_steps(arch, engine_of):
+    # Tiny random models fall into loops when decoding greedily: their own output repeats, which
+    # is what lookup drafts from. Same tokens and logprobs as plain decoding, fewer steps.
+    model, tok = make_tiny(arch)
+    assert heads_of(model) is None
+
+    async def rollouts(engine):
+        async def one(i):
+            out, ctx = [], list(PROMPTS[i])
+            for _ in range(2):
+                g = await engine.generate(ctx, SamplingParams(max_new_tokens=40, temperature=0.0),
+                                          session_id=f"t{i}", group_id="g" if i < 2 else None)
+                out.append(g)
+                ctx += list(g.token_ids) + PROMPTS[i][:5]  # a "tool output" that repeats the prompt
+            return out
+        return await asyncio.gather(*[one(i) for i in range(4)])
+
+    spec = engine_of(model, tok, speculative="on", lookup=4)
+    plain = engine_of(model, tok, speculative="off")
+    got, ref = run(rollouts(spec)), run(rollouts(plain))
+    for a_turns, b_turns in zip(got, ref, strict=True):
+        for a, b in zip(a_turns, b_turns, strict=True):
+            assert a.token_ids == b.token_ids
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    m = spec.metrics()
+    # rows whose lookup came up shorter than the longest pad theirs with filler
+    assert m["engine/spec/looked_up_fraction"] > 0.3 and 0 < m["engine/spec/acceptance"] < 1
+    assert spec.stats.decode_steps < plain.stats.decode_steps
+
+
+def test_lookup_config_errors():
+    model, tok = make_tiny("llama")
+    with pytest.raises(ConfigError, match="lookup=-1"):
+        TorchEngine(model, tok, lookup=-1)
+    e = TorchEngine(model, tok, speculative="on", lookup=3)  # no heads needed
+    try:
+        assert e.spec.max_draft == 3
+    finally:
+        e.close()
+
+
 # -- the engine ----------------------------------------------------------------------------------
-def test_greedy_identical_with_and_without_speculation(tiny_heads, engine_of):
+@pytest.mark.parametrize("lookup", [0, 4])
+def test_greedy_identical_with_and_without_speculation(tiny_heads, engine_of, lookup):
     model, tok = tiny_heads
-    spec, plain = engine_of(model, tok, speculative="on"), engine_of(model, tok, speculative="off")
+    spec = engine_of(model, tok, speculative="on", lookup=lookup)
+    plain = engine_of(model, tok, speculative="off")
     prompts = PROMPTS
 
     async def gens(engine):
@@ -170,9 +250,12 @@ def test_greedy_identical_with_and_without_speculation(tiny_heads, engine_of):
     assert m["engine/spec/on_fraction"] == 1.0
     assert 0.1 < m["engine/spec/acceptance"] < 0.9  # drafts both accepted and rejected
     assert spec.stats.decode_steps < plain.stats.decode_steps
+    if lookup:  # looked-up tokens took some positions, the heads the others
+        assert 0 < m["engine/spec/looked_up_fraction"] < 1
 
 
-def test_multi_turn_sessions_and_group_prefix_identical(tiny_heads, engine_of):
+@pytest.mark.parametrize("lookup", [0, 4])
+def test_multi_turn_sessions_and_group_prefix_identical(tiny_heads, engine_of, lookup):
     model, tok = tiny_heads
     p = PROMPTS[0]
 
@@ -188,7 +271,8 @@ def test_multi_turn_sessions_and_group_prefix_identical(tiny_heads, engine_of):
             return turns
         return await asyncio.gather(*[one(i) for i in range(3)])
 
-    spec, plain = engine_of(model, tok, speculative="on"), engine_of(model, tok, speculative="off")
+    spec = engine_of(model, tok, speculative="on", lookup=lookup)
+    plain = engine_of(model, tok, speculative="off")
     got, ref = run(rollouts(spec)), run(rollouts(plain))
     for a_turns, b_turns in zip(got, ref, strict=True):
         for a, b in zip(a_turns, b_turns, strict=True):
@@ -198,12 +282,13 @@ def test_multi_turn_sessions_and_group_prefix_identical(tiny_heads, engine_of):
     assert spec.stats.reused_group_tokens == 2 * len(p)
 
 
-def test_weight_swap_mid_generation_swaps_heads_and_stays_exact(tiny_heads, engine_of):
+@pytest.mark.parametrize("lookup", [0, 4])
+def test_weight_swap_mid_generation_swaps_heads_and_stays_exact(tiny_heads, engine_of, lookup):
     model, tok = tiny_heads
     new_sd = {k: v + 0.02 * torch.randn_like(v) for k, v in model.state_dict().items()
               if k.endswith("mlp.down_proj.weight") or k.startswith("mtp_heads.")}
     p = PROMPTS[2]
-    spec = engine_of(copy.deepcopy(model), tok, speculative="on")
+    spec = engine_of(copy.deepcopy(model), tok, speculative="on", lookup=lookup)
 
     async def swapped():
         task = asyncio.create_task(spec.generate(p, SamplingParams(max_new_tokens=120, temperature=0.0),
@@ -249,22 +334,30 @@ def test_auto_engine_measures_every_draft_length_and_stays_exact(tiny_heads, eng
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.8, 0.9)])
-def test_sampled_tokens_follow_the_models_distribution(temperature, top_p, engine_of):
+@pytest.mark.parametrize("temperature,top_p,lookup", [(1.0, 1.0, 0), (0.8, 0.9, 0), (1.0, 1.0, 2)])
+def test_sampled_tokens_follow_the_models_distribution(temperature, top_p, lookup, engine_of):
     # N rollouts of 3 tokens from one prompt: token 1 comes from the prefill, tokens 2-3 from
     # one speculative step (drafted, verified, accepted or resampled). Their joint law must be
     # the model's: p(x1) p(x2 | x1) p(x3 | x1 x2), each tempered and nucleus-truncated.
     # logits x3: a few sequences carry enough mass for expected counts >= 5 at N = 2000
     model, tok = with_heads(temperature=1.0, logit_scale=3.0)
-    engine = engine_of(model, tok, speculative="on", max_batch=64)
+    engine = engine_of(model, tok, speculative="on", max_batch=64, lookup=lookup)
     p, N = PROMPTS[1], 2000
+    if lookup:  # the prompt holds its likely continuation: a row that samples it looks it up
+        with torch.no_grad():
+            x = torch.tensor([p])
+            cont = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8,
+                                  do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+        p = p + cont + p
     params = [SamplingParams(max_new_tokens=3, temperature=temperature, top_p=top_p, seed=i) for i in range(N)]
 
     async def sample():
         return await asyncio.gather(*[engine.generate(p, x, group_id="g") for x in params])
 
     seqs = [tuple(g.token_ids) for g in run(sample())]
-    assert 0.1 < engine.metrics()["engine/spec/acceptance"] < 0.9  # both paths of the rule run
+    m = engine.metrics()
+    assert 0.1 < m["engine/spec/acceptance"] < 0.9  # both paths of the rule run
+    assert (m["engine/spec/looked_up_fraction"] > 0.1) == bool(lookup)
     from looprl.inference.sampling import sampling_logprobs_B_V
 
     def law(ctx_B_T: torch.Tensor) -> torch.Tensor:

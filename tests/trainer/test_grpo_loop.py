@@ -76,7 +76,7 @@ def _run(tmp_path, tok, policy, model, engine, store, sync, tasks=4, max_new_tok
 def test_loop_on_the_torch_engine_publishes_and_swaps_weights(tmp_path):
     tok = build_tokenizer(None)
     model = _model(tok)
-    engine = TorchEngine(copy.deepcopy(model), tok, max_len=16384)
+    engine = TorchEngine(copy.deepcopy(model), tok, max_len=16384, speculative="on", lookup=4)
     store = LocalWeightStore(str(tmp_path / "weights"))
     stats = _run(tmp_path, tok, engine, model, engine, store, sync=False)
     assert stats.steps == 2 and stats.groups_trained == 4
@@ -87,6 +87,9 @@ def test_loop_on_the_torch_engine_publishes_and_swaps_weights(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert {"reward/total_mean", "train/kl_mean", "loop/trainer_idle_fraction"} <= set(rows[0])
+    # the engine's own figures: prompt lookup drafted in the steps where it found a match
+    assert rows[-1]["engine/spec/on_fraction"] > 0 and rows[-1]["engine/generated_tokens"] > 0
+    assert "engine/spec/acceptance" in rows[-1] and "engine/spec/tokens_per_verify" in rows[-1]
     assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 10_000
 
 

@@ -1,7 +1,9 @@
-"""Speculative decoding for TorchEngine: draft with the model's MTP heads, accept exactly.
+"""Speculative decoding for TorchEngine: draft with the model's MTP heads and/or by prompt
+lookup, accept exactly.
 
-    drafter = Drafter(model, heads)                       # heads: looprl.models.mtp.MTPHeads
-    draft = drafter.draft(hidden_B_H, last_B, temps_B, top_ps_B, u_B_K)
+    drafter = Drafter(model, heads, lookup=6)             # heads: looprl.models.mtp.MTPHeads or None
+    looked_B = [index_b.propose(k) for each row]          # NgramIndex over the row's context
+    draft = drafter.draft(hidden_B_H, last_B, temps_B, top_ps_B, u_B_K, looked_B)
     out = fwd.decode([[t, *d] for t, d in zip(last_B, draft.tokens_B_K)], pos_B)   # verify
     acc = accept(out.logits_B_T_V, draft, temps_B, top_ps_B, u_accept_B_K, u_final_B)
     acc.accepted_B, acc.tokens_B_T, acc.logprobs_B_T       # row b emits tokens_B_T[b, :accepted+1]
@@ -17,6 +19,16 @@ and q are point masses: a draft is accepted iff it is the target's argmax, the r
 emits that argmax, so the tokens are those of plain greedy decoding. The logprob recorded for
 each token is the target's, as plain decoding records it.
 
+Prompt lookup (``NgramIndex``): an agent's output copies its context a lot (the path and the
+selected line it edits, the call format of its earlier turns), so the tokens that followed the
+last earlier occurrence of the row's final n tokens (longest n first) are a draft that costs no
+forward at all, and the only draft a model without heads has. A looked-up token is a
+deterministic draft, q = a point mass on it: accepted with probability p(d), and on rejection the
+residual max(p - q, 0) is p without d: the rule above, exact as it is. Where a row has both, its
+looked-up tokens come first and the heads draft the positions past them (each head is fed the
+token before it, looked up or drafted); a position neither fills is padded with the previous
+token (a point mass too: exact, and rarely accepted).
+
 Randomness: each row draws its 2k+1 uniforms per step from its request's generator, so a seeded
 request is reproducible under a fixed draft length ("on", "off"); tokens differ between draft
 lengths (same distribution, different coupling), and "auto" picks lengths by measured speed.
@@ -29,6 +41,7 @@ re-measures the others now and then (acceptance moves as the weights move).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,40 +80,100 @@ def _inverse_cdf(probs_B_V: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, (u_B * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
 
 
-class Drafter:
-    """Runs the MTP head chain of ``model`` at decode time (one row per running request)."""
+class NgramIndex:
+    """Where each n-gram (n = 1..``max_n``) of a growing token sequence last occurred with a
+    token after it: the source of prompt-lookup drafts.
 
-    def __init__(self, model: nn.Module, heads: MTPHeads) -> None:
-        self.heads = heads
+    >>> ix = NgramIndex([5, 6, 7, 8, 5, 6])
+    >>> ix.propose(3)       # ..., 5, 6 occurred before, followed by 7, 8, 5
+    [7, 8, 5]
+    >>> ix.extend([9]); ix.propose(3)   # "6, 9" never did; "9" neither
+    []
+    """
+
+    def __init__(self, tokens: Sequence[int] = (), max_n: int = 4) -> None:
+        self.max_n = max_n
+        self.tokens: list[int] = []
+        self._next: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        seq, nxt = self.tokens, self._next
+        for t in tokens:
+            i = len(seq)  # t's index: every n-gram ending just before it is now followed
+            for n in range(1, min(self.max_n, i) + 1):
+                nxt[tuple(seq[i - n:i])] = i
+            seq.append(t)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the last earlier occurrence of the longest suffix
+        seen before ([] when even the last token is new)."""
+        seq = self.tokens
+        for n in range(min(self.max_n, len(seq)), 0, -1):
+            i = self._next.get(tuple(seq[-n:]))
+            if i is not None:
+                return seq[i:i + k]
+        return []
+
+
+class Drafter:
+    """Drafts at decode time (one row per running request): the row's looked-up tokens
+    (``NgramIndex``), then the model's MTP head chain, if it has heads."""
+
+    def __init__(self, model: nn.Module, heads: MTPHeads | None, lookup: int = 0) -> None:
+        self.heads, self.lookup = heads, lookup
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
 
     @property
+    def num_heads(self) -> int:
+        return self.heads.num_heads if self.heads is not None else 0
+
+    @property
     def max_draft(self) -> int:
-        return self.heads.num_heads
+        return max(self.num_heads, self.lookup)
 
     @torch.inference_mode()
     def draft(self, hidden_B_H: torch.Tensor, last_B: list[int], temps_B: torch.Tensor,
-              top_ps_B: torch.Tensor, u_B_K: torch.Tensor) -> Draft:
+              top_ps_B: torch.Tensor, u_B_K: torch.Tensor,
+              looked_B: list[list[int]] | None = None) -> Draft:
         """k tokens per row after ``last_B`` (sampled, not yet fed), whose target distribution
-        came from the main model's hidden state ``hidden_B_H``."""
+        came from the main model's hidden state ``hidden_B_H``; a row's ``looked_B`` tokens
+        (at most k) take the first positions."""
+        B, K = u_B_K.shape
+        dev = u_B_K.device
         greedy = temps_B <= 0
         all_greedy = bool(greedy.all())
         mixed = not all_greedy and bool(greedy.any())
-        state, tok = hidden_B_H, torch.tensor(last_B, device=hidden_B_H.device)
+        V = self.lm_head.weight.shape[0]
+        forced_B_K = torch.full((B, K), -1, dtype=torch.long, device=dev)
+        for b, toks in enumerate(looked_B or ()):
+            if toks:
+                forced_B_K[b, :len(toks)] = torch.tensor(toks[:K], device=dev)
+        state, tok = hidden_B_H, torch.tensor(last_B, device=dev)
         toks, probs = [], []
-        for j in range(u_B_K.shape[1]):
-            head = self.heads.heads[j]
-            state = head(state, self.embed(tok))
-            logits = self.lm_head(head.lm_input(state)).float()
-            if all_greedy:
-                tok = logits.argmax(dim=-1)
+        for j in range(K):
+            f, has = forced_B_K[:, j], forced_B_K[:, j] >= 0
+            q = None
+            if j < self.num_heads:
+                state = self.heads.heads[j](state, self.embed(tok))
+                logits = self.lm_head(self.heads.heads[j].lm_input(state)).float()
+                if all_greedy:
+                    drafted = logits.argmax(dim=-1)
+                else:
+                    q = sampling_logprobs_B_V(logits, temps_B, top_ps_B).exp()
+                    drafted = _inverse_cdf(q, u_B_K[:, j])
+                    if mixed:
+                        drafted = torch.where(greedy, logits.argmax(dim=-1), drafted)
+                tok = torch.where(has, f, drafted)
             else:
-                q = sampling_logprobs_B_V(logits, temps_B, top_ps_B).exp()
-                tok = _inverse_cdf(q, u_B_K[:, j])
-                if mixed:
-                    tok = torch.where(greedy, logits.argmax(dim=-1), tok)
-                probs.append(q)
+                tok = torch.where(has, f, tok)  # looked up, or the previous token as filler
+            if not all_greedy:
+                point = torch.nn.functional.one_hot(tok, V).float()
+                probs.append(point if q is None else torch.where(has.unsqueeze(1), point, q))
             toks.append(tok)
         return Draft(torch.stack(toks, 1), torch.stack(probs, 1) if probs else None)
 
@@ -183,6 +256,8 @@ class SpecCounters:
     verified_rows: int = 0
     """Row-steps that verified a draft."""
     drafted_tokens: int = 0
+    looked_up_tokens: int = 0
+    """Drafted tokens that came from prompt lookup (the rest from heads, or filler)."""
     accepted_tokens: int = 0
     spec_emitted: int = 0
     """Tokens emitted by speculative steps (accepted drafts + one per verified row)."""
@@ -204,8 +279,9 @@ class SpecController:
         if mode not in MODES:
             raise ConfigError(f"engine speculative={mode!r}; choose one of {MODES}")
         if mode == "on" and max_draft < 1:
-            raise ConfigError("engine speculative='on' needs MTP heads on the model: load a model dir "
-                              "with mtp_heads.safetensors (looprl.models.mtp) or use 'auto'/'off'")
+            raise ConfigError("engine speculative='on' needs MTP heads on the model or prompt "
+                              "lookup: load a model dir with mtp_heads.safetensors "
+                              "(looprl.models.mtp), set lookup=N (> 0), or use 'auto'/'off'")
         self.mode, self.max_draft = mode, max_draft
         self.warmup, self.probe_every, self.probe_steps, self.alpha = warmup, probe_every, probe_steps, alpha
         self.buckets: dict[int, _Bucket] = {}
@@ -249,15 +325,20 @@ class SpecController:
             b.probe += 1
         return k
 
-    def record(self, batch: int, draft_len: int, tokens: int, seconds: float, *, accepted: int = 0) -> None:
-        """A step of ``batch`` rows that drafted ``draft_len`` tokens per row emitted ``tokens``
-        (``accepted`` of them drafts) in ``seconds``."""
+    def record(self, batch: int, draft_len: int, tokens: int, seconds: float, *, accepted: int = 0,
+               verified: int | None = None, looked_up: int = 0) -> None:
+        """A step of ``batch`` rows that drafted at most ``draft_len`` tokens per row (the arm;
+        ``verified`` per row in fact, default ``draft_len``: 0 is a plain step, ``looked_up``
+        of them from prompt lookup) emitted ``tokens`` (``accepted`` of them drafts) in
+        ``seconds``."""
         c = self.counters
         self._bucket(batch).arms[draft_len].add(seconds, tokens, self.alpha)
-        if draft_len:
+        n = draft_len if verified is None else verified
+        if n:
             c.spec_steps += 1
             c.verified_rows += batch
-            c.drafted_tokens += batch * draft_len
+            c.drafted_tokens += batch * n
+            c.looked_up_tokens += looked_up
             c.accepted_tokens += accepted
             c.spec_emitted += tokens
         else:
@@ -266,7 +347,8 @@ class SpecController:
     def metrics(self) -> dict[str, float]:
         """Acceptance rate of drafted tokens, tokens per verify step (per row), the measured
         speed-up of the best draft length over plain steps (step-weighted over buckets where both
-        ran; NaN if none), the share of steps that drafted, and ``auto``'s switches."""
+        ran; NaN if none), the share of steps that drafted, the share of drafted tokens that
+        prompt lookup supplied, and ``auto``'s switches."""
         c = self.counters
         num = den = 0.0
         for b in self.buckets.values():
@@ -281,5 +363,6 @@ class SpecController:
             "spec/tokens_per_verify": c.spec_emitted / c.verified_rows if c.verified_rows else math.nan,
             "spec/speedup": num / den if den else math.nan,
             "spec/on_fraction": c.spec_steps / total if total else 0.0,
+            "spec/looked_up_fraction": c.looked_up_tokens / c.drafted_tokens if c.drafted_tokens else math.nan,
             "spec/switches": float(c.switches),
         }

@@ -22,9 +22,9 @@ KV reuse, by cache *entry* (one slot of the static cache each):
   that comes back is recomputed from its prompt.
 
 Speculative decoding (``speculative="auto" | "on" | "off"``, ``inference/spec.py``): when the
-model carries MTP heads (``looprl.models.mtp``; ``load_model`` attaches saved ones), a step
-drafts k tokens per row with the heads, verifies all rows' drafts in one forward of k+1
-tokens, and keeps each row's accepted prefix plus one token by exact rejection sampling. Rows
+model carries MTP heads (``looprl.models.mtp``; ``load_model`` attaches saved ones) or
+``lookup`` > 0 (prompt lookup: drafts copied from the row's own context, any model), a step
+drafts k tokens per row, verifies all rows' drafts in one forward of k+1 tokens, and keeps each row's accepted prefix plus one token by exact rejection sampling. Rows
 accept different numbers of tokens; a row's rejected drafts leave KV past its length, which its
 next step overwrites (the cache is position-addressed, so rollback is the length alone). Heads
 are swapped with the weights (their keys are part of ``model.state_dict()``). ``auto`` measures
@@ -47,7 +47,7 @@ import torch
 from looprl.errors import ConfigError, ContextFullError, PolicyError
 from looprl.inference.kv_forward import CachedForward, ForwardOut
 from looprl.inference.sampling import sample_B
-from looprl.inference.spec import Drafter, SpecController, accept
+from looprl.inference.spec import Drafter, NgramIndex, SpecController, accept
 from looprl.models.loading import load_model, resolve_dtype
 from looprl.models.mtp import heads_of
 from looprl.types import Generation, SamplingParams
@@ -84,6 +84,9 @@ class _Request:
     finish: str | None = None
     hidden: torch.Tensor | None = None
     """The LM head's input that gave the last sampled token's distribution (drafting starts there)."""
+    index: NgramIndex | None = None
+    """The n-grams of ``prompt_ids + out_ids`` (prompt lookup), built at the request's first
+    speculative step."""
 
 
 @dataclass
@@ -114,7 +117,7 @@ class TorchEngine:
     def __init__(self, model, tokenizer, *, max_len: int | None = None, max_batch: int = 64,
                  kv_budget_mb: float = 2048.0, seed: int = 0, stop_on_eos: bool = True,
                  num_threads: int | None = None, max_slots: int = 256, cascade: bool = True,
-                 speculative: str = "auto") -> None:
+                 speculative: str = "auto", lookup: int = 0) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model = model.eval()
@@ -130,7 +133,10 @@ class TorchEngine:
         self.eos_ids = self._eos_ids(tokenizer, model) if stop_on_eos else set()
         self.stats = EngineStats()
         heads = heads_of(model)
-        self.drafter = Drafter(model, heads) if heads is not None else None
+        if lookup < 0:
+            raise ConfigError(f"engine lookup={lookup}: the tokens a step drafts by prompt lookup "
+                              "must be >= 0 (0 = none)")
+        self.drafter = Drafter(model, heads, lookup) if heads is not None or lookup else None
         # speculative: "auto" drafts when it pays per batch size, "on" always, "off" never
         self.spec = SpecController(speculative, self.drafter.max_draft if self.drafter else 0)
         self._version = 0
@@ -376,15 +382,18 @@ class TorchEngine:
         pos_B = [len(r.entry.tokens) for r in rows]
         t0 = time.perf_counter()
         before = self.stats.generated_tokens
-        if k:
-            accepted = self._speculate(rows, k, pos_B, prefix_B)
+        # k is the most a row drafts; the verify forward is as long as the longest draft
+        looked_B = [self._looked_up(r, k) for r in rows] if k and self.drafter.lookup else None
+        n = max(min(k, self.drafter.num_heads), *map(len, looked_B or [[]])) if k else 0
+        if n:
+            accepted = self._speculate(rows, n, pos_B, prefix_B, looked_B)
         else:
             fed_B_T = [[r.out_ids[-1]] for r in rows]
             self._sample_and_finish(self.fwd.decode(fed_B_T, pos_B, prefix_B), rows, fed_B_T)
             accepted = 0
         self.stats.decode_steps += 1
         self.spec.record(B, k, self.stats.generated_tokens - before, time.perf_counter() - t0,
-                         accepted=accepted)
+                         accepted=accepted, verified=n, looked_up=sum(map(len, looked_B or [])))
 
     def _sample_and_finish(self, out: ForwardOut, reqs: list[_Request],
                            fed_B_T: list[list[int]] | None = None) -> None:
@@ -394,21 +403,32 @@ class TorchEngine:
         self._emit(reqs, [[t] for t in tokens], [[lp] for lp in lps], out.hidden_B_T_H[:, -1:], fed_B_T)
 
     def _speculate(self, rows: list[_Request], k: int, pos_B: list[int],
-                   prefix_B: list[tuple[int, int] | None] | None) -> int:
-        """Draft ``k`` tokens per row, verify them in one forward, emit what is accepted; returns
-        the number of accepted drafts."""
+                   prefix_B: list[tuple[int, int] | None] | None,
+                   looked_B: list[list[int]] | None) -> int:
+        """Draft ``k`` tokens per row (``looked_B``'s first), verify them in one forward, emit
+        what is accepted; returns the number of accepted drafts."""
         dev = self.fwd.device
         temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev)
         top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev)
         # CPU generators, as in sample_B: a seeded request draws the same uniforms on any device
         u_B = torch.stack([torch.rand(2 * k + 1, generator=r.generator or self._gen) for r in rows]).to(dev)
         last_B = [r.out_ids[-1] for r in rows]
-        draft = self.drafter.draft(torch.stack([r.hidden for r in rows]), last_B, temps, top_ps, u_B[:, :k])
+        draft = self.drafter.draft(torch.stack([r.hidden for r in rows]), last_B, temps, top_ps,
+                                   u_B[:, :k], looked_B)
         ids_B_T = [[t, *d] for t, d in zip(last_B, draft.tokens_B_K.tolist(), strict=True)]
         out = self.fwd.decode(ids_B_T, pos_B, prefix_B)
         acc = accept(out.logits_B_T_V, draft, temps, top_ps, u_B[:, k:2 * k], u_B[:, 2 * k])
         self._emit(rows, acc.tokens_B_T, acc.logprobs_B_T, out.hidden_B_T_H, ids_B_T)
         return sum(acc.accepted_B)
+
+    def _looked_up(self, r: _Request, k: int) -> list[int]:
+        """Up to ``min(k, lookup)`` tokens that followed the last earlier occurrence of the end
+        of the row's context (its prompt, then what it generated)."""
+        if r.index is None:
+            r.index = NgramIndex(r.prompt_ids)
+        seen = len(r.index) - len(r.prompt_ids)
+        r.index.extend(r.out_ids[seen:])
+        return r.index.propose(min(k, self.drafter.lookup))
 
     def _emit(self, reqs: list[_Request], tokens_B_T: list[list[int]], lps_B_T: list[list[float]],
               hidden_B_T_H: torch.Tensor, fed_B_T: list[list[int]] | None) -> None:

@@ -118,8 +118,13 @@ class ModelSection:
     during pretraining (``looprl.models.mtp``; needs ``pretrain_steps``), then kept current by
     the RL steps; the torch engine drafts with them (``speculative``). 0 = none."""
     speculative: str = "auto"
-    """Speculative decoding in the torch engine when the model has MTP heads: auto (per batch
-    size, only where it measures faster), on, off (``looprl.inference.spec``)."""
+    """Speculative decoding in the torch engine when the model has MTP heads or ``lookup`` is
+    set: auto (per batch size, only where it measures faster), on, off
+    (``looprl.inference.spec``)."""
+    lookup: int = 0
+    """Tokens a decoding step may draft per rollout by prompt lookup (copied from what followed
+    the last earlier occurrence of the rollout's final tokens in its own context; exact, no
+    training) in the torch engine's RL rollouts. 0 = none."""
     drills: int = 0
     """Copy drills (``looprl.tasks.drills``) per copying step of each SFT demo, added to the
     pretraining text (0 = none; needs ``pretrain_steps``)."""
@@ -139,6 +144,9 @@ class ModelSection:
                 raise FieldError("engine", f"has {e}") from None
         check_choice("size", self.size, SIZES)
         check_choice("speculative", self.speculative, SPEC_MODES)
+        if self.lookup < 0:
+            raise FieldError("lookup", f"(tokens drafted by prompt lookup) must be >= 0 (0 = none), "
+                             f"got {self.lookup}")
         if self.mtp_heads < 0 or (self.mtp_heads and not self.pretrain_steps):
             raise FieldError("mtp_heads", "(MTP heads distilled during pretraining) must be >= 0 "
                              "and needs model.pretrain_steps > 0; set both or mtp_heads=0")

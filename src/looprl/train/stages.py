@@ -276,7 +276,8 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     if cfg.fleet.backend == "ray":
         engine = None  # each node's replica loads start_dir itself
     elif cfg.model.engine == "torch":
-        engine = TorchEngine(copy.deepcopy(model).eval(), tok, speculative=cfg.model.speculative)
+        engine = TorchEngine(copy.deepcopy(model).eval(), tok, speculative=cfg.model.speculative,
+                             lookup=cfg.model.lookup)
     else:  # the engine loads the starting checkpoint itself (e.g. vLLM on a GPU)
         with only_gpu(next(model.parameters()).device):
             engine = make_engine(cfg.model.engine, model_path=str(start_dir),

@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import random
 import time
@@ -490,6 +491,7 @@ class GRPOLoop:
             "loop/pass": self.sampler.passes_begun,
             "loop/publish_s": publish_s,
             "runner/infra_errors": self.runner.stats.infra_errors,
+            **self._engine_metrics(),
         }
         self.stats.history.append(row)
         if self._loggers is not None:
@@ -502,6 +504,14 @@ class GRPOLoop:
                     f.writelines(dataclasses.replace(
                         t, metadata={**t.metadata, "train_step": self.stats.steps}).to_json() + "\n"
                         for t in trajs)
+
+    def _engine_metrics(self) -> dict[str, float]:
+        """What the engine reports of itself (the torch engine: speculation's acceptance, tokens
+        per verify step and share of steps that drafted; decoding counters), finite values only."""
+        metrics = getattr(self.engine, "metrics", None)
+        if not callable(metrics):
+            return {}
+        return {k: float(v) for k, v in metrics().items() if math.isfinite(v)}
 
     def checkpoint(self) -> Path | None:
         """Save a checkpoint (every rank calls it; rank 0 writes it and gets its path)."""
