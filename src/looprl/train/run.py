@@ -192,7 +192,14 @@ def run(cfg: TrainConfig, runs_root: Path = Path("runs"), *, resume: bool = Fals
     under torchrun)."""
     dist = ddp.init_from_env()
     try:
-        return _run(cfg, runs_root, resume, dist)
+        report = _run(cfg, runs_root, resume, dist)
+        # Under torchrun the other ranks wait here while rank 0 evaluates and reports, so all
+        # tear the process group down together: a rank that tore it down and exited while rank
+        # 0 still held it was seen to abort at exit ("terminate called without an active
+        # exception"), and torchrun then stopped rank 0 too. A rank that raises skips this, and
+        # torchrun stops the others.
+        ddp.barrier(dist)
+        return report
     finally:
         ddp.cleanup()
 
