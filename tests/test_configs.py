@@ -57,7 +57,9 @@ def test_drills_without_pretraining_are_refused_at_load(override):
     (["model.mtp_heads=2", "model.pretrain_steps=0"], "model.mtp_heads"),
     (["model.mtp_heads=-1"], "model.mtp_heads"),
     (["model.speculative=always"], "model.speculative must be one of auto, off, on"),
-    (["model.lookup=-2"], "model.lookup .* must be >= 0")])
+    (["model.lookup=-2"], "model.lookup .* must be >= 0"),
+    (["model.lookup=4", "model.engine=vllm"], "model.lookup drafts in the torch engine only"),
+    (["model.lookup=4", "fleet.backend=ray"], "model.lookup drafts in this process's torch engine")])
 def test_mtp_and_speculation_settings_are_checked_at_load(override, says):
     with pytest.raises(ConfigError, match=says):
         load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"), override)

@@ -24,9 +24,10 @@ KV reuse, by cache *entry* (one slot of the static cache each):
 Speculative decoding (``speculative="auto" | "on" | "off"``, ``inference/spec.py``): when the
 model carries MTP heads (``looprl.models.mtp``; ``load_model`` attaches saved ones) or
 ``lookup`` > 0 (prompt lookup: drafts copied from the row's own context, any model), a step
-drafts k tokens per row, verifies all rows' drafts in one forward of k+1 tokens, and keeps each row's accepted prefix plus one token by exact rejection sampling. Rows
-accept different numbers of tokens; a row's rejected drafts leave KV past its length, which its
-next step overwrites (the cache is position-addressed, so rollback is the length alone). Heads
+drafts k tokens per row, verifies all rows' drafts in one forward of k+1 tokens, and keeps each
+row's accepted prefix plus one token by exact rejection sampling. Rows accept different
+numbers of tokens; a row's rejected drafts leave KV past its length, which its next step
+overwrites (the cache is position-addressed, so rollback is the length alone). Heads
 are swapped with the weights (their keys are part of ``model.state_dict()``). ``auto`` measures
 plain and speculative steps per batch size and uses the faster one (``engine.metrics()``).
 """

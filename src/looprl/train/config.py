@@ -147,6 +147,9 @@ class ModelSection:
         if self.lookup < 0:
             raise FieldError("lookup", f"(tokens drafted by prompt lookup) must be >= 0 (0 = none), "
                              f"got {self.lookup}")
+        if self.lookup and self.engine != "torch":
+            raise FieldError("lookup", f"drafts in the torch engine only, not {self.engine!r}; "
+                             "set model.lookup = 0 (or model.engine = \"torch\")")
         if self.mtp_heads < 0 or (self.mtp_heads and not self.pretrain_steps):
             raise FieldError("mtp_heads", "(MTP heads distilled during pretraining) must be >= 0 "
                              "and needs model.pretrain_steps > 0; set both or mtp_heads=0")
@@ -237,3 +240,8 @@ class TrainConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     """Where rollouts and sandboxes run: this process, or the nodes of a Ray cluster."""
+
+    def __post_init__(self) -> None:
+        if self.model.lookup and self.fleet.backend == "ray":
+            raise FieldError("model.lookup", "drafts in this process's torch engine; a Ray "
+                             "fleet's replicas decode without it: set model.lookup = 0")
