@@ -203,13 +203,14 @@ def test_noise_keeps_wrong_edits_and_silences_users(served, tasks, tmp_path):
     clamp, mean = ([t for t in tasks if t.id == f"minicalc-{n}"] for n in ("clamp", "mean"))
     noisy = run(url, mean, tmp_path, "--sessions", "3", "--seed", "5", "--keep-wrong", "1",
                 "--thank", "0", "--user-prefix", "noisy")
-    assert [(s["passed"], s["action"]) for s in noisy["sessions"]] == [(False, "kept")] * 3
+    assert [(s["passed"], s["action"]) for s in noisy["sessions"]] == [(False, "kept")] * 3, \
+        [(s["status"], s["error"]) for s in noisy["sessions"]]
     assert noisy["kept_wrong"] == 3 and noisy["follow_ups"] == {"dissatisfied": 0, "thanks": 0}
     check_sent_is_stored(noisy, store, "noisy")
     picky = run(url, clamp, tmp_path, "--sessions", "2", "--seed", "9", "--revert-right", "1",
                 "--complain", "1", "--user-prefix", "picky")
     assert [(s["passed"], s["action"], s["follow_up"]) for s in picky["sessions"]] == [
-        (True, "reverted", "dissatisfied")] * 2
+        (True, "reverted", "dissatisfied")] * 2, [(s["status"], s["error"]) for s in picky["sessions"]]
     assert picky["reverted_right"] == 2
     check_sent_is_stored(picky, store, "picky")
     quiet = run(url, tasks, tmp_path, "--sessions", "2", "--seed", "6", "--silent", "1",
