@@ -21,33 +21,29 @@ import argparse
 import json
 from pathlib import Path
 
+from looprl.inference.spec import NgramIndex
+
 
 def replay(tokens: list[int], mask: list[int], ngram: int, draft: int) -> tuple[int, int, int]:
     """(model tokens, verify steps, steps that had a draft) for one token sequence."""
-    last: dict[tuple[int, ...], int] = {}  # n-gram -> the position right after its latest occurrence
+    index = NgramIndex(max_n=ngram)  # the engine's: exactly ``ngram`` tokens are looked up here
     emitted = steps = drafted = 0
     pos, n = 0, len(tokens)
-
-    def seen(q: int) -> None:
-        if q >= ngram:
-            last[tuple(tokens[q - ngram:q])] = q
-
     while pos < n:
         if not mask[pos]:  # prompt or tool output: the engine prefills it
-            seen(pos)
+            index.extend(tokens[pos:pos + 1])
             pos += 1
             continue
-        j = last.get(tuple(tokens[pos - ngram:pos])) if pos >= ngram else None
+        proposal = index.propose(draft, min_n=ngram)
         accepted = 0
-        if j is not None:
+        if proposal:
             drafted += 1
-            while (accepted < draft and j + accepted < pos and pos + accepted < n
-                   and mask[pos + accepted] and tokens[j + accepted] == tokens[pos + accepted]):
+            while (accepted < len(proposal) and pos + accepted < n and mask[pos + accepted]
+                   and proposal[accepted] == tokens[pos + accepted]):
                 accepted += 1
         # the verify forward's own token, unless the turn ended with the last accepted draft
         step = accepted + (pos + accepted < n and mask[pos + accepted])
-        for q in range(pos, pos + step):
-            seen(q)
+        index.extend(tokens[pos:pos + step])
         emitted, steps, pos = emitted + step, steps + 1, pos + step
     return emitted, steps, drafted
 

@@ -158,6 +158,7 @@ def test_engine_on_without_heads_is_a_config_error():
 def test_ngram_index_proposes_what_followed_the_longest_earlier_match():
     ix = NgramIndex([1, 2, 3, 9, 2, 3, 4, 5, 7, 3], max_n=3)
     assert ix.propose(2) == [4, 5]  # "3" last occurred before "4 5" (the most recent wins)
+    assert ix.propose(2, min_n=2) == []  # "7 3" never occurred before
     ix.extend([4, 5])
     assert ix.propose(3) == [7, 3, 4]  # "3 4 5" occurred before, followed by "7 3 4"
     ix.extend([8])

@@ -108,11 +108,11 @@ class NgramIndex:
                 nxt[tuple(seq[i - n:i])] = i
             seq.append(t)
 
-    def propose(self, k: int) -> list[int]:
+    def propose(self, k: int, min_n: int = 1) -> list[int]:
         """Up to ``k`` tokens that followed the last earlier occurrence of the longest suffix
-        seen before ([] when even the last token is new)."""
+        (of ``min_n`` tokens or more) seen before ([] when none was)."""
         seq = self.tokens
-        for n in range(min(self.max_n, len(seq)), 0, -1):
+        for n in range(min(self.max_n, len(seq)), min_n - 1, -1):
             i = self._next.get(tuple(seq[-n:]))
             if i is not None:
                 return seq[i:i + k]
