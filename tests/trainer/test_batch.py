@@ -158,3 +158,16 @@ def test_a_prefix_below_the_sharing_threshold_counts_in_full():
         g = group([trajectory([segment(prompt, [5 + i] * 4)], float(i)) for i in range(4)])
         b = build_batch([g], micro_batch_tokens=2 * (len(prompt) + 4))
         assert [mb.num_rows for mb in b.micro_batches] == rows_per_mb
+
+
+def test_repeated_rows_cost_nothing_and_join_their_groups_micro_batch():
+    """Four identical passes and four different failures of one group: the repeats cost one
+    row (``token_logprobs`` runs them once), so the group still fits one micro-batch of the
+    budget its distinct rows need."""
+    prompt = list(range(10, 210))
+    rows = [trajectory([segment(prompt, [7] * 10)], 1.0) for _ in range(4)]
+    rows += [trajectory([segment(prompt, [20 + i] * 10)], 0.0) for i in range(4)]
+    b = build_batch([group(rows)], micro_batch_tokens=200 + 5 * 10)
+    assert [mb.num_rows for mb in b.micro_batches] == [8]
+    # one distinct row short of the budget: the group splits
+    assert len(build_batch([group(rows)], micro_batch_tokens=200 + 4 * 10).micro_batches) == 2

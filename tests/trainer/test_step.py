@@ -174,6 +174,44 @@ def test_shared_prefix_gives_the_full_forward_values_and_gradients(temperature):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_repeated_rows_run_once_with_the_full_forward_values_and_gradients():
+    """A group's passing rollouts are often the same tokens: each distinct row runs once (and
+    the distinct rows still share their prompt), giving every row the logprobs and gradients
+    that row-by-row forwards give, whatever the order the repeats come in."""
+    from looprl.trainer.step import MIN_SHARED_PREFIX
+
+    model = tiny_llama(vocab=300)
+    model.config.max_position_embeddings = 512
+    torch.manual_seed(2)
+    prompt = torch.randint(1, 64, (MIN_SHARED_PREFIX + 4,))
+    a, b = torch.randint(1, 64, (12,)), torch.randint(1, 64, (9,))
+    rows = [a, b, a, a, b[:5]]  # two copies of a, one of b, a shorter row that ends early
+    tokens = torch.zeros(len(rows), len(prompt) + 12, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for i, r in enumerate(rows):
+        n = len(prompt) + len(r)
+        tokens[i, :n], mask[i, :n] = torch.cat([prompt, r]), 1
+    weights = torch.rand(len(rows), 1)  # each row's own loss weight: gradients reach each copy
+    model.zero_grad()
+    seen = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda _m, a, _o: seen.append(a[0].shape))
+    lp = token_logprobs(model, tokens, mask)
+    hook.remove()
+    assert seen == [(1, len(prompt)), (3, 12)]  # the prompt once, then the 3 distinct rows' rest
+    (lp * mask * weights).sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want_lp = []
+    for i in range(len(rows)):
+        n = int(mask[i].sum())
+        one = token_logprobs(model, tokens[i:i + 1, :n], mask[i:i + 1, :n])
+        (one * weights[i]).sum().backward()
+        want_lp.append(torch.nn.functional.pad(one, (0, tokens.shape[1] - n)))
+    torch.testing.assert_close(lp * mask, torch.cat(want_lp).detach(), atol=1e-5, rtol=1e-4)
+    for g, p in zip(got, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
 def test_silent_rows_left_out_give_the_full_batchs_update():
     """With ``negative_advantage_scale = 0`` the failures' rows carry advantage 0 everywhere:
     left out of the forward (``drop_silent``, as ``GRPOStep`` does), the update is the full

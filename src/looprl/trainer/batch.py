@@ -19,10 +19,11 @@ of most prompts, so its baseline is a value estimate made outside the group
 (``feedback.loop.window_groups``). Such a group may hold a single trajectory.
 
 Rows are packed so that each micro-batch's cost stays within ``micro_batch_tokens``. The cost
-counts what the forward runs (``step.token_logprobs``): rows that share a prefix of
+counts what the forward runs (``step.token_logprobs``): a row that repeats another runs once
+(a group's passing rollouts are often identical), and rows that share a prefix of
 ``MIN_SHARED_PREFIX``+ tokens (a group's prompt) run it once, so a micro-batch costs prefix +
-rows x (longest row - prefix); without a shared prefix (or with ``share_prefix=False``, e.g.
-under DDP) rows x longest row. Prefix-sharing rows train together (a group's prompt runs once,
+distinct rows x (longest row - prefix); without a shared prefix (or with ``share_prefix=False``,
+e.g. under DDP) rows x longest row. Prefix-sharing rows train together (a group's prompt runs once,
 not once per micro-batch of two rows); the others are packed by length, longest first. A row
 longer than the budget gets a micro-batch of its own.
 
@@ -247,7 +248,8 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _cost(rows: int, longest: int, prefix: int) -> int:
-    """Tokens one forward runs: the shared prefix once when ``token_logprobs`` would share it."""
+    """Tokens one forward of ``rows`` distinct rows runs: the shared prefix once when
+    ``token_logprobs`` would share it."""
     if rows < 2 or prefix < MIN_SHARED_PREFIX or prefix >= longest - 1:
         return rows * longest
     return prefix + rows * (longest - prefix)
@@ -269,26 +271,29 @@ def _pack(seqs: Sequence[Sequence[int]], budget: int, share_prefix: bool = True)
     """Row indices grouped so each group's ``_cost`` <= budget.
 
     In lexicographic order rows that share a prefix are neighbours (a group's rows, then the
-    groups that share only the system prompt). Runs of neighbours join while a row adds less
-    than it would cost alone and the run stays within budget; the rows left alone are packed
-    by length (``_pack_by_length``)."""
+    groups that share only the system prompt), and a row that repeats another (a group's
+    identical passes) comes next to it and costs nothing (``token_logprobs`` runs it once).
+    Runs of neighbours join while a row adds less than it would cost alone and the run stays
+    within budget; the rows left alone are packed by length (``_pack_by_length``)."""
     lengths = [len(q) for q in seqs]
     if not share_prefix:
         return _pack_by_length(list(range(len(seqs))), lengths, budget)
     order = sorted(range(len(seqs)), key=lambda i: tuple(seqs[i]))
     runs: list[list[int]] = []
-    prefix = longest = 0
+    prefix = longest = distinct = 0
     for k, i in enumerate(order):
         if runs:
             p = min(prefix, _common_prefix(seqs[order[k - 1]], seqs[i]))
-            n, top = len(runs[-1]), max(longest, lengths[i])
-            cost = _cost(n + 1, top, p)
-            if cost <= budget and cost - _cost(n, longest, prefix) < lengths[i]:
+            n = distinct + (list(seqs[order[k - 1]]) != list(seqs[i]))
+            top = max(longest, lengths[i])
+            cost = _cost(n, top, p)
+            if cost <= budget and cost - _cost(distinct, longest, prefix) < lengths[i]:
                 runs[-1].append(i)
-                prefix, longest = p, top
+                prefix, longest, distinct = p, top, n
                 continue
         runs.append([i])
         prefix = longest = lengths[i]
+        distinct = 1
     shared = [r for r in runs if len(r) > 1]
     alone = [r[0] for r in runs if len(r) == 1]
     return shared + _pack_by_length(alone, lengths, budget)

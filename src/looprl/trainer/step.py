@@ -221,6 +221,28 @@ def shared_prefix_len(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
     return int(same_T.long().cumprod(0).sum())
 
 
+def distinct_rows(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep_U, of_B)``: the first row of each distinct row (same real tokens, same length), in
+    row order, and for every row the index in ``keep_U`` of the row it repeats (itself if none).
+    The rows of ``keep_U`` are the only ones a forward needs: a group's passing rollouts are
+    often token for token the same.
+
+    >>> t = torch.tensor([[5, 6], [7, 8], [5, 6], [5, 0]]); m = torch.tensor([[1, 1]] * 3 + [[1, 0]])
+    >>> [x.tolist() for x in distinct_rows(t, m)]
+    [[0, 1, 3], [0, 1, 0, 2]]
+    """
+    key = torch.where(attention_mask_B_T == 1, tokens_B_T, -1)
+    _, which_B = torch.unique(key, dim=0, return_inverse=True)
+    B = key.shape[0]
+    first_U = torch.full((int(which_B.max()) + 1,), B, dtype=torch.long, device=key.device
+                         ).scatter_reduce(0, which_B, torch.arange(B, device=key.device), "amin")
+    order_U = first_U.argsort()
+    rank_U = torch.empty_like(order_U)
+    rank_U[order_U] = torch.arange(len(order_U), device=key.device)
+    return first_U[order_U], rank_U[which_B]
+
+
 def shares_prefixes(model: nn.Module) -> bool:
     """Whether ``token_logprobs`` runs a prefix its rows share once for ``model`` (not under DDP,
     which expects one forward per backward; nor FSDP, where ranks must run as many forwards; nor
@@ -234,10 +256,17 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
                    share_prefix: bool = True) -> torch.Tensor:
     """Logprob of each token given the ones before it; position 0 (no context) is 0.
 
-    With ``share_prefix``, rows that start with the same tokens (the system prompt and tool
-    schemas of every trajectory, a group's whole prompt) run that prefix once, batch 1, and
-    the rest of each row attends to its KV: the same values and gradients as the full
-    forward (gradients flow back through the shared KV), for a fraction of the compute."""
+    Rows that repeat an earlier row (``distinct_rows``) take its logprobs, so the forward runs
+    each distinct row once. With ``share_prefix``, rows that start with the same tokens (the
+    system prompt and tool schemas of every trajectory, a group's whole prompt) run that prefix
+    once, batch 1, and the rest of each row attends to its KV. Either way the values and
+    gradients are the full forward's (gradients flow back through the shared rows and KV), for a
+    fraction of the compute."""
+    keep_U, of_B = distinct_rows(tokens_B_T, attention_mask_B_T)
+    if len(keep_U) < tokens_B_T.shape[0]:
+        return token_logprobs(model, tokens_B_T[keep_U], attention_mask_B_T[keep_U],
+                              temperature=temperature, autocast_bf16=autocast_bf16,
+                              share_prefix=share_prefix)[of_B]
     ctx = (torch.autocast(tokens_B_T.device.type, dtype=torch.bfloat16) if autocast_bf16
            else contextlib.nullcontext())  # on the device the batch is on: CPU or CUDA
     T = tokens_B_T.shape[1]
@@ -349,8 +378,10 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
                 # DDP and FSDP average gradients over ranks; the loss is normalised by the
                 # whole step's sequences, so the ranks' sum is one process's gradient
                 loss = out.loss * dist.world_size
-                if heads is not None:
-                    mtp = distill_spans(heads, model, seen, mb.tokens_B_T, mb.attention_mask_B_T)
+                if heads is not None:  # the forward ran on the distinct rows
+                    keep_U, _ = distinct_rows(mb.tokens_B_T, mb.attention_mask_B_T)
+                    mtp = distill_spans(heads, model, seen, mb.tokens_B_T[keep_U],
+                                        mb.attention_mask_B_T[keep_U])
                     loss = loss + mtp.loss / len(mini)
                     acc.add_mtp(mtp)
                 loss.backward()
