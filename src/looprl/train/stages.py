@@ -296,6 +296,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                                               dist)
         try:
             sampler = TaskSampler(tasks, cfg.seed, passes=cfg.loop.passes,
+                                  signal_first=cfg.loop.signal_first,
                                   max_screens=cfg.loop.max_screens if cfg.rollout.screen else 0)
             loop = GRPOLoop(step, sink, runner, sampler, cfg.loop, store=store, run_dir=run_dir,
                             config_to_save=cfg)

@@ -116,6 +116,11 @@ class LoopConfig:
     max_screens: int = 3
     """Times a task may be screened out (with ``rollout.screen``) before it is given up; a
     screened-out task is tried again once the fresh tasks run out (``TaskSampler.defer``)."""
+    signal_first: bool = False
+    """From the second pass on, hand out first the tasks whose last group had both passes and
+    failures (GRPO's signal), then those with no pass (or not seen), and last those every
+    rollout passed (``TaskSampler.record``): when the time runs out before the pass does, what
+    is left untried is what taught least."""
     loggers: tuple[str, ...] = ("tensorboard",)
     """Trackers beside ``metrics.jsonl`` (always written): ``tensorboard``, ``wandb`` (the
     ``wandb`` extra), or a plugin; see ``looprl.trainer.loggers``."""
@@ -142,12 +147,17 @@ class TaskSampler:
     >>> walked = first + [t.id for t in it]
     >>> sorted(walked[:3]) == sorted(walked[3:]) == ["a", "b", "c"], s.passes_begun
     (True, 2)
+
+    With ``signal_first`` a later pass orders the tasks by what their last group showed
+    (``record``): mixed outcomes first, all failed or unseen next, all passed last.
     """
 
     def __init__(self, tasks: Sequence[Task], seed: int = 0, trained: Sequence[str] = (),
-                 max_screens: int = 0, passes: int = 1):
+                 max_screens: int = 0, passes: int = 1, signal_first: bool = False):
         self.tasks = list(tasks)
-        self.seed, self.passes = seed, passes
+        self.seed, self.passes, self.signal_first = seed, passes, signal_first
+        self.signal: dict[str, int] = {}
+        """Each recorded task's last group: ``MIXED``, ``NO_PASS`` or ``ALL_PASS``."""
         self.trained: Counter[str] = Counter(trained)
         """Times each task was trained (once a pass at most)."""
         self.max_screens = max_screens
@@ -160,10 +170,34 @@ class TaskSampler:
         self._later: deque[Task] = deque()
         self._screens: dict[str, int] = {}
 
+    MIXED, NO_PASS, ALL_PASS = 0, 1, 2
+    """A group's outcome classes, in the order ``signal_first`` hands tasks out."""
+
     def _order(self, n: int) -> list[Task]:
         order = list(self.tasks)
         random.Random(self.seed if n == 0 else f"{self.seed}/{n}").shuffle(order)
+        if self.signal_first and n > 0:  # stable: the pass's own order within each class
+            order.sort(key=lambda t: self.signal.get(t.id, self.NO_PASS))
         return order
+
+    def record(self, groups: Sequence[Group]) -> None:
+        """What ``groups`` (trained this step) showed, for ``signal_first``'s next pass: infra
+        errors are left out; a group with none left says nothing.
+
+        >>> from looprl.types import Grader
+        >>> tasks = [Task(i, "/r", "p", Grader("pytest")) for i in "abcd"]
+        >>> s = TaskSampler(tasks, passes=2, signal_first=True)
+        >>> it = iter(s); first = [next(it) for _ in tasks]; s.mark_trained([t.id for t in first])
+        >>> s.signal.update(a=s.ALL_PASS, b=s.MIXED, c=s.NO_PASS)   # what record() would note
+        >>> second = [t.id for t in it]
+        >>> second[0], sorted(second[1:3]), second[3]   # d, unseen, goes with the no-pass
+        ('b', ['c', 'd'], 'a')
+        """
+        for g in groups:
+            passed = [t.passed for t in g.trajectories if not t.is_infra_error]
+            if passed:
+                self.signal[g.task_id] = (self.ALL_PASS if all(passed) else
+                                          self.MIXED if any(passed) else self.NO_PASS)
 
     def _done(self, task_id: str) -> bool:
         """Trained in the pass under way."""
@@ -233,8 +267,13 @@ class TaskSampler:
         self.trained.update(task_ids)
 
     def state_dict(self) -> dict[str, Any]:
-        """``trained`` lists a task once per pass it was trained in."""
-        return {"trained": sorted(self.trained.elements())}
+        """``trained`` lists a task once per pass it was trained in; ``signal`` is ``record``'s."""
+        return {"trained": sorted(self.trained.elements()), "signal": dict(self.signal)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's ``state_dict`` (one from before ``signal`` was kept has none)."""
+        self.mark_trained(state.get("trained", []))
+        self.signal.update(state.get("signal", {}))
 
 
 @dataclass
@@ -299,7 +338,7 @@ class GRPOLoop:
         r = None
         if path is not None:
             r = self.step.sharding.load(path, self.step.optimizer)
-            self.sampler.mark_trained(r.sampler_state.get("trained", []))
+            self.sampler.load_state_dict(r.sampler_state)
             self.version = int(r.weight_version if r.weight_version is not None else r.step)
             self.stats.steps = r.step
         weights = self._weights() if r is not None else None  # a collective under FSDP
@@ -458,6 +497,7 @@ class GRPOLoop:
             publish_s = time.monotonic() - tp
         await self.engine.update_weights(state, self.version)
         self.sampler.mark_trained([g.task_id for g in groups])
+        self.sampler.record(groups)
         self.stats.trainer_busy_s += time.monotonic() - t0
         self.stats.steps += 1
         self.stats.groups_trained += len(groups)
