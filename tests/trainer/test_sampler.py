@@ -1,9 +1,13 @@
 """Sampling and the loop's staleness bound: a stale group is dropped, counted, and its task (never
 trained on) handed out once more; a trained task never comes back within a pass."""
 
+import dataclasses
+
 from looprl.rollout.runner import GroupResult
 from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
-from looprl.types import Grader, Group, Task
+from looprl.types import Grader, Group, StopReason, Task
+
+from .helpers import group, segment, trajectory
 
 
 def _tasks(n):
@@ -70,3 +74,39 @@ def test_passes_must_be_positive():
     from looprl.config import ConfigError
     with pytest.raises(ConfigError, match="passes must be at least 1"):
         LoopConfig(passes=0)
+
+
+
+def test_signal_first_hands_out_mixed_groups_tasks_first_and_all_passed_last():
+    """Pass 1 records what each task's group showed; with ``signal_first`` pass 2 hands out the
+    tasks with passes and failures first, then the failed and unseen ones, then the all-passed,
+    each class in the pass's own shuffled order; a resumed sampler (its checkpoint's state) walks
+    pass 2 the same way. An infra error says nothing about the policy: its task counts as unseen."""
+    tasks = _tasks(12)
+    outcome = {t.id: ("mixed", "fail", "pass")[i % 3] for i, t in enumerate(tasks[:9])}
+    outcome["t9"] = "infra"  # t10, t11: trained, never recorded
+    tests = {"mixed": (1.0, 0.0), "fail": (0.0, 0.0), "pass": (1.0, 1.0)}
+
+    def group_of(tid):
+        if outcome[tid] == "infra":
+            trajs = [trajectory([segment([1], [2])], None, tid, stop=StopReason.INFRA_ERROR)]
+        else:
+            trajs = [trajectory([segment([1], [2])], r, tid) for r in tests[outcome[tid]]]
+        return dataclasses.replace(group(trajs, tid), task_id=tid)
+
+    s = TaskSampler(tasks, seed=1, passes=2, signal_first=True)
+    it = iter(s)
+    first = [next(it).id for _ in tasks]
+    s.mark_trained(first)
+    s.record([group_of(i) for i in first if i in outcome])
+    walked = [t.id for t in it]
+    kinds = [outcome.get(i, "unseen") for i in walked]
+    assert kinds[:3] == ["mixed"] * 3
+    assert sorted(kinds[3:9]) == ["fail"] * 3 + ["infra", "unseen", "unseen"]
+    assert kinds[9:] == ["pass"] * 3
+    plain_second = [t.id for t in TaskSampler(tasks, seed=1, passes=2)][len(tasks):]
+    assert walked[:3] == [i for i in plain_second if outcome.get(i) == "mixed"]
+    resumed = TaskSampler(tasks, seed=1, passes=2, signal_first=True)
+    resumed.load_state_dict(s.state_dict())
+    assert [t.id for t in resumed] == walked
+    assert [t.id for t in TaskSampler(tasks, seed=1, passes=2)][len(tasks):] != walked  # off: shuffled
