@@ -22,9 +22,10 @@ def rollout(prompt: list[int], completion: list[int]) -> Segment:
                    (-1,) * n + (0,) * m)
 
 
-def groups(shared_prompt: bool) -> list:
+def groups(shared_prompt: bool, repeat: bool = False) -> list:
     """Two groups; with ``shared_prompt`` each group's rollouts share a prompt long enough for
-    ``token_logprobs`` to run it once (two forwards per micro-batch)."""
+    ``token_logprobs`` to run it once (two forwards per micro-batch); with ``repeat`` a group's
+    first two rollouts are the same tokens (the forward runs them once)."""
     g = torch.Generator().manual_seed(0)
 
     def toks(n: int) -> list[int]:
@@ -33,8 +34,11 @@ def groups(shared_prompt: bool) -> list:
     out = []
     for gid in ("a", "b"):
         p = toks(MIN_SHARED_PREFIX + 6 if shared_prompt else 8)
-        out.append(group([trajectory([rollout(p if shared_prompt else toks(8), toks(12))], r, gid)
-                          for r in (1.0, 0.0, 0.5)], gid))
+        rows = [rollout(p if shared_prompt else toks(8), toks(12)) for _ in range(3)]
+        if repeat:
+            rows[1] = rows[0]
+        out.append(group([trajectory([row], r, gid) for row, r in zip(rows, (1.0, 0.0, 0.5), strict=True)],
+                         gid))
     return out
 
 
@@ -61,12 +65,12 @@ def policy_params(model) -> torch.Tensor:
 
 
 def test_grpo_step_distills_heads_and_leaves_the_policy_update_unchanged():
-    for shared in (False, True):
+    for shared, repeat in ((False, False), (True, False), (True, True)):
         plain = tiny_llama()
         with_heads = copy.deepcopy(plain)
         attach_heads(with_heads, new_heads(with_heads, 2))
         cfg = GRPOConfig(lr=1e-3, mtp_lr=1e-2, norm_tokens=12)
-        batch = build_batch(groups(shared), cfg.credit(), micro_batch_tokens=cfg.micro_batch_tokens)
+        batch = build_batch(groups(shared, repeat), cfg.credit(), micro_batch_tokens=cfg.micro_batch_tokens)
         opt_plain, opt_heads = make_optimizer(plain, cfg), make_optimizer(with_heads, cfg)
         assert [g["lr"] for g in opt_heads.param_groups] == [1e-3, 1e-2]
         metrics = []
