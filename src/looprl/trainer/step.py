@@ -232,9 +232,12 @@ def distinct_rows(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
     >>> [x.tolist() for x in distinct_rows(t, m)]
     [[0, 1, 3], [0, 1, 0, 2]]
     """
+    B = tokens_B_T.shape[0]
+    if B < 2:
+        every = torch.arange(B, device=tokens_B_T.device)
+        return every, every
     key = torch.where(attention_mask_B_T == 1, tokens_B_T, -1)
     _, which_B = torch.unique(key, dim=0, return_inverse=True)
-    B = key.shape[0]
     first_U = torch.full((int(which_B.max()) + 1,), B, dtype=torch.long, device=key.device
                          ).scatter_reduce(0, which_B, torch.arange(B, device=key.device), "amin")
     order_U = first_U.argsort()
