@@ -31,6 +31,7 @@ def store(tmp_path: Path) -> FeedbackStore:
 
 def add(store: FeedbackStore, user: str = "u1", arm: str = "A", version: int = 0,
         diff: str = TWO_FILE_DIFF, stop: StopReason = StopReason.FINISHED,
-        latency_s: float = 1.0) -> str:
+        latency_s: float = 1.0, tokens: tuple[int, ...] = (5, 6, 7, 8)) -> str:
     return store.add_session(user=user, arm=arm, policy_version=version, prompt="fix it",
-                             repo="/srv/repo", trajectory=make_traj(diff, stop), latency_s=latency_s)
+                             repo="/srv/repo", trajectory=make_traj(diff, stop, tokens),
+                             latency_s=latency_s)

@@ -59,7 +59,10 @@ def model_dir(tmp_path) -> Path:
 
 
 def feedback(store, n: int, version: int = 0) -> list[str]:
-    sids = [add(store, user=f"u{i}", version=version) for i in range(n)]
+    """``n`` sessions, every other one kept; a kept session's reply differs from a reverted one's
+    (sessions with the same tokens and opposite advantages would cancel in the step)."""
+    sids = [add(store, user=f"u{i}", version=version, tokens=(5, 6, 7, 8) if i % 2 else (5, 6, 9, 10))
+            for i in range(n)]
     for i, sid in enumerate(sids):
         store.add_event(sid, "kept" if i % 2 else "reverted")
     return sids
