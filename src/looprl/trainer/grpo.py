@@ -120,7 +120,8 @@ class LoopConfig:
     """From the second pass on, hand out first the tasks whose last group had both passes and
     failures (GRPO's signal), then those with no pass (or not seen), and last those every
     rollout passed (``TaskSampler.record``): when the time runs out before the pass does, what
-    is left untried is what taught least."""
+    is left untried is what taught least. Off in the quickstart: from Q42's start it trained more
+    groups with signal yet generalised less (``docs/experiments.md``, stop 44, arm sig3)."""
     loggers: tuple[str, ...] = ("tensorboard",)
     """Trackers beside ``metrics.jsonl`` (always written): ``tensorboard``, ``wandb`` (the
     ``wandb`` extra), or a plugin; see ``looprl.trainer.loggers``."""
