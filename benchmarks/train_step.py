@@ -31,7 +31,7 @@ from looprl.config import from_dict
 from looprl.models.loading import load_model
 from looprl.train.config import TrainConfig
 from looprl.trainer import step as step_mod
-from looprl.trainer.batch import TrainBatch
+from looprl.trainer.batch import TrainBatch, _cost
 from looprl.trainer.step import GRPOStep, distinct_rows, shared_prefix_len
 from looprl.types import Group, Trajectory
 
@@ -70,9 +70,7 @@ def forward_tokens(batch: TrainBatch, plain: bool) -> int:
         if not plain:
             keep, _ = distinct_rows(t, m)
             t, m = t[keep], m[keep]
-        p = shared_prefix_len(t, m) if not plain else 0
-        shared = p >= step_mod.MIN_SHARED_PREFIX and p < t.shape[1] - 1
-        n += p + t.shape[0] * (t.shape[1] - p) if shared else t.numel()
+        n += _cost(t.shape[0], t.shape[1], 0 if plain else shared_prefix_len(t, m))
     return n
 
 

@@ -283,8 +283,9 @@ def _pack(seqs: Sequence[Sequence[int]], budget: int, share_prefix: bool = True)
     prefix = longest = distinct = 0
     for k, i in enumerate(order):
         if runs:
-            p = min(prefix, _common_prefix(seqs[order[k - 1]], seqs[i]))
-            n = distinct + (list(seqs[order[k - 1]]) != list(seqs[i]))
+            common = _common_prefix(seqs[order[k - 1]], seqs[i])
+            p = min(prefix, common)
+            n = distinct + (not common == lengths[i] == lengths[order[k - 1]])  # a repeat: free
             top = max(longest, lengths[i])
             cost = _cost(n, top, p)
             if cost <= budget and cost - _cost(distinct, longest, prefix) < lengths[i]:
