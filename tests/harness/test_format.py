@@ -7,6 +7,7 @@ import json
 import pytest
 
 from looprl.harness.format import ChatFormat, parse_turn
+from looprl.harness.tools import make_tools, signature, tool_schemas
 from looprl.models.tokenizer import build_tokenizer
 
 from .conftest import call
@@ -202,3 +203,20 @@ def test_token_counts_follow_the_parsed_spans(fmt):
     turn = fmt.parse_ids(pieces)
     assert turn.thinking_tokens == len(pieces) - len(fmt.encode(valid))
     assert turn.tool_call_tokens == len(fmt.encode(valid))
+
+
+def test_default_template_lists_each_tool_as_its_signature_line(tok):
+    """The default model's prompt lists tools the way argument errors name them, not as JSON
+    schemas (a third of the tokens); schemas without parameters or with odd types still render."""
+    tools = make_tools(test_command="python -m pytest")
+    fmt = ChatFormat(tok)
+    text = fmt.render([{"role": "user", "content": "fix it"}], tool_schemas(tools))
+    listed = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
+    assert listed == [f"{signature(t)}: {t.description}" for t in tools]
+    assert 'memory(action: "add" | "list", note?: string): Keep' in text
+    odd = [{"type": "function", "function": {"name": "ping"}},
+           {"type": "function", "function": {"name": "put", "description": "Store.", "parameters": {
+               "type": "object", "properties": {"key": {"type": ["string", "null"]}, "blob": {}},
+               "required": ["blob"]}}}]
+    text = fmt.render([{"role": "user", "content": "x"}], odd)
+    assert "<tools>\nping()\nput(key?: ['string', 'null'], blob: any): Store.\n</tools>" in text

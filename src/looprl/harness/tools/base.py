@@ -8,6 +8,7 @@ with ``validate_args`` before ``run`` so a tool only ever sees well-typed argume
 
 from __future__ import annotations
 
+import json
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,9 @@ def obj_schema(properties: dict[str, dict[str, Any]], required: list[str]) -> di
 
 
 def signature(tool: Tool) -> str:
-    """``read_file(path: string, offset?: integer, limit?: integer)`` — shown in argument errors."""
+    """``read_file(path: string, offset?: integer, limit?: integer)`` — shown in argument errors;
+    the default chat template lists tools in the model's prompt the same way
+    (``looprl.models.tokenizer``)."""
     props = tool.parameters.get("properties", {})
     required = set(tool.parameters.get("required", []))
     parts = []
@@ -55,7 +58,7 @@ def signature(tool: Tool) -> str:
         if tp == "array":
             tp = f"array of {spec.get('items', {}).get('type', 'any')}"
         if "enum" in spec:
-            tp = " | ".join(repr(e) for e in spec["enum"])
+            tp = " | ".join(json.dumps(e) for e in spec["enum"])
         parts.append(f"{name}{'' if name in required else '?'}: {tp}")
     return f"{tool.name}({', '.join(parts)})"
 
