@@ -251,7 +251,8 @@ def test_sigterm_stops_arrivals_and_the_sessions_already_sent_finish(served, tas
     summary = json.loads(out.read_text())
     assert summary["planned"] == 4 and summary["not_sent"] >= 1, summary
     assert summary["sent"] == 4 - summary["not_sent"] == len(summary["sessions"])
-    assert summary["served"] == summary["graded"] == summary["answered"] == summary["sent"]
+    assert summary["served"] == summary["graded"] == summary["answered"] == summary["sent"], \
+        [(s["status"], s["error"]) for s in summary["sessions"]]
     assert summary["events"] == 2 * summary["sent"]  # an edit event and a follow-up each
     check_sent_is_stored(summary, store, "stopped")  # sent = stored, events included
 
