@@ -7,7 +7,7 @@ import json
 import pytest
 
 from looprl.harness.format import ChatFormat, parse_turn
-from looprl.harness.tools import make_tools, signature, tool_schemas
+from looprl.harness.tools import make_tools, tool_schemas
 from looprl.models.tokenizer import build_tokenizer
 
 from .conftest import call
@@ -205,18 +205,24 @@ def test_token_counts_follow_the_parsed_spans(fmt):
     assert turn.tool_call_tokens == len(fmt.encode(valid))
 
 
-def test_default_template_lists_each_tool_as_its_signature_line(tok):
-    """The default model's prompt lists tools the way argument errors name them, not as JSON
-    schemas (a third of the tokens); schemas without parameters or with odd types still render."""
+def test_default_template_lists_each_tool_in_the_shape_of_its_call(tok):
+    """The default model's prompt lists each tool as its call's JSON with the argument types as
+    values (``"offset"?`` optional), then its description: the call's own tokens at a third of
+    the JSON schemas' length; schemas without parameters or with odd types still render."""
     tools = make_tools(test_command="python -m pytest")
     fmt = ChatFormat(tok)
     text = fmt.render([{"role": "user", "content": "fix it"}], tool_schemas(tools))
     listed = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
-    assert listed == [f"{signature(t)}: {t.description}" for t in tools]
-    assert 'memory(action: "add" | "list", note?: string): Keep' in text
+    assert [line.split('"', 4)[3] for line in listed] == [t.name for t in tools]
+    assert all(line.endswith("}} " + t.description) for line, t in zip(listed, tools, strict=True))
+    assert ('{"name": "edit_file", "arguments": {"path": string, "old_string": string, '
+            '"new_string": string, "replace_all"?: boolean}} Replace old_string') in text
+    assert '{"name": "memory", "arguments": {"action": "add" | "list", "note"?: string}} Keep' in text
+    assert '{"name": "read_lints", "arguments": {"paths"?: array of string}} Lint' in text
     odd = [{"type": "function", "function": {"name": "ping"}},
            {"type": "function", "function": {"name": "put", "description": "Store.", "parameters": {
                "type": "object", "properties": {"key": {"type": ["string", "null"]}, "blob": {}},
                "required": ["blob"]}}}]
     text = fmt.render([{"role": "user", "content": "x"}], odd)
-    assert "<tools>\nping()\nput(key?: ['string', 'null'], blob: any): Store.\n</tools>" in text
+    assert ('<tools>\n{"name": "ping", "arguments": {}}\n'
+            '{"name": "put", "arguments": {"key"?: [\'string\', \'null\'], "blob": any}} Store.\n</tools>') in text

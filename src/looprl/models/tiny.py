@@ -244,7 +244,7 @@ def plant_copy_circuit(model: LlamaForCausalLM, seed: int = 0, *, span: int = 20
         a1.o_proj.weight[:D, :n_v] = alpha * P_v.T
 
 
-INIT_RECIPE = "copy2-corpus1-sigtools"
+INIT_RECIPE = "copy2-corpus1-calltools"
 """Part of the cache name of default models: bump it when ``init_default_model`` changes."""
 
 

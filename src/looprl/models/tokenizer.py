@@ -1,6 +1,6 @@
 """The default tokenizer: byte-level BPE trained with `tokenizers`, plus a chat template that
 renders tool calls Hermes/Qwen style (so real Qwen checkpoints and ours share a call format) and
-lists the tools as one signature line each.
+lists each tool as one line in the shape of its call.
 
     tok = build_tokenizer(texts)          # trained BPE (vocab_size entries)
     tok = build_tokenizer(None)           # bytes only: instant, for tests
@@ -33,21 +33,23 @@ CHAT_TEMPLATE = (
     "{%- if tools -%}"
     "{{- '\\n\\n# Tools\\nCall tools with <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call>, '"
     " + 'one block per call; several calls per turn are allowed.\\n<tools>' -}}"
-    # One signature line per tool (``read_file(path: string, offset?: integer): Read a ...``, as
-    # ``harness.tools.signature`` writes it) instead of the JSON schemas: the default tools' schemas
-    # took 1,757 of the prompt's 1,896 tokens, which every rollout prefills and attends to at each
-    # decoded token; their signature lines take 730.
+    # One line per tool in the shape of its call, then what it does:
+    #   {"name": "read_file", "arguments": {"path": string, "offset"?: integer}} Read a text file...
+    # The JSON schemas took 1,757 of the default prompt's 1,896 tokens, which every rollout
+    # prefills and attends to at each decoded token; these lines take ~800. Lines in the call's
+    # own tokens (quoted names, "arguments") and not as signatures (``read_file(path: string)``):
+    # a model that copies from its prompt then copies a call.
     "{%- for t in tools -%}"
     "{%- set f = t['function'] if t['function'] is defined else t -%}"
     "{%- set p = f['parameters'] or {} -%}{%- set req = p['required'] or [] -%}"
-    "{{- '\\n' ~ f['name'] ~ '(' -}}"
+    "{{- '\\n{\"name\": ' ~ (f['name'] | tojson) ~ ', \"arguments\": {' -}}"
     "{%- for name, s in (p['properties'] or {}).items() -%}"
     "{%- set tp = s['type'] or 'any' -%}"
     "{%- if tp == 'array' -%}{%- set tp = 'array of ' ~ ((s['items'] or {})['type'] or 'any') -%}{%- endif -%}"
     "{%- if s['enum'] is defined -%}{%- set tp = s['enum'] | map('tojson') | join(' | ') -%}{%- endif -%}"
-    "{{- (', ' if not loop.first else '') ~ name ~ ('' if name in req else '?') ~ ': ' ~ tp -}}"
+    "{{- (', ' if not loop.first else '') ~ (name | tojson) ~ ('' if name in req else '?') ~ ': ' ~ tp -}}"
     "{%- endfor -%}"
-    "{{- ')' ~ (': ' ~ f['description'] if f['description'] else '') -}}"
+    "{{- '}}' ~ (' ' ~ f['description'] if f['description'] else '') -}}"
     "{%- endfor -%}"
     "{{- '\\n</tools>' -}}"
     "{%- endif -%}"

@@ -47,9 +47,7 @@ def obj_schema(properties: dict[str, dict[str, Any]], required: list[str]) -> di
 
 
 def signature(tool: Tool) -> str:
-    """``read_file(path: string, offset?: integer, limit?: integer)`` — shown in argument errors;
-    the default chat template lists tools in the model's prompt the same way
-    (``looprl.models.tokenizer``)."""
+    """``read_file(path: string, offset?: integer, limit?: integer)`` — shown in argument errors."""
     props = tool.parameters.get("properties", {})
     required = set(tool.parameters.get("required", []))
     parts = []
