@@ -132,7 +132,7 @@ def _held_out_accept(model_dir, heads=None) -> tuple[float, ...]:
 @pytest.mark.slow
 def test_pretraining_distills_heads_and_saves_them(tmp_path):
     d = init_default_model(tmp_path / "m", size="tiny", corpus_chars=200_000)
-    r = pretrain(d, steps=30, batch=4, seq_len=64, lr=1e-2, corpus_chars=100_000, out_dir=tmp_path / "pre",
+    r = pretrain(d, steps=60, batch=4, seq_len=64, lr=1e-2, corpus_chars=100_000, out_dir=tmp_path / "pre",
                  show_progress=False, num_threads=1, mtp_heads=2)
     assert len(r.mtp_accept_K) == 2
     assert json.loads((tmp_path / "pre" / "pretrain.json").read_text())["mtp_accept"] == list(r.mtp_accept_K)
