@@ -9,7 +9,9 @@ The arm is a run of its own, ``RUNS/NAME`` beside ``RUN``: it takes ``RUN``'s ta
 RL, the RL evaluation and the report. Overrides may change RL (``grpo``, ``loop``, ``rollout``,
 ``reward``, ``trainer``, ...), not what the arm copies: the tasks, the start model and how it was
 made, or the evaluation (``tasks``, ``model``, ``demos``, ``sft``, ``eval``, ``seed``); those need
-a run of their own (or ``scripts/sft_probe.py`` for an SFT change). Where and how the model
+a run of their own (or ``scripts/sft_probe.py`` for an SFT change). One exception: more packages
+in ``tasks.train_only_packages`` add their tasks to the arm's train tasks (RL only: the start
+model, its demos and the held-out sets stay the base's). Where and how the model
 runs (``model.threads``, ``model.rl_threads``, ``model.device``, ``model.speculative``,
 ``model.lookup``) may change.
 
@@ -29,6 +31,7 @@ from looprl.bench.gate import compare, load
 from looprl.config import apply_overrides, from_dict
 from looprl.train.config import TrainConfig
 from looprl.train.run import run
+from looprl.train.tasks import TaskSets, package_tasks, select_code
 
 COPIED = ("tasks", "model_start", "start.json", "demos_validation.jsonl", "eval_start.json",
           "eval_start_packages.json", "trajectories/eval_start.jsonl",
@@ -39,6 +42,8 @@ FIXED = ("tasks", "model", "demos", "sft", "eval", "seed")
 """Config sections an arm may not override: they made (or measure) what it copies."""
 RUNTIME = ("model.threads", "model.rl_threads", "model.device", "model.speculative", "model.lookup")
 """Fields of those sections that say where and how the copied model runs, not what it is: free."""
+MORE_TRAIN = "tasks.train_only_packages"
+"""Packages whose tasks RL trains on too: added to the copied train tasks, the start unchanged."""
 
 
 def main() -> None:
@@ -56,7 +61,7 @@ def main() -> None:
                          f"{', '.join(missing)}); give a directory `looprl train` wrote, once it "
                          "has reached RL")
     keys = [o.split("=", 1)[0] for o in args.overrides]
-    fixed = [k for k in keys if k.split(".")[0] in FIXED and k not in RUNTIME]
+    fixed = [k for k in keys if k.split(".")[0] in FIXED and k not in (*RUNTIME, MORE_TRAIN)]
     if fixed:
         raise SystemExit(f"-o {fixed[0]}: an arm starts from {args.run}'s tasks, "
                          f"start model and start evaluation, so it may not change "
@@ -66,8 +71,9 @@ def main() -> None:
     arm = args.run.parent / args.name
     if arm.exists():
         raise SystemExit(f"{arm} exists; pick another --name")
-    cfg = from_dict(TrainConfig, apply_overrides(
-        json.loads((args.run / "config.json").read_text()), [*args.overrides, f"name={args.name}"]))
+    saved = json.loads((args.run / "config.json").read_text())
+    base = from_dict(TrainConfig, saved)
+    cfg = from_dict(TrainConfig, apply_overrides(saved, [*args.overrides, f"name={args.name}"]))
 
     (arm / "trajectories").mkdir(parents=True)
     for name in COPIED:
@@ -76,6 +82,15 @@ def main() -> None:
             shutil.copytree(src, arm / name)
         elif src.is_file():
             shutil.copy2(src, arm / name)
+    added = set(cfg.tasks.train_only_packages) - set(base.tasks.train_only_packages)
+    if added:
+        sets = TaskSets.load(arm)
+        assert sets is not None, "the base's tasks were checked above"
+        built = package_tasks(sorted(added), cfg.tasks, cfg.tasks.seed)
+        more = [select_code(t) if cfg.tasks.selection else t for s in sorted(added) for t in built[s]]
+        TaskSets(sets.train + more, sets.heldout, sets.heldout_packages).save(arm)
+        print(f"{len(more)} train tasks of {', '.join(sorted(added))} added to the "
+              f"{len(sets.train)} of {args.run}")
     report = run(cfg, args.run.parent)
     if report is None:
         return

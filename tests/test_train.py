@@ -3,7 +3,13 @@
 import dataclasses
 import math
 
+import pytest
+
+from looprl.errors import ConfigError
 from looprl.harness.policies import oracle_turns
+from looprl.train import stages
+from looprl.train import tasks as train_tasks
+from looprl.train.config import TasksSection, TrainConfig
 from looprl.train.report import loss_ends
 from looprl.train.tasks import select_code
 from looprl.types import Grader, Task
@@ -41,11 +47,31 @@ def test_select_code_appends_the_buggy_code_never_the_fix(tmp_path):
         dataclasses.replace(task, gold_patch=new_file)
 
 
+def test_train_only_packages_add_train_tasks_and_leave_the_held_out_split_alone(monkeypatch,
+                                                                               tmp_path):
+    def built(specs, cfg, seed, progress=None):  # the package build is the seam: 3 functions x 4
+        return {s: [Task(f"{s}-{f}-{i}", str(tmp_path), "fix it", Grader("pytest"),
+                         metadata={"package": s.split("==")[0], "functions": f"f{f}"})
+                    for f in range(3) for i in range(4)] for s in specs}
+
+    monkeypatch.setattr(train_tasks, "package_tasks", built)
+    base = TasksSection(train_packages=["a==1", "b==1"], heldout_fraction=0.5, max_heldout=8)
+    more = dataclasses.replace(base, train_only_packages=["c==1", "d==1"])
+    before, after = train_tasks.build_tasks(base), train_tasks.build_tasks(more)
+    assert [t.id for t in after.heldout] == [t.id for t in before.heldout] and before.heldout
+    extra = [t for t in after.train if t.metadata["package"] in ("c", "d")]
+    assert len(extra) == 24 and {t.metadata["split"] for t in extra} == {"train"}
+    assert [t.id for t in after.train if t not in extra] == [t.id for t in before.train]
+    # never pretraining text or synthetic demos, like every task package
+    assert stages.task_packages(TrainConfig(tasks=more), []) == ["a", "b", "c", "d"]
+    with pytest.raises(ConfigError, match="b is also in train_packages"):
+        TasksSection(train_packages=["a==1", "b==1"], train_only_packages=["b==2"])
+
+
 def test_bf16_autocast_is_kept_only_where_bf16_is_native(monkeypatch):
     import torch
 
     from looprl.config import load_config
-    from looprl.train import TrainConfig, stages
 
     cfg = load_config(TrainConfig, None, ["sft.autocast_bf16=true", "grpo.autocast_bf16=true"])
     cpu = torch.device("cpu")
@@ -59,8 +85,6 @@ def test_bf16_autocast_is_kept_only_where_bf16_is_native(monkeypatch):
 
 def test_native_bf16_reads_the_cpu_flags(monkeypatch):
     import torch
-
-    from looprl.train import stages
 
     for flags, native in [("fpu avx2 avx512f", False), ("avx2 avx512f avx512_bf16", True),
                           ("avx2 amx_bf16 amx_tile", True)]:

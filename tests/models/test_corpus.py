@@ -27,6 +27,8 @@ def test_corpus_is_pinned_sorted_and_never_a_task_package():
     names = [normalize(parse_spec(s)[0]) for s in corpus.CORPUS]
     assert all(parse_spec(s)[1] for s in corpus.CORPUS)  # every entry pins a version
     assert len(set(names)) == len(names)  # one release per package
+    # packages with held-out tasks; train-only ones may be in the corpus: a run leaves every
+    # task package out of pretraining and synthetic demos (train.stages.task_packages)
     for path in CONFIGS.glob("*.toml"):
         tasks = tomllib.loads(path.read_text()).get("tasks", {})
         for spec in tasks.get("train_packages", []) + tasks.get("heldout_packages", []):

@@ -45,6 +45,9 @@ class TasksSection:
     ``metadata.split`` is ``test`` if any are, else whole functions (``heldout_fraction``)."""
     train_packages: list[str] = field(default_factory=list)
     """NAME==VERSION specs whose tasks are trained on (fetched from PyPI, cached)."""
+    train_only_packages: list[str] = field(default_factory=list)
+    """NAME==VERSION specs trained on whole: none of their functions is held out, so more of
+    them adds train tasks and leaves the held-out functions of ``train_packages`` as they were."""
     sources: list[str] = field(default_factory=list)
     """Task source plugins (``looprl.plugins``, kind ``task_sources``: an entry point or
     ``module:attr`` of a function ``(seed) -> list[Task]``) whose tasks join the train file's or
@@ -82,6 +85,11 @@ class TasksSection:
             find("task_sources", name, {})
         if self.train_file and self.train_packages:
             raise ConfigError("set tasks.train_file or tasks.train_packages, not both")
+        both = {s.split("==")[0] for s in self.train_only_packages} & {
+            s.split("==")[0] for s in self.train_packages + self.heldout_packages}
+        if both:
+            raise FieldError("train_only_packages", f"{sorted(both)[0]} is also in train_packages "
+                             "or heldout_packages; list each package once")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise FieldError("heldout_fraction", f"must be in (0, 1), got {self.heldout_fraction}")
         if self.max_heldout < 1:

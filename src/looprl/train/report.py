@@ -104,7 +104,9 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
     pkg_gate = evals.packages_gate(cfg)
     hist = rl.history
     passes = int(hist[-1].get("loop/pass", 1)) if hist else 1  # the walk over the train tasks RL ended in
-    sources = cfg.tasks.train_file or ", ".join(cfg.tasks.train_packages)
+    sources = (cfg.tasks.train_file or ", ".join(cfg.tasks.train_packages)) + (
+        f"; trained on whole: {', '.join(cfg.tasks.train_only_packages)}"
+        if cfg.tasks.train_only_packages else "")
     lines = [
         f"# looprl train — {cfg.name}", "",
         f"Total {total_minutes:.1f} min; RL {rl.minutes:.1f} min, {rl.steps} steps, "

@@ -106,7 +106,8 @@ def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
 def task_packages(cfg: TrainConfig, tasks: Iterable[Task]) -> list[str]:
     """The packages the config's tasks and ``tasks`` come from: never pretraining text or synthetic
     demos, since a held-out function's source must never be trained on."""
-    names = {s.split("==")[0] for s in cfg.tasks.train_packages + cfg.tasks.heldout_packages}
+    t = cfg.tasks
+    names = {s.split("==")[0] for s in t.train_packages + t.train_only_packages + t.heldout_packages}
     return sorted(names | {str(t.metadata.get("package", "")) for t in tasks} - {""})
 
 

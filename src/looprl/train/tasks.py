@@ -87,8 +87,8 @@ def build_tasks(cfg: TasksSection, progress: Progress | None = None) -> TaskSets
     """Train and held-out tasks as ``cfg`` says (module docstring); ``cfg.seed`` seeds the
     build, the split and the held-out packages' sample."""
     seed = cfg.seed
-    built = package_tasks(list(cfg.train_packages) + list(cfg.heldout_packages), cfg, seed,
-                          progress)
+    built = package_tasks(list(cfg.train_packages) + list(cfg.train_only_packages)
+                          + list(cfg.heldout_packages), cfg, seed, progress)
     tasks = load_tasks(cfg.train_file) if cfg.train_file else []
     tasks += [t for s in cfg.train_packages for t in built[s]]
     for name in cfg.sources:
@@ -101,6 +101,8 @@ def build_tasks(cfg: TasksSection, progress: Progress | None = None) -> TaskSets
     else:
         split = split_by_function(tasks, cfg.heldout_fraction, seed, cfg.max_heldout)
         train, held = split["train"], split["test"]
+    train += [dataclasses.replace(t, metadata={**t.metadata, "split": "train"})
+              for s in cfg.train_only_packages for t in built[s]]
     other = [t for s in cfg.heldout_packages for t in built[s]]
     if len(other) > cfg.max_heldout:  # evaluation time: a seeded sample, as many as the others
         other = sorted(random.Random(seed).sample(other, cfg.max_heldout), key=lambda t: t.id)
