@@ -64,8 +64,8 @@ def test_train_only_packages_add_train_tasks_and_leave_the_held_out_split_alone(
     assert [t.id for t in after.train if t not in extra] == [t.id for t in before.train]
     # never pretraining text or synthetic demos, like every task package
     assert stages.task_packages(TrainConfig(tasks=more), []) == ["a", "b", "c", "d"]
-    with pytest.raises(ConfigError, match="b is also in train_packages"):
-        TasksSection(train_packages=["a==1", "b==1"], train_only_packages=["b==2"])
+    with pytest.raises(ConfigError, match="b_c is also in train_packages"):
+        TasksSection(train_packages=["a==1", "b-c==1"], train_only_packages=["B_c==2"])
 
 
 def test_bf16_autocast_is_kept_only_where_bf16_is_native(monkeypatch):

@@ -106,8 +106,9 @@ def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
 def task_packages(cfg: TrainConfig, tasks: Iterable[Task]) -> list[str]:
     """The packages the config's tasks and ``tasks`` come from: never pretraining text or synthetic
     demos, since a held-out function's source must never be trained on."""
-    t = cfg.tasks
-    names = {s.split("==")[0] for s in t.train_packages + t.train_only_packages + t.heldout_packages}
+    ts = cfg.tasks
+    names = {s.split("==")[0] for s in ts.train_packages + ts.train_only_packages
+             + ts.heldout_packages}
     return sorted(names | {str(t.metadata.get("package", "")) for t in tasks} - {""})
 
 
