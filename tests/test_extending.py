@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,9 @@ def test_the_extending_example_trains_with_its_own_tool_reward_and_tasks(tmp_pat
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows and "reward/my_plugins:small_diff_mean" in rows[-1]  # the plugin term scored
     assert json.loads((run / "eval_rl.json").read_text())["n_tasks"] == 1  # the held-out task
-    assert (run / "report.md").read_text().splitlines()[-1].startswith("heldout_pass1_sft=")
+    report = (run / "report.md").read_text().splitlines()
+    assert report[-1].startswith("heldout_pass1_sft=")
+    assert re.search(r"; [1-3] of the 3 train tasks rolled out\.$", report[2]), report[2]
     # the task file's relative repo paths were taken relative to the file
     task = json.loads((run / "tasks" / "train.jsonl").read_text().splitlines()[0])
     assert task["repo"].startswith(str(EXAMPLE / "repos"))

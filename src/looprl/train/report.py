@@ -104,6 +104,7 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
     pkg_gate = evals.packages_gate(cfg)
     hist = rl.history
     passes = int(hist[-1].get("loop/pass", 1)) if hist else 1  # the walk over the train tasks RL ended in
+    seen = {task for h in hist for task in h.get("tasks", ())}
     sources = (cfg.tasks.train_file or ", ".join(cfg.tasks.train_packages)) + (
         f"; trained on whole: {', '.join(cfg.tasks.train_only_packages)}"
         if cfg.tasks.train_only_packages else "")
@@ -114,7 +115,8 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
         f"{rl.zero_variance_groups} zero-variance, trainer idle {rl.idle_fraction:.0%}"
         + (f"; {rl.groups_screened_out} screened out ({rl.screen_rollouts} rollouts)"
            if rl.groups_screened_out else "")
-        + (f"; in pass {passes} of {cfg.loop.passes} over the train tasks" if passes > 1 else "")
+        + (f"; in pass {passes} of {cfg.loop.passes} over the train tasks" if passes > 1 else
+           f"; {len(seen)} of the {len(sets.train)} train tasks rolled out")
         + ".", "",
         f"Tasks: {len(sets.train)} train, {len(sets.heldout)} held-out functions"
         + (f", {len(sets.heldout_packages)} of held-out packages "
