@@ -29,9 +29,10 @@ from pathlib import Path
 
 from looprl.bench.gate import compare, load
 from looprl.config import apply_overrides, from_dict
+from looprl.pypi import normalize
 from looprl.train.config import TrainConfig
 from looprl.train.run import run
-from looprl.train.tasks import TaskSets, package_tasks, select_code
+from looprl.train.tasks import TaskSets, build_tasks
 
 COPIED = ("tasks", "model_start", "start.json", "demos_validation.jsonl", "eval_start.json",
           "eval_start_packages.json", "trajectories/eval_start.jsonl",
@@ -86,8 +87,9 @@ def main() -> None:
     if added:
         sets = TaskSets.load(arm)
         assert sets is not None, "the base's tasks were checked above"
-        built = package_tasks(sorted(added), cfg.tasks, cfg.tasks.seed)
-        more = [select_code(t) if cfg.tasks.selection else t for s in sorted(added) for t in built[s]]
+        names = {normalize(s.split("==")[0]) for s in added}
+        more = [t for t in build_tasks(cfg.tasks).train  # cached: the packages' tasks as a run's
+                if normalize(str(t.metadata.get("package", ""))) in names]
         TaskSets(sets.train + more, sets.heldout, sets.heldout_packages).save(arm)
         print(f"{len(more)} train tasks of {', '.join(sorted(added))} added to the "
               f"{len(sets.train)} of {args.run}")
