@@ -324,6 +324,17 @@ def test_windows_continue_one_adam_state(tmp_path, store):
     *_, state2 = train_groups(PolicyRef(cand, 1), groups, grpo, 4, 0, optimizer_state(cand))
     assert {int(s["step"]) for s in state2["state"].values()} == {9}
 
+    # momentum=False: the run's second moments, its first zeroed before the window's step, so
+    # the step's first moment is that with momentum less beta1 times the run's.
+    run = torch.load(first, weights_only=True)["state"]
+    *_, state3 = train_groups(PolicyRef(start, 0), groups, grpo, 4, 0, first, momentum=False)
+    for i, st in state3["state"].items():
+        with_run = state["state"][i]
+        assert torch.equal(st["exp_avg_sq"], with_run["exp_avg_sq"])
+        assert torch.count_nonzero(run[i]["exp_avg"]) > 0
+        torch.testing.assert_close(st["exp_avg"],
+                                   with_run["exp_avg"] - grpo.adam_beta1 * run[i]["exp_avg"])
+
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         optimizer_state(start, str(tmp_path / "policies"))
     other = save_tiny(tmp_path / "other", max_positions=128)

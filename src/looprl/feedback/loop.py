@@ -174,6 +174,12 @@ class RealtimeConfig:
     or an ``optimizer.pt``; empty: a fresh optimizer. Each candidate keeps the state its window
     left (``optimizer.pt`` beside its weights) and the next window continues from the serving
     policy's, so the cycles train as one continuing run."""
+    optimizer_momentum: bool = True
+    """Whether the first window takes ``optimizer``'s first moments (momentum) too. Set false
+    when ``model`` is not the policy that run ended with (e.g. the quickstart's ``model_start``
+    with its RL run's state): the second moments still scale each weight's steps, but that run's
+    momentum would move the start policy along the run's last direction, which the users' traffic
+    never asked for."""
     signal: str = "edit_outcome"
     seed: int = 0
     threads: int = 1
@@ -553,6 +559,7 @@ class Loop:
 
     def _cycle(self, n: int) -> tuple[CycleRow, dict[str, float]]:
         from looprl.feedback.cycle import (
+            OPTIMIZER_FILE,
             next_version,
             promote,
             read_policy,
@@ -586,10 +593,11 @@ class Loop:
         t = time.monotonic()
         self.say(f"  training on {len(trajs)} sessions ({row.window['groups']} repeated requests, "
                  f"{row.window['singletons']} single), mean reward {row.window['mean_reward']:+.3f}")
+        is_start = Path(cur.path).resolve() == Path(cfg.model).expanduser().resolve()
+        state = optimizer_state(cur.path, cfg.optimizer if is_start else "")
         model, tok, row.train, opt_state = train_groups(
-            cur, groups, cfg.grpo, cfg.steps, cfg.seed + n,
-            optimizer_state(cur.path, cfg.optimizer if Path(cur.path).resolve()
-                            == Path(cfg.model).expanduser().resolve() else ""))
+            cur, groups, cfg.grpo, cfg.steps, cfg.seed + n, state,
+            momentum=cfg.optimizer_momentum or state != Path(cur.path) / OPTIMIZER_FILE)
         trained = {x.id: x.reward.total for x in trajs if x.reward is not None}
         if row.train["updates"] < 1:  # every group's rewards were equal: the window is used up
             row.status = "no_update"
@@ -677,11 +685,12 @@ def optimizer_state(policy_dir: Path, fallback: str = "") -> Path | None:
 
 
 def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, seed: int,
-                 optimizer: Path | None = None
+                 optimizer: Path | None = None, momentum: bool = True
                  ) -> tuple[Any, Any, dict[str, float], dict[str, Any]]:
     """``steps`` GRPO steps of policy ``cur``'s weights over ``groups`` (shuffled, each group in
-    one step), continuing the Adam state in ``optimizer`` (None: a fresh one); returns (model,
-    tokenizer, the steps' summed or averaged metrics, the optimizer state it left).
+    one step), continuing the Adam state in ``optimizer`` (None: a fresh one; ``momentum``
+    false: its second moments alone, the first zeroed); returns (model, tokenizer, the steps'
+    summed or averaged metrics, the optimizer state it left).
 
     Why continue: Adam's first steps from a fresh state move every weight by about ``lr`` in
     the sign of its gradient, however small and noisy that gradient is, and a window takes only
@@ -705,6 +714,9 @@ def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, se
                               "the optimizer state of the run that trained it") from None
         for group, own in zip(step.optimizer.param_groups, settings, strict=True):
             group.update(own)
+        if not momentum:
+            for st in step.optimizer.state.values():
+                st["exp_avg"].zero_()
     order = list(groups)
     random.Random(seed).shuffle(order)
     k = min(steps, len(order))
