@@ -148,3 +148,52 @@ def test_policy_specs_are_checked():
         PolicyFactory("gpt")
     with pytest.raises(ConfigError, match="needs an argument"):
         PolicyFactory("model")
+
+
+def test_pool_runs_pools_seeds_into_one_paired_interval(tmp_path):
+    """``scripts/pool_runs.py``: two runs' per-task pass@1, averaged by samples, go through the
+    same paired bootstrap as one run's; runs with other held-out tasks are refused."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "pool_runs.py"
+    rng = random.Random(0)
+
+    def report(p: list[float]) -> dict:
+        rows = {}
+        for i, q in enumerate(p):
+            c = sum(rng.random() < q for _ in range(3))
+            rows[f"t{i}"] = {"n": 3, "pass@1": c / 3, "output_tokens": 10.0, "tool_calls": 2.0,
+                             "turns": 2.0, "wall_s": 1.0, "broken_tool_calls": 0.0}
+        return {"per_task": rows}
+
+    runs = []
+    for seed in range(2):
+        run = tmp_path / f"run{seed}"
+        run.mkdir()
+        (run / "eval_start.json").write_text(json.dumps(report([0.2] * 100)))
+        (run / "eval_rl.json").write_text(json.dumps(report([0.4] * 100)))
+        runs.append(run)
+
+    def line(*dirs: Path) -> dict[str, float]:
+        out = subprocess.run([sys.executable, str(script), *map(str, dirs)], capture_output=True,
+                             text=True, check=True).stdout.splitlines()[0]
+        return {k: float(v) for k, v in (w.split("=") for w in out.split()) if k != "set"}
+
+    one, two = (line(r) for r in runs)
+    both = line(*runs)
+    assert both["samples"] == 600 and both["tasks"] == 100 and both["runs"] == 2
+    assert both["delta"] == pytest.approx((one["delta"] + two["delta"]) / 2, abs=1e-4)
+    # independent samples of the same tasks: the pooled interval is narrower than either run's
+    assert both["half_width"] < min(one["half_width"], two["half_width"])
+    assert both["ci_low"] < both["delta"] < both["ci_high"]
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("eval_start.json", "eval_rl.json"):
+        rep = json.loads((runs[0] / name).read_text())
+        rep["per_task"]["t100"] = rep["per_task"].pop("t0")
+        (other / name).write_text(json.dumps(rep))
+    bad = subprocess.run([sys.executable, str(script), str(runs[0]), str(other)],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "held-out tasks differ" in bad.stderr
