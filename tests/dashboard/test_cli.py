@@ -48,3 +48,33 @@ def test_serve_refuses_bad_invocations(grpo_run: Path):
     assert r.exit_code != 0 and "nothing to show" in r.output
     r = runner.invoke(app, ["--run", str(grpo_run), "--host", "0.0.0.0"])
     assert r.exit_code != 0 and "--token" in r.output
+
+
+def test_export_shows_one_experiment_when_asked(tmp_path: Path):
+    """A loop's store holds every cycle's A/B; ``--experiment`` shows one of them alone."""
+    from looprl.feedback.store import FeedbackStore
+
+    from .conftest import make_traj
+
+    db = tmp_path / "fb.db"
+    store = FeedbackStore(db)
+    for exp, n in (("rt-c2", 3), ("rt-final", 5)):
+        for i in range(n):
+            for arm in ("A", "B"):
+                sid = store.add_session(user=f"{exp}{arm}{i}", arm=arm, policy_version=0,
+                                        prompt="fix it", repo="/srv/repo", trajectory=make_traj(),
+                                        latency_s=1.0, experiment=exp)
+                store.add_event(sid, "kept")
+    store.close()
+    pages = {}
+    for extra in ([], ["--experiment", "rt-final"]):
+        out = tmp_path / f"report{len(extra)}.html"
+        r = runner.invoke(app, ["export", "--store", str(db), "--out", str(out), *extra])
+        assert r.exit_code == 0, r.output
+        pages[len(extra)] = out.read_text()
+    assert "16 sessions stored (every experiment" in pages[0]
+    assert '<section id="runs"' not in pages[0]  # no run given: no empty runs list
+    assert "10 sessions of experiment rt-final" in pages[2]
+    # per arm: sessions served, 5 an arm in rt-final against 8 over both experiments
+    assert re.search(r"<td>A</td><td>5</td>", pages[2]) and re.search(r"<td>A</td><td>8</td>",
+                                                                       pages[0])

@@ -248,7 +248,7 @@ class Dashboard:
         """Every run in detail, the comparison, the fleet (one sample) and the A/B test, with the
         scripts and images inlined; no refresh, no links to the server."""
         runs = self.runs()
-        body = [render.runs_table(runs, None)]
+        body = [render.runs_table(runs, None)] if runs else []  # as the overview: no empty list
         if len(runs) > 1:
             body.append(_guard("compare", lambda: render.compare_section(runs)))
         for i, run in enumerate(runs):

@@ -29,6 +29,10 @@ EnvServer = Annotated[str | None, typer.Option("--env-server", metavar="URL", he
 EnvToken = Annotated[str | None, typer.Option("--env-token", envvar="LOOPRL_ENV_TOKEN",
                                               help="bearer token of the env server")]
 MinSessions = Annotated[int, typer.Option(help="scored sessions per arm before an A/B decision")]
+Experiment = Annotated[str | None, typer.Option(
+    "--experiment", metavar="NAME",
+    help="the A/B view covers this experiment's sessions only (e.g. a real-time loop's "
+         "NAME-final); default: every session in the store")]
 
 
 def _is_loopback(host: str) -> bool:
@@ -53,6 +57,7 @@ def serve(
                                               help="bearer token required by the dashboard")] = None,
     refresh: Annotated[int, typer.Option(help="page auto-refresh, seconds (0 = off)")] = 10,
     min_sessions: MinSessions = 100,
+    experiment: Experiment = None,
     drain: Annotated[float, typer.Option(
         help="on SIGTERM: seconds open requests may finish before the server exits")] = 10.0,
 ) -> None:
@@ -71,7 +76,8 @@ def serve(
         raise typer.BadParameter("--drain must be > 0 seconds")
     from looprl.asgi import run as serve_app
 
-    cfg = DashboardConfig(tuple(run or ()), store, env_server, env_token, token, refresh, min_sessions)
+    cfg = DashboardConfig(tuple(run or ()), store, env_server, env_token, token, refresh, min_sessions,
+                          experiment)
     typer.echo(f"looprl dashboard on http://{host}:{port}/" + ("?token=..." if token else ""))
     serve_app(create_app(cfg), host=host, port=port, drain_s=drain)
 
@@ -84,12 +90,14 @@ def export_cmd(
     env_server: EnvServer = None,
     env_token: EnvToken = None,
     min_sessions: MinSessions = 100,
+    experiment: Experiment = None,
 ) -> None:
     """Write one self-contained HTML report (charts and their scripts inlined; for CI artifacts)."""
     from looprl.dashboard.app import DashboardConfig, export_html
 
     if not run and store is None and env_server is None:
         raise typer.BadParameter("nothing to export: pass --run DIR (repeatable) or --store FILE")
-    cfg = DashboardConfig(tuple(run or ()), store, env_server, env_token, None, 0, min_sessions)
+    cfg = DashboardConfig(tuple(run or ()), store, env_server, env_token, None, 0, min_sessions,
+                          experiment)
     path = export_html(cfg, out)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")

@@ -483,6 +483,8 @@ class FeedbackData:
     cycles: tuple[CycleRecord, ...] = ()
     sessions: int = 0
     error: str | None = None
+    experiment: str | None = None
+    """The A/B experiment the report covers (None: every session in the store)."""
 
 
 def load_feedback(path: Path, min_sessions: int = 100, experiment: str | None = None) -> FeedbackData:
@@ -502,7 +504,7 @@ def load_feedback(path: Path, min_sessions: int = 100, experiment: str | None = 
     try:
         rep = ab_report(store, min_sessions=min_sessions, experiment=experiment)
         n = len(store.sessions(experiment=experiment))
-        return FeedbackData(path, rep, tuple(store.cycles()), n)
+        return FeedbackData(path, rep, tuple(store.cycles()), n, experiment=experiment)
     except Exception as e:  # noqa: BLE001 — a corrupt row must not take the page down
         return FeedbackData(path, error=f"cannot read feedback store {path}: "
                                         f"{type(e).__name__}: {e}")

@@ -478,7 +478,9 @@ def feedback_section(fb: FeedbackData) -> str:
         return head + problems([fb.error or "no report"], "error") + "</section>"
     rep = fb.report
     d = rep.decision
-    parts = [head, f'<div class="muted">{fb.sessions} sessions stored</div>',
+    which = (f"of experiment {esc(fb.experiment)}" if fb.experiment else
+             "stored (every experiment; --experiment NAME shows one)")
+    parts = [head, f'<div class="muted">{fb.sessions} sessions {which}</div>',
              f'<p><span class="decision {esc(d.action)}">decision: {esc(d.action)}</span> '
              f'{esc(d.reason)}</p>']
     if rep.arms:
