@@ -24,8 +24,8 @@ Each cycle:
    their difficulty varies far more than a few cycles move the policy, so the request's own past
    is the lower-variance estimate. ``steps`` GRPO steps (``grpo``, Composer's objective) over the
    window, each session once, continuing the Adam state of the policy they start from (the
-   start model's run, ``optimizer``, then each candidate's own): the cycles are one continuing
-   run. The candidate is saved as ``policies/vNNNN`` with that state.
+   start model's run, ``optimizer``, its second moments alone with ``optimizer_momentum``
+   false; then each candidate's own): the cycles are one continuing run. The candidate is saved as ``policies/vNNNN`` with that state.
 3. **Gate**: ``looprl.bench`` runs current and candidate on ``gate.tasks`` (held-out tasks the
    users never send; ``gate.skip`` leaves out the head of a file whose first ``users.limit``
    tasks the users do send) and ``bench.gate.compare`` takes a paired bootstrap interval of the
