@@ -335,6 +335,16 @@ def test_windows_continue_one_adam_state(tmp_path, store):
         torch.testing.assert_close(st["exp_avg"],
                                    with_run["exp_avg"] - grpo.adam_beta1 * run[i]["exp_avg"])
 
+    # the loop's choice per window: the start model's run's state, its momentum as the config
+    # says; a candidate's own state, always with its momentum
+    from looprl.feedback.loop import RealtimeConfig, UsersSection, window_optimizer
+
+    for keep in (True, False):
+        cfg = RealtimeConfig(model=str(start), optimizer=str(tmp_path / "ckpt"),
+                             optimizer_momentum=keep, users=UsersSection(simulate=False))
+        assert window_optimizer(cfg, start) == (first, keep)
+        assert window_optimizer(cfg, cand) == (cand / OPTIMIZER_FILE, True)
+
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         optimizer_state(start, str(tmp_path / "policies"))
     other = save_tiny(tmp_path / "other", max_positions=128)

@@ -559,7 +559,6 @@ class Loop:
 
     def _cycle(self, n: int) -> tuple[CycleRow, dict[str, float]]:
         from looprl.feedback.cycle import (
-            OPTIMIZER_FILE,
             next_version,
             promote,
             read_policy,
@@ -593,11 +592,9 @@ class Loop:
         t = time.monotonic()
         self.say(f"  training on {len(trajs)} sessions ({row.window['groups']} repeated requests, "
                  f"{row.window['singletons']} single), mean reward {row.window['mean_reward']:+.3f}")
-        is_start = Path(cur.path).resolve() == Path(cfg.model).expanduser().resolve()
-        state = optimizer_state(cur.path, cfg.optimizer if is_start else "")
+        state, momentum = window_optimizer(cfg, Path(cur.path))
         model, tok, row.train, opt_state = train_groups(
-            cur, groups, cfg.grpo, cfg.steps, cfg.seed + n, state,
-            momentum=cfg.optimizer_momentum or state != Path(cur.path) / OPTIMIZER_FILE)
+            cur, groups, cfg.grpo, cfg.steps, cfg.seed + n, state, momentum=momentum)
         trained = {x.id: x.reward.total for x in trajs if x.reward is not None}
         if row.train["updates"] < 1:  # every group's rewards were equal: the window is used up
             row.status = "no_update"
@@ -682,6 +679,17 @@ def optimizer_state(policy_dir: Path, fallback: str = "") -> Path | None:
         raise ConfigError(f"optimizer = {fallback!r}: {path} does not exist (name a training "
                           "run's ckpt directory or an optimizer.pt)")
     return path
+
+
+def window_optimizer(cfg: RealtimeConfig, policy_dir: Path) -> tuple[Path | None, bool]:
+    """The Adam state a window on ``policy_dir`` continues (``optimizer_state``: the start model
+    falls back on ``cfg.optimizer``) and whether it keeps that state's first moments: a policy's
+    own state keeps them; the start model's run's state as ``cfg.optimizer_momentum`` says."""
+    from looprl.feedback.cycle import OPTIMIZER_FILE
+
+    is_start = policy_dir.resolve() == Path(cfg.model).expanduser().resolve()
+    state = optimizer_state(policy_dir, cfg.optimizer if is_start else "")
+    return state, cfg.optimizer_momentum or state == policy_dir / OPTIMIZER_FILE
 
 
 def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, seed: int,
