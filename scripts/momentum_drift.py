@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from looprl.feedback.loop import optimizer_state
+from looprl.feedback.loop import continue_adam, optimizer_state
 from looprl.models.loading import load_model
 from looprl.train import stages
 from looprl.trainer.step import GRPOConfig, make_optimizer
@@ -32,10 +32,7 @@ def main() -> None:
     args = ap.parse_args()
     lm = load_model(args.model, dtype="float32")
     opt = make_optimizer(lm.model, GRPOConfig(lr=args.lr))
-    own = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-    opt.load_state_dict(torch.load(optimizer_state(args.model, args.optimizer), weights_only=True))
-    for group, settings in zip(opt.param_groups, own, strict=True):
-        group.update(settings)
+    continue_adam(opt, optimizer_state(args.model, args.optimizer), args.model)
     before = [p.detach().clone() for p in lm.model.parameters()]
     for _ in range(args.steps):
         for p in lm.model.parameters():

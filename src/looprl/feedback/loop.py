@@ -25,7 +25,8 @@ Each cycle:
    is the lower-variance estimate. ``steps`` GRPO steps (``grpo``, Composer's objective) over the
    window, each session once, continuing the Adam state of the policy they start from (the
    start model's run, ``optimizer``, its second moments alone with ``optimizer_momentum``
-   false; then each candidate's own): the cycles are one continuing run. The candidate is saved as ``policies/vNNNN`` with that state.
+   false; then each candidate's own): the cycles are one continuing run. The candidate is saved
+   as ``policies/vNNNN`` with that state.
 3. **Gate**: ``looprl.bench`` runs current and candidate on ``gate.tasks`` (held-out tasks the
    users never send; ``gate.skip`` leaves out the head of a file whose first ``users.limit``
    tasks the users do send) and ``bench.gate.compare`` takes a paired bootstrap interval of the
@@ -692,6 +693,25 @@ def window_optimizer(cfg: RealtimeConfig, policy_dir: Path) -> tuple[Path | None
     return state, cfg.optimizer_momentum or state == policy_dir / OPTIMIZER_FILE
 
 
+def continue_adam(opt: Any, state: Path, model_path: Path | str, momentum: bool = True) -> None:
+    """Load the Adam moments saved at ``state`` into ``opt`` (an optimizer over the model at
+    ``model_path``), keeping ``opt``'s own settings (lr, betas, decay); ``momentum`` false zeroes
+    the first moments, keeping the second alone."""
+    import torch
+
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    try:
+        opt.load_state_dict(torch.load(state, weights_only=True))
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise ConfigError(f"{state} does not fit the model at {model_path} ({e}): name the "
+                          "optimizer state of the run that trained it") from None
+    for group, own in zip(opt.param_groups, settings, strict=True):
+        group.update(own)
+    if not momentum:
+        for st in opt.state.values():
+            st["exp_avg"].zero_()
+
+
 def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, seed: int,
                  optimizer: Path | None = None, momentum: bool = True
                  ) -> tuple[Any, Any, dict[str, float], dict[str, Any]]:
@@ -712,19 +732,8 @@ def train_groups(cur: Any, groups: list[Group], grpo: GRPOConfig, steps: int, se
     torch.manual_seed(seed)
     lm = load_model(cur.path, dtype="float32")
     step = GRPOStep(lm.model, grpo, pad_id=lm.tokenizer.pad_token_id or 0)
-    if optimizer is not None:  # the run's moments, this loop's settings (lr, betas, decay)
-        settings = [{k: v for k, v in g.items() if k != "params"}
-                    for g in step.optimizer.param_groups]
-        try:
-            step.optimizer.load_state_dict(torch.load(optimizer, weights_only=True))
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise ConfigError(f"{optimizer} does not fit the model at {cur.path} ({e}): name "
-                              "the optimizer state of the run that trained it") from None
-        for group, own in zip(step.optimizer.param_groups, settings, strict=True):
-            group.update(own)
-        if not momentum:
-            for st in step.optimizer.state.values():
-                st["exp_avg"].zero_()
+    if optimizer is not None:
+        continue_adam(step.optimizer, optimizer, cur.path, momentum=momentum)
     order = list(groups)
     random.Random(seed).shuffle(order)
     k = min(steps, len(order))
