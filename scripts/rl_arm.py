@@ -29,7 +29,7 @@ from pathlib import Path
 
 from looprl.bench.gate import compare, load
 from looprl.config import apply_overrides, from_dict
-from looprl.pypi import normalize
+from looprl.pypi import spec_name
 from looprl.train.config import TrainConfig
 from looprl.train.run import run
 from looprl.train.tasks import TaskSets, build_tasks
@@ -87,9 +87,9 @@ def main() -> None:
     if added:
         sets = TaskSets.load(arm)
         assert sets is not None, "the base's tasks were checked above"
-        names = {normalize(s.split("==")[0]) for s in added}
+        names = {spec_name(s) for s in added}
         more = [t for t in build_tasks(cfg.tasks).train  # cached: the packages' tasks as a run's
-                if normalize(str(t.metadata.get("package", ""))) in names]
+                if spec_name(str(t.metadata.get("package", ""))) in names]
         TaskSets(sets.train + more, sets.heldout, sets.heldout_packages).save(arm)
         print(f"{len(more)} train tasks of {', '.join(sorted(added))} added to the "
               f"{len(sets.train)} of {args.run}")

@@ -43,6 +43,12 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
+def spec_name(spec: str) -> str:
+    """The normalised name of ``NAME`` or ``NAME==VERSION``, as two specs of one package compare
+    (unchecked: ``parse_spec`` says what is wrong with a bad spec where it is built)."""
+    return normalize(spec.split("==")[0])
+
+
 def _find_sdist(folder: Path, name: str, version: str | None) -> Path | None:
     stem = normalize(name)
     for p in sorted(folder.iterdir()):

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from looprl import paths
-from looprl.pypi import NOT_SOURCE_DIRS, download_sdist, normalize, parse_spec, unpack
+from looprl.pypi import NOT_SOURCE_DIRS, download_sdist, normalize, parse_spec, spec_name, unpack
 
 CORPUS = (
     "anyio==4.16.0", "arrow==1.4.0", "astor==0.8.1", "asttokens==3.0.2", "attrs==26.1.0",
@@ -88,7 +88,7 @@ def fetch_repos(spec: str) -> list[Path]:
 def banned_names(exclude: Iterable[str]) -> set[str]:
     """The normalised names of ``exclude`` (``NAME`` or ``NAME==VERSION``; distribution or
     import names), as a repository's name is compared with them."""
-    return {normalize(x.split("==")[0]) for x in exclude if x}
+    return {spec_name(x) for x in exclude if x}
 
 
 def _kept(specs: Iterable[str], banned: set[str]) -> list[str]:

@@ -21,7 +21,7 @@ from looprl.harness.agent import AgentConfig
 from looprl.inference.spec import MODES as SPEC_MODES
 from looprl.models.tiny import SIZES
 from looprl.plugins import find
-from looprl.pypi import normalize
+from looprl.pypi import spec_name
 from looprl.rewards.composite import RewardConfig
 from looprl.rollout.runner import RolloutConfig
 from looprl.tasks.build import BuildConfig
@@ -86,8 +86,8 @@ class TasksSection:
             find("task_sources", name, {})
         if self.train_file and self.train_packages:
             raise ConfigError("set tasks.train_file or tasks.train_packages, not both")
-        both = {normalize(s.split("==")[0]) for s in self.train_only_packages} & {
-            normalize(s.split("==")[0]) for s in self.train_packages + self.heldout_packages}
+        both = {spec_name(s) for s in self.train_only_packages} & {
+            spec_name(s) for s in self.train_packages + self.heldout_packages}
         if both:
             raise FieldError("train_only_packages", f"{sorted(both)[0]} is also in train_packages "
                              "or heldout_packages; list each package once")
