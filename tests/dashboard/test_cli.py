@@ -67,14 +67,17 @@ def test_export_shows_one_experiment_when_asked(tmp_path: Path):
                 store.add_event(sid, "kept")
     store.close()
     pages = {}
-    for extra in ([], ["--experiment", "rt-final"]):
-        out = tmp_path / f"report{len(extra)}.html"
+    for extra in ([], ["--experiment", "rt-final"], ["--experiment", "rt-fnal"]):
+        out = tmp_path / f"report{len(pages)}.html"
         r = runner.invoke(app, ["export", "--store", str(db), "--out", str(out), *extra])
         assert r.exit_code == 0, r.output
-        pages[len(extra)] = out.read_text()
+        pages[len(pages)] = out.read_text()
     assert "16 sessions stored (every experiment" in pages[0]
     assert '<section id="runs"' not in pages[0]  # no run given: no empty runs list
-    assert "10 sessions of experiment rt-final" in pages[2]
+    assert "10 sessions of experiment rt-final" in pages[1]
+    # a misspelt experiment: what the store holds, not an empty A/B
+    assert "no sessions of experiment &#x27;rt-fnal&#x27;" in pages[2]
+    assert "it holds: rt-c2, rt-final" in pages[2] and "<td>A</td>" not in pages[2]
     # per arm: sessions served, 5 an arm in rt-final against 8 over both experiments
-    assert re.search(r"<td>A</td><td>5</td>", pages[2]) and re.search(r"<td>A</td><td>8</td>",
+    assert re.search(r"<td>A</td><td>5</td>", pages[1]) and re.search(r"<td>A</td><td>8</td>",
                                                                        pages[0])

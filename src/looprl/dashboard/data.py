@@ -502,8 +502,13 @@ def load_feedback(path: Path, min_sessions: int = 100, experiment: str | None = 
     except LooprlError as e:
         return FeedbackData(path, error=str(e))
     try:
-        rep = ab_report(store, min_sessions=min_sessions, experiment=experiment)
         n = len(store.sessions(experiment=experiment))
+        if experiment is not None and n == 0:
+            known = sorted({s.experiment for s in store.sessions()} - {""})
+            return FeedbackData(path, error=f"no sessions of experiment {experiment!r} in {path}; "
+                                            f"it holds: {', '.join(known) or 'none named'}",
+                                experiment=experiment)
+        rep = ab_report(store, min_sessions=min_sessions, experiment=experiment)
         return FeedbackData(path, rep, tuple(store.cycles()), n, experiment=experiment)
     except Exception as e:  # noqa: BLE001 — a corrupt row must not take the page down
         return FeedbackData(path, error=f"cannot read feedback store {path}: "
