@@ -10,7 +10,9 @@ is averaged over the runs, weighted by samples, for the start and for the RL mod
 pair then goes through ``bench.gate.compare`` as one run's evaluations do (the same paired
 bootstrap over tasks), so a task counts once however many runs graded it. One line per held-out
 set: ``set=… runs=… tasks=… samples=… sft=… rl=… delta=… ci_low=… ci_high=… half_width=…``,
-then what a ±3-point interval would take.
+then what a ±3-point interval would take: from two runs on, how many runs
+(``bench.gate.runs_precision``: part of one run's spread over tasks is its own and shrinks only
+with more runs, not with more samples of the same run).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from looprl.bench.gate import METRICS, compare, load
+from looprl.bench.gate import METRICS, compare, load, runs_precision
 
 SETS = {"functions": "", "packages": "_packages"}
 
@@ -60,8 +62,9 @@ def main() -> None:
         print(f"set={name} runs={len(have)} tasks={c.n_tasks} samples={samples} sft={d.a:.4f} "
               f"rl={d.b:.4f} delta={d.diff:+.4f} ci_low={d.lo:+.4f} ci_high={d.hi:+.4f} "
               f"half_width={(d.hi - d.lo) / 2:.4f}")
-        if c.precision:
-            print(f"  {c.precision.markdown()}")
+        runs = runs_precision([(load(p[0]), load(p[1])) for p in have])
+        if runs or c.precision:
+            print(f"  {(runs or c.precision).markdown()}")
 
 
 if __name__ == "__main__":

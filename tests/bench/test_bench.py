@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from looprl.bench.cli import app
-from looprl.bench.gate import Precision, compare, load, precision
+from looprl.bench.gate import Precision, RunsPrecision, compare, load, precision, runs_precision
 from looprl.bench.report import pass_at_k, summarize, write_report
 from looprl.bench.run import PolicyFactory, Sample, run_bench
 from looprl.errors import ConfigError
@@ -134,6 +134,45 @@ def test_precision_predicts_the_spread_of_repeated_evaluations():
     assert k is not None and e.half_width(k=k) <= 0.05 < e.half_width(k=max(k - 1, 1e-9))
 
 
+def test_runs_precision_splits_each_runs_own_spread_from_the_shared_one():
+    """Seeds of one config on the same tasks: a task's true lift (uniform on -0.1 .. 0.3,
+    variance 0.0133) is shared, each run adds its own (uniform on -0.15 .. 0.15, variance
+    0.0075), k = 3 samples a task and arm. The parts are recovered, and the pooled interval it
+    predicts matches the spread of pooled differences over many fresh task draws."""
+    rng = random.Random(0)
+
+    def seeds(runs: int, n: int = 100, k: int = 3) -> list[tuple[dict, dict]]:
+        tasks = [(rng.uniform(0.25, 0.45), rng.uniform(-0.1, 0.3)) for _ in range(n)]
+        out = []
+        for _ in range(runs):
+            a, b = {}, {}
+            for i, (pa, lift) in enumerate(tasks):
+                pb = pa + lift + rng.uniform(-0.15, 0.15)
+                for rep, p in ((a, pa), (b, pb)):
+                    rep[f"t{i}"] = {"n": k, "pass@1": sum(rng.random() < p for _ in range(k)) / k}
+            out.append(({"per_task": a}, {"per_task": b}))
+        return out
+
+    large = runs_precision(seeds(3, n=5000))
+    assert large is not None and (large.runs, large.k, large.n_tasks) == (3, 3, 5000)
+    assert large.shared == pytest.approx(0.4 ** 2 / 12, rel=0.2)
+    assert large.own == pytest.approx(0.3 ** 2 / 12, rel=0.2)
+
+    draws = [seeds(2) for _ in range(300)]
+    pooled = [statistics.fmean(statistics.fmean(b["per_task"][t]["pass@1"] - a["per_task"][t]["pass@1"]
+                                                for a, b in d) for t in d[0][0]["per_task"])
+              for d in draws]
+    est = [runs_precision(d) for d in draws]
+    assert all(e is not None for e in est)
+    assert statistics.fmean(e.half_width() for e in est) == pytest.approx(
+        1.96 * statistics.stdev(pooled), rel=0.1)
+    # The number of runs it proposes reaches the target, one fewer does not.
+    n = large.runs_for(0.01)
+    assert n is not None and large.half_width(runs=n) <= 0.01 < large.half_width(runs=n - 1)
+    assert RunsPrecision(100, 2, 3, shared=0.03, own=0.02, sampling=0.4).runs_for(0.03) is None
+    assert runs_precision(seeds(1)) is None  # one run cannot tell its own spread from the shared
+
+
 def test_precision_says_when_no_sample_count_is_enough():
     wide = Precision(n_tasks=100, k=3, between=0.05, sampling=0.12)
     assert wide.samples_for(0.03) is None
@@ -181,6 +220,9 @@ def test_pool_runs_pools_seeds_into_one_paired_interval(tmp_path):
         return {k: float(v) for k, v in (w.split("=") for w in out.split()) if k != "set"}
 
     one, two = (line(r) for r in runs)
+    advice = subprocess.run([sys.executable, str(script), *map(str, runs)], capture_output=True,
+                            text=True, check=True).stdout.splitlines()[1]
+    assert "from 2 runs on 100 tasks x 3" in advice and "runs at k = 3" in advice
     both = line(*runs)
     assert both["samples"] == 600 and both["tasks"] == 100 and both["runs"] == 2
     assert both["delta"] == pytest.approx((one["delta"] + two["delta"]) / 2, abs=1e-4)

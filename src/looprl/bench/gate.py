@@ -10,7 +10,9 @@ not worse than the base by more than ``max_drop`` at the CI's lower bound
 
 ``precision`` splits the pass@1 difference's variance into the spread of the true per-task
 differences and the noise of k samples per task, to say what an evaluation must cost for a given
-interval: more samples shrink only the second part, more tasks shrink both.
+interval: more samples shrink only the second part, more tasks shrink both. ``runs_precision``
+does the same for several runs of one config (seeds) on the same tasks, where part of the spread
+over tasks is each run's own and shrinks with more runs.
 """
 
 from __future__ import annotations
@@ -123,6 +125,78 @@ def precision(a: dict[str, Any], b: dict[str, Any]) -> Precision | None:
     between = max(statistics.variance(diffs) - of_mean, 0.0)
     k = round(statistics.fmean(nx + ny for _, nx, _, ny in known) / 2)
     return Precision(len(rows), k, between, sampling)
+
+
+@dataclass(frozen=True)
+class RunsPrecision:
+    """How wide the 95% interval of several runs' pooled pass@1 difference is, and would be with
+    more runs or samples.
+
+    One run's difference on a task is the task's true gain (``shared`` by every run), plus what
+    that run did to the task (``own``: which tasks one seed's training happened to help), plus
+    the noise of its k samples. Pooling S runs averages the last two, so the variance of a
+    task's pooled difference is ``shared + (own + sampling / k) / S``. Within a task, the runs'
+    differences vary by ``own + sampling / k``; over tasks, their mean by the whole: the two
+    give ``own`` and ``shared`` (method of moments, clipped at 0).
+    """
+
+    n_tasks: int
+    runs: int
+    k: int
+    shared: float
+    own: float
+    sampling: float
+
+    def half_width(self, runs: int | None = None, k: int | None = None) -> float:
+        s, kk = runs or self.runs, k or self.k
+        return Z95 * math.sqrt((self.shared + (self.own + self.sampling / kk) / s) / self.n_tasks)
+
+    def runs_for(self, half_width: float, k: int | None = None) -> int | None:
+        """The fewest runs whose pooled interval is at most ``half_width`` at ``k`` samples a
+        task each; None when no number would (the shared spread alone is wider)."""
+        room = half_width ** 2 * self.n_tasks / Z95 ** 2 - self.shared
+        if room <= 0:
+            return None
+        return max(1, math.ceil((self.own + self.sampling / (k or self.k)) / room))
+
+    def markdown(self, target: float = 0.03) -> str:
+        def take(k: int) -> str:
+            n = self.runs_for(target, k)
+            return f"{n} runs at k = {k}" if n is not None else f"no number of runs at k = {k}"
+
+        return (f"pass@1 interval ±{self.half_width() * 100:.1f} points from {self.runs} runs on "
+                f"{self.n_tasks} tasks x {self.k} (variance over tasks {self.shared:.4f} shared by "
+                f"the runs, {self.own:.4f} each run's own; per sample {self.sampling:.3f}); "
+                f"±{target * 100:g} points takes {take(self.k)}, or {take(2 * self.k)}.")
+
+
+def runs_precision(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> RunsPrecision | None:
+    """``RunsPrecision`` of pass@1(b) - pass@1(a) from several runs' (a, b) report pairs on the
+    same tasks (None with fewer than two runs or tasks, or without two samples a task)."""
+    common = sorted(set.intersection(*(set(a["per_task"]) & set(b["per_task"]) for a, b in pairs))
+                    ) if pairs else []
+    if len(pairs) < 2 or len(common) < 2:
+        return None
+
+    def noise(r: dict[str, Any]) -> float:
+        """Unbiased p(1-p) of one sample."""
+        n, p = int(r["n"]), float(r["pass@1"])
+        return p * (1 - p) * n / (n - 1)
+
+    rows = [[(a["per_task"][t], b["per_task"][t]) for a, b in pairs] for t in common]
+    if any(int(x.get("n", 1)) < 2 or int(y.get("n", 1)) < 2 for row in rows for x, y in row):
+        return None
+    diffs = [[float(y["pass@1"]) - float(x["pass@1"]) for x, y in row] for row in rows]
+    of_mean = [statistics.fmean(noise(x) / int(x["n"]) + noise(y) / int(y["n"]) for x, y in row)
+               for row in rows]
+    within = [statistics.variance(d) for d in diffs]
+    s = len(pairs)
+    own = max(statistics.fmean(w - m for w, m in zip(within, of_mean, strict=True)), 0.0)
+    shared = max(statistics.variance([statistics.fmean(d) for d in diffs])
+                 - statistics.fmean(within) / s, 0.0)
+    sampling = statistics.fmean(noise(x) + noise(y) for row in rows for x, y in row)
+    k = round(statistics.fmean(int(x["n"]) + int(y["n"]) for row in rows for x, y in row) / 2)
+    return RunsPrecision(len(common), s, k, shared, own, sampling)
 
 
 @dataclass(frozen=True)
