@@ -31,10 +31,9 @@ def run_cmd(
     max_turns: Annotated[int, typer.Option(help="agent turns per sample", min=1)] = 30,
 ) -> None:
     """Run POLICY on every task K times through the harness and grade each sample."""
-    from rich.progress import Progress
-
     from looprl.bench.report import markdown, summarize, write_report
     from looprl.bench.run import BenchSettings, run_bench
+    from looprl.progress import Bar
     from looprl.tasks.taskset import load_tasks
 
     ts = load_tasks(tasks)
@@ -44,7 +43,7 @@ def run_cmd(
         ts = ts[:limit]
     out.parent.mkdir(parents=True, exist_ok=True)  # before the run: a report is never lost
     settings = BenchSettings(concurrency=concurrency, max_turns=max_turns)
-    with Progress() as bar:
+    with Bar() as bar:
         job = bar.add_task(f"{policy} x{k}", total=len(ts) * k)
         samples = run_bench(ts, policy, k, settings, progress=lambda n: bar.advance(job, n))
     rep = summarize(samples, k, policy=policy, tasks_file=str(tasks))

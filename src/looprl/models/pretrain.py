@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
 
 from looprl.errors import ConfigError
 from looprl.models.loading import load_model, save_model
@@ -39,6 +39,7 @@ from looprl.models.mtp import (
     new_heads,
 )
 from looprl.models.tiny import chat_examples, python_sources
+from looprl.progress import Bar
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, ou
     losses: list[float] = []
     accepts: list[tuple[float, ...]] = []
     t0 = time.perf_counter()
-    with Progress(TextColumn("pretrain"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    with Bar(TextColumn("pretrain"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn(),
                   disable=not show_progress) as bar:
         task = bar.add_task("pretrain", total=steps, loss=float("nan"))

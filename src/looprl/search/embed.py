@@ -429,7 +429,9 @@ def _plot(losses: list[float], out: Path) -> None:
 
 def train(cfg: EmbedTrainConfig, pairs: list[Pair] | None = None) -> TrainResult:
     """Train the bi-encoder and save it; ``pairs`` overrides mining (tests pass a few)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+    from looprl.progress import Bar
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
@@ -460,7 +462,7 @@ def train(cfg: EmbedTrainConfig, pairs: list[Pair] | None = None) -> TrainResult
                _blocks(packages, bs, random.Random(cfg.seed + 2), True))
     losses: list[float] = []
     start = time.time()
-    with Progress(TextColumn("[bold]embed train"), BarColumn(), TextColumn("{task.description}"),
+    with Bar(TextColumn("[bold]embed train"), BarColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), disable=not cfg.progress) as bar:
         job = bar.add_task("", total=1.0)
         step = 0

@@ -62,8 +62,7 @@ def build_cmd(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Build validated tasks from each package and print a summary table."""
-    from rich.progress import Progress
-
+    from looprl.progress import Bar
     from looprl.tasks import mutate
     from looprl.tasks.build import BuildConfig, build_package_tasks
     from looprl.tasks.releases import build_release_tasks
@@ -80,7 +79,7 @@ def build_cmd(
     cfg = BuildConfig(max_tasks=max_tasks, validate=validate, budget_s=budget_s,
                       max_tries=max_tries, kinds=kind_list, mix=shares, seed=seed)
     all_tasks, skipped = [], []
-    with Progress() as bar:
+    with Bar() as bar:
         job = bar.add_task("packages", total=len(specs))
         for spec in specs:
             bar.update(job, description=spec)

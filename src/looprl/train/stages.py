@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from looprl.errors import ConfigError
+from looprl.progress import Bar
 from looprl.train.config import TrainConfig
 from looprl.trainer.ddp import ONE_PROCESS, DistInfo
 from looprl.types import Task, Trajectory
@@ -31,8 +32,8 @@ from looprl.types import Task, Trajectory
 console = Console()
 
 
-def progress_bar() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+def progress_bar() -> Bar:
+    return Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console)
 
 

@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from rich.progress import Progress
 from torch import nn
 
 from looprl.config import FieldError, check_choice
 from looprl.errors import ConfigError
 from looprl.models.mtp import capture_hidden, clip_grad_norms, distill_spans, heads_of
 from looprl.models.pretrain import warmup_cosine_lr
+from looprl.progress import Bar
 from looprl.trainer.batch import pack_segments
 from looprl.trainer.step import shares_prefixes, token_logprobs
 from looprl.types import Segment, Trajectory
@@ -149,7 +149,7 @@ def sft(model: nn.Module, trajectories: Sequence[Trajectory], cfg: SFTConfig | N
     plan = _batches(len(segs), cfg)
     model.train()
     t0, losses, tokens = time.perf_counter(), [], 0
-    with Progress(disable=not cfg.progress, transient=False) as bar:
+    with Bar(disable=not cfg.progress, transient=False) as bar:
         task = bar.add_task("sft", total=len(plan))
         for step, idx in enumerate(plan):
             if cfg.schedule == "cosine":
