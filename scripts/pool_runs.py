@@ -13,11 +13,17 @@ set: ``set=… runs=… tasks=… samples=… sft=… rl=… delta=… ci_low=�
 then what a ±3-point interval would take: from two runs on, how many runs
 (``bench.gate.runs_precision``: part of one run's spread over tasks is its own and shrinks only
 with more runs, not with more samples of the same run).
+
+Runs of earlier sessions are pooled from what they kept: ``--record docs/runs/NAME RUN`` writes a
+run's evaluations without their samples and its config to ``docs/runs/NAME``, a directory this
+script reads as it reads a run's.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +48,41 @@ def pool(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return {"per_task": per_task}
 
 
+def record(run: Path, dest: Path) -> None:
+    """Keep ``run``'s evaluations in ``dest`` for pooling later, when the run directory is gone:
+    each report without its samples (per-task rows and totals, ~60 KB instead of ~500), and
+    ``run.json`` with the run's config and the sha256 of its task files."""
+    dest.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for suffix in SETS.values():
+        for label in ("start", "rl"):
+            src = run / f"eval_{label}{suffix}.json"
+            if src.is_file():
+                rep = {k: v for k, v in load(src).items() if k != "samples"}
+                (dest / src.name).write_text(json.dumps(rep, indent=1) + "\n")
+                kept.append(src.name)
+    if not kept:
+        raise SystemExit(f"{run} holds no evaluations (eval_start.json, eval_rl.json): give a "
+                         "run directory that finished")
+    tasks = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+             for f in sorted((run / "tasks").glob("*.jsonl"))}
+    config = json.loads((run / "config.json").read_text())
+    (dest / "run.json").write_text(json.dumps({"run": str(run), "config": config,
+                                               "task_files_sha256": tasks}, indent=1) + "\n")
+    print(f"kept {', '.join(kept)} and run.json in {dest}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", type=Path, nargs="+", help="run directories that evaluated SFT and RL")
+    ap.add_argument("--record", type=Path, metavar="DIR",
+                    help="instead of pooling, keep the one run's evaluations in DIR")
     args = ap.parse_args()
+    if args.record:
+        if len(args.runs) != 1:
+            raise SystemExit("--record keeps one run: give one run directory")
+        record(args.runs[0], args.record)
+        return
     for name, suffix in SETS.items():
         paths = [(run / f"eval_start{suffix}.json", run / f"eval_rl{suffix}.json")
                  for run in args.runs]

@@ -230,6 +230,24 @@ def test_pool_runs_pools_seeds_into_one_paired_interval(tmp_path):
     assert both["half_width"] < min(one["half_width"], two["half_width"])
     assert both["ci_low"] < both["delta"] < both["ci_high"]
 
+    # a run kept by --record (samples dropped) pools as the run itself does
+    (runs[0] / "config.json").write_text(json.dumps({"seed": 0}))
+    (runs[0] / "tasks").mkdir()
+    (runs[0] / "tasks" / "heldout.jsonl").write_text("{}\n")
+    rep = json.loads((runs[0] / "eval_rl.json").read_text())
+    (runs[0] / "eval_rl.json").write_text(json.dumps({**rep, "samples": [{"text": "x" * 1000}]}))
+    kept = tmp_path / "kept"
+    subprocess.run([sys.executable, str(script), "--record", str(kept), str(runs[0])], check=True,
+                   capture_output=True)
+    assert "samples" not in json.loads((kept / "eval_rl.json").read_text())
+    assert json.loads((kept / "run.json").read_text())["task_files_sha256"]["heldout.jsonl"]
+    assert line(kept, runs[1]) == both
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    unfinished = subprocess.run([sys.executable, str(script), "--record", str(kept), str(empty)],
+                                capture_output=True, text=True)
+    assert unfinished.returncode != 0 and "holds no evaluations" in unfinished.stderr
+
     other = tmp_path / "other"
     other.mkdir()
     for name in ("eval_start.json", "eval_rl.json"):
