@@ -4,8 +4,9 @@
 
 Each step's weights are rebuilt from the run's weight store (``RUN/weights``: what the rollout
 engine ran after that step, in the store's bf16) on ``model_start``'s architecture and tokenizer,
-then evaluated on the run's held-out functions with the run's own evaluation settings (``eval``),
-written to ``RUN/eval_v<STEP>.json`` and compared, paired over the same tasks, with the start's
+then evaluated on the run's held-out functions (``--set packages``: its whole held-out packages)
+with the run's own evaluation settings (``eval``), written to ``RUN/eval_v<STEP>.json``
+(``eval_v<STEP>_packages.json``) and compared, paired over the same tasks, with the start's
 evaluation and with the RL model's (when the run has them). One line per step:
 ``version=… pass1=… minus_start=… (… … …) minus_rl=… (… … …) broken_per_call=…``.
 """
@@ -43,6 +44,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run", type=Path, help="a run directory `looprl train` wrote, RL started")
     ap.add_argument("versions", type=int, nargs="+", help="trainer steps (weight versions)")
+    ap.add_argument("--set", choices=("functions", "packages"), default="functions",
+                    help="the held-out functions, or the whole held-out packages")
     args = ap.parse_args()
     sets = TaskSets.load(args.run)
     if sets is None or not (args.run / "weights").is_dir():
@@ -55,13 +58,17 @@ def main() -> None:
         raise SystemExit(f"{args.run / 'weights'} holds no version {absent[0]} "
                          f"(it holds {min(known)}..{max(known)})" if known else
                          f"{args.run / 'weights'} holds no versions")
-    refs = {name: load(args.run / f"eval_{name}.json") for name in ("start", "rl")
-            if (args.run / f"eval_{name}.json").is_file()}
+    suffix = "_packages" if args.set == "packages" else ""
+    tasks = sets.heldout_packages if args.set == "packages" else sets.heldout
+    if not tasks:
+        raise SystemExit(f"{args.run} has no held-out {args.set}")
+    refs = {name: load(args.run / f"eval_{name}{suffix}.json") for name in ("start", "rl")
+            if (args.run / f"eval_{name}{suffix}.json").is_file()}
     for v in args.versions:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = materialize(args.run, store, v, Path(tmp) / f"v{v}")
-            rep = stages.evaluate(model_dir, sets.heldout, cfg, f"v{v}")
-        (args.run / f"eval_v{v}.json").write_text(json.dumps(rep))
+            rep = stages.evaluate(model_dir, tasks, cfg, f"v{v}{suffix}")
+        (args.run / f"eval_v{v}{suffix}.json").write_text(json.dumps(rep))
         m = rep["metrics"]
         line = f"version={v} pass1={m['pass@1']:.4f}"
         for name, ref in refs.items():
