@@ -102,6 +102,12 @@ class Precision:
                 f"{pts} takes {self.tasks_for(target)} tasks at k = {self.k}, or {k_part}.")
 
 
+def _noise(row: dict[str, Any]) -> float:
+    """Unbiased p(1-p) of one sample, from a task's row of n > 1 samples."""
+    n, p = int(row["n"]), float(row["pass@1"])
+    return p * (1 - p) * n / (n - 1)
+
+
 def precision(a: dict[str, Any], b: dict[str, Any]) -> Precision | None:
     """``Precision`` of pass@1(b) - pass@1(a) over their common tasks (None when fewer than
     two tasks, or no task has two graded samples in both reports, to tell noise from spread)."""
@@ -110,13 +116,8 @@ def precision(a: dict[str, Any], b: dict[str, Any]) -> Precision | None:
     if len(rows) < 2:
         return None
 
-    def noise(r: dict[str, Any]) -> tuple[float, int]:
-        """Unbiased p(1-p) of one sample (n > 1 samples), and n."""
-        n, p = int(r["n"]), float(r["pass@1"])
-        return p * (1 - p) * n / (n - 1), n
-
     diffs = [float(y["pass@1"]) - float(x["pass@1"]) for x, y in rows]
-    known = [(*noise(x), *noise(y)) for x, y in rows
+    known = [(_noise(x), int(x["n"]), _noise(y), int(y["n"])) for x, y in rows
              if int(x.get("n", 1)) > 1 and int(y.get("n", 1)) > 1]
     if not known:
         return None
@@ -178,23 +179,18 @@ def runs_precision(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> RunsPr
     if len(pairs) < 2 or len(common) < 2:
         return None
 
-    def noise(r: dict[str, Any]) -> float:
-        """Unbiased p(1-p) of one sample."""
-        n, p = int(r["n"]), float(r["pass@1"])
-        return p * (1 - p) * n / (n - 1)
-
     rows = [[(a["per_task"][t], b["per_task"][t]) for a, b in pairs] for t in common]
     if any(int(x.get("n", 1)) < 2 or int(y.get("n", 1)) < 2 for row in rows for x, y in row):
         return None
     diffs = [[float(y["pass@1"]) - float(x["pass@1"]) for x, y in row] for row in rows]
-    of_mean = [statistics.fmean(noise(x) / int(x["n"]) + noise(y) / int(y["n"]) for x, y in row)
+    of_mean = [statistics.fmean(_noise(x) / int(x["n"]) + _noise(y) / int(y["n"]) for x, y in row)
                for row in rows]
     within = [statistics.variance(d) for d in diffs]
     s = len(pairs)
     own = max(statistics.fmean(w - m for w, m in zip(within, of_mean, strict=True)), 0.0)
     shared = max(statistics.variance([statistics.fmean(d) for d in diffs])
                  - statistics.fmean(within) / s, 0.0)
-    sampling = statistics.fmean(noise(x) + noise(y) for row in rows for x, y in row)
+    sampling = statistics.fmean(_noise(x) + _noise(y) for row in rows for x, y in row)
     k = round(statistics.fmean(int(x["n"]) + int(y["n"]) for row in rows for x, y in row) / 2)
     return RunsPrecision(len(common), s, k, shared, own, sampling)
 

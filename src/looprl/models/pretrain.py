@@ -157,8 +157,8 @@ def _pretrain(model_dir, steps, batch, seq_len, lr, corpus_chars, bf16, seed, ou
     accepts: list[tuple[float, ...]] = []
     t0 = time.perf_counter()
     with Bar(TextColumn("pretrain"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn(),
-                  disable=not show_progress) as bar:
+             TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn(),
+             disable=not show_progress) as bar:
         task = bar.add_task("pretrain", total=steps, loss=float("nan"))
         for step in range(steps):
             xy = _batches(train, batch, seq_len, gen)

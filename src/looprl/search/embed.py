@@ -463,7 +463,7 @@ def train(cfg: EmbedTrainConfig, pairs: list[Pair] | None = None) -> TrainResult
     losses: list[float] = []
     start = time.time()
     with Bar(TextColumn("[bold]embed train"), BarColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), disable=not cfg.progress) as bar:
+             TimeElapsedColumn(), disable=not cfg.progress) as bar:
         job = bar.add_task("", total=1.0)
         step = 0
         while step < cfg.steps:
