@@ -58,8 +58,8 @@ def main() -> None:
         raise SystemExit(f"{args.run / 'weights'} holds no version {absent[0]} "
                          f"(it holds {min(known)}..{max(known)})" if known else
                          f"{args.run / 'weights'} holds no versions")
-    suffix = "_packages" if args.set == "packages" else ""
-    tasks = sets.heldout_packages if args.set == "packages" else sets.heldout
+    suffix, tasks = (("_packages", sets.heldout_packages) if args.set == "packages" else
+                     ("", sets.heldout))
     if not tasks:
         raise SystemExit(f"{args.run} has no held-out {args.set}")
     refs = {name: load(args.run / f"eval_{name}{suffix}.json") for name in ("start", "rl")

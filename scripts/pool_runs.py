@@ -92,14 +92,15 @@ def main() -> None:
         if len(have) < len(paths):
             raise SystemExit(f"{len(paths) - len(have)} of the runs lack eval_start{suffix}.json "
                              f"or eval_rl{suffix}.json: give runs that finished")
-        a, b = (pool([load(p[i]) for p in have]) for i in (0, 1))
+        pairs = [(load(start), load(rl)) for start, rl in have]
+        a, b = (pool([pair[i] for pair in pairs]) for i in (0, 1))
         c = compare(a, b)
         d = c.diffs[0]
         samples = sum(int(r["n"]) for r in a["per_task"].values())
         print(f"set={name} runs={len(have)} tasks={c.n_tasks} samples={samples} sft={d.a:.4f} "
               f"rl={d.b:.4f} delta={d.diff:+.4f} ci_low={d.lo:+.4f} ci_high={d.hi:+.4f} "
               f"half_width={(d.hi - d.lo) / 2:.4f}")
-        runs = runs_precision([(load(p[0]), load(p[1])) for p in have])
+        runs = runs_precision(pairs)
         if runs or c.precision:
             print(f"  {(runs or c.precision).markdown()}")
 

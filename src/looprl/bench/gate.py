@@ -174,9 +174,10 @@ class RunsPrecision:
 def runs_precision(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> RunsPrecision | None:
     """``RunsPrecision`` of pass@1(b) - pass@1(a) from several runs' (a, b) report pairs on the
     same tasks (None with fewer than two runs or tasks, or without two samples a task)."""
-    common = sorted(set.intersection(*(set(a["per_task"]) & set(b["per_task"]) for a, b in pairs))
-                    ) if pairs else []
-    if len(pairs) < 2 or len(common) < 2:
+    if len(pairs) < 2:
+        return None
+    common = sorted(set.intersection(*(set(a["per_task"]) & set(b["per_task"]) for a, b in pairs)))
+    if len(common) < 2:
         return None
 
     rows = [[(a["per_task"][t], b["per_task"][t]) for a, b in pairs] for t in common]
