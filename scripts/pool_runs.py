@@ -93,6 +93,13 @@ def main() -> None:
             raise SystemExit(f"{len(paths) - len(have)} of the runs lack eval_start{suffix}.json "
                              f"or eval_rl{suffix}.json: give runs that finished")
         pairs = [(load(start), load(rl)) for start, rl in have]
+        starts = [start["per_task"] for start, _ in pairs]
+        twice = next(((i, j) for i in range(len(starts)) for j in range(i + 1, len(starts))
+                      if starts[i] == starts[j]), None)
+        if twice:
+            raise SystemExit(f"{have[twice[0]][0].parent} and {have[twice[1]][0].parent} share "
+                             "their start's evaluation: they are one seed (a run and a step of "
+                             "it); pool one of them with runs of other seeds")
         a, b = (pool([pair[i] for pair in pairs]) for i in (0, 1))
         c = compare(a, b)
         d = c.diffs[0]

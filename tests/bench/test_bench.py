@@ -242,6 +242,10 @@ def test_pool_runs_pools_seeds_into_one_paired_interval(tmp_path):
     assert "samples" not in json.loads((kept / "eval_rl.json").read_text())
     assert json.loads((kept / "run.json").read_text())["task_files_sha256"]["heldout.jsonl"]
     assert line(kept, runs[1]) == both
+    # a run and its own record share the start's evaluation: one seed, not two
+    same = subprocess.run([sys.executable, str(script), str(kept), str(runs[0])],
+                          capture_output=True, text=True)
+    assert same.returncode != 0 and "share their start's evaluation" in same.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     unfinished = subprocess.run([sys.executable, str(script), "--record", str(kept), str(empty)],
