@@ -52,6 +52,8 @@ def record(run: Path, dest: Path) -> None:
     """Keep ``run``'s evaluations in ``dest`` for pooling later, when the run directory is gone:
     each report without its samples (per-task rows and totals, ~60 KB instead of ~500), and
     ``run.json`` with the run's config and the sha256 of its task files."""
+    if not (run / "config.json").is_file():
+        raise SystemExit(f"{run} has no config.json: give the directory `looprl train` wrote")
     dest.mkdir(parents=True, exist_ok=True)
     kept = []
     for suffix in SETS.values():

@@ -248,6 +248,10 @@ def test_pool_runs_pools_seeds_into_one_paired_interval(tmp_path):
     assert same.returncode != 0 and "share their start's evaluation" in same.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
+    unconfigured = subprocess.run([sys.executable, str(script), "--record", str(kept), str(empty)],
+                                  capture_output=True, text=True)
+    assert unconfigured.returncode != 0 and "has no config.json" in unconfigured.stderr
+    (empty / "config.json").write_text("{}")
     unfinished = subprocess.run([sys.executable, str(script), "--record", str(kept), str(empty)],
                                 capture_output=True, text=True)
     assert unfinished.returncode != 0 and "holds no evaluations" in unfinished.stderr
