@@ -265,3 +265,23 @@ def test_pool_runs_pools_seeds_into_one_paired_interval(tmp_path):
     bad = subprocess.run([sys.executable, str(script), str(runs[0]), str(other)],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "held-out tasks differ" in bad.stderr
+
+
+def test_kept_runs_are_in_the_repository_and_pool():
+    """``docs/runs/``: the evaluations kept by ``pool_runs.py --record`` reach a clone (an ignore
+    rule once kept them out) and pool, since the kept seeds share their task files."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    kept = {p.name: p for p in (root / "docs" / "runs").iterdir() if (p / "run.json").is_file()}
+    assert {"q48", "q48_walk1", "q49"} <= set(kept)
+    hashes = {n: json.loads((p / "run.json").read_text())["task_files_sha256"]
+              for n, p in kept.items()}
+    assert hashes["q48_walk1"] == hashes["q49"]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "pool_runs.py"),
+                          str(kept["q48_walk1"]), str(kept["q49"])],
+                         capture_output=True, text=True, check=True).stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith("set=")]
+    assert [ln.split()[:3] for ln in lines] == [["set=functions", "runs=2", "tasks=200"],
+                                                ["set=packages", "runs=2", "tasks=160"]]
