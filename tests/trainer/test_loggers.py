@@ -6,6 +6,7 @@ from __future__ import annotations
 import doctest
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,11 @@ def test_loop_writes_wandb_offline(tmp_path: Path, monkeypatch):
     assert not (run / "tb").exists()  # not asked for
     # a second process resuming the run continues the same W&B run
     run_id = (run / "wandb_run_id").read_text().strip()
+    # W&B names an offline run's directory by the second it started: a resume within the first
+    # run's second would share its directory, and the two processes' runs would not show apart
+    first = int(time.time())
+    while int(time.time()) == first:
+        time.sleep(0.05)
     lg = make_loggers(("wandb",), run)
     lg.close()
     assert (run / "wandb_run_id").read_text().strip() == run_id
