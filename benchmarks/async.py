@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig
-from looprl.harness.format import ChatFormat
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
 from looprl.models.tiny import default_model_dir

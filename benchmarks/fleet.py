@@ -46,18 +46,18 @@ from typing import Any
 import torch
 from sandbox import cpu_model  # benchmarks/sandbox.py: the host CPU named in the summary
 
+from looprl.chat import ChatFormat
 from looprl.fleet.config import FleetConfig
 from looprl.fleet.ray_fleet import MemberSpec, RayFleet
 from looprl.harness.agent import AgentConfig
-from looprl.harness.format import ChatFormat
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
 from looprl.models.tiny import default_model_dir
 from looprl.rewards.composite import RewardConfig
-from looprl.rollout.runner import GroupResult, RolloutConfig, RolloutRunner
+from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
-from looprl.types import Task
+from looprl.types import GroupResult, Task
 
 IP = "127.0.0.2"  # loopback; Ray rewrites 127.0.0.1 to the machine's routable address
 FAST_DEATH = {"health_check_period_ms": 500, "health_check_failure_threshold": 4,

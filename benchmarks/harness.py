@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from looprl.harness import AgentConfig, ChatFormat, ScriptedPolicy, make_tools, run_agent
+from looprl.chat import ChatFormat
+from looprl.harness import AgentConfig, ScriptedPolicy, make_tools, run_agent
 from looprl.models.tokenizer import build_tokenizer
 from looprl.types import Grader, Task
 

@@ -85,7 +85,7 @@ class Curve:
 def prompts_from_tasks(tok, spec: str, form: str) -> list[Prompt]:
     """``form="agent"``: the agent's real first turn (the harness's tool schemas rendered by the
     chat template, then the task's prompt); ``"bare"``: the task's prompt alone."""
-    from looprl.harness.format import ChatFormat
+    from looprl.chat import ChatFormat
     from looprl.harness.tools import DEFAULT_TOOLS, make_tools, tool_schemas
     from looprl.tasks.build import BuildConfig, build_package_tasks
     from looprl.tasks.sources import fetch_package

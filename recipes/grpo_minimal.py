@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
+from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.format import ChatFormat
 from looprl.harness.tools import make_tools
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model

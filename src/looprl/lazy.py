@@ -1,5 +1,5 @@
 """Lazy re-exports for package ``__init__`` files: a package names its public API without
-importing it, so importing one light module of the package (its ``cli.py``, say) does not drag in
+importing it, so importing one light module of the package (the one a command needs, say) does not drag in
 torch, transformers or a web server through the package (``looprl --help`` stays well under a
 second).
 

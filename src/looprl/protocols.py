@@ -6,14 +6,24 @@
   ``WeightSink``: the weight-taking half, all the trainer needs (an engine or a Ray fleet).
 - ``RewardFn``: ``(task, trajectory) -> float | None`` (``looprl.rewards``).
 - ``WeightStore``: publishes and fetches policy weights (``looprl.weights``).
+- ``GroupSource``: scored groups for the trainer (``looprl.rollout``'s runner, in process or over
+  a Ray fleet); the trainer sees nothing else of the rollouts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from looprl.types import ExecResult, FileEntry, Generation, SamplingParams, Task, Trajectory
+from looprl.types import (
+    ExecResult,
+    FileEntry,
+    Generation,
+    GroupResult,
+    SamplingParams,
+    Task,
+    Trajectory,
+)
 
 if TYPE_CHECKING:  # annotations only: importing the seams costs no torch import
     import torch
@@ -103,6 +113,17 @@ class WeightSink(Protocol):
     replicas that pull the version from the weight store (``looprl.fleet``)."""
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
+class GroupSource(Protocol):
+    """Where the trainer's groups come from: each task it is handed becomes one ``GroupResult``
+    (a scored group, or why there is none)."""
+
+    def run(self, tasks: Iterable[Task | None], *, max_ready: int | None = None
+            ) -> AsyncIterator[GroupResult]:
+        """A group per task, yielded in completion order. A ``None`` from ``tasks`` means no task
+        yet: ask again. ``max_ready`` bounds the finished groups not yet taken."""
+        ...
 
 
 class RewardFn(Protocol):

@@ -368,6 +368,22 @@ class Group(_Record):
 
 
 @dataclass(frozen=True)
+class GroupResult:
+    """One task's group after rollout and scoring: what a ``GroupSource`` hands the trainer."""
+
+    task: Task
+    group: Group | None
+    """None when the group was dropped (see ``dropped``)."""
+    infra_errors: int = 0
+    """Trajectory attempts lost to infrastructure failures (retried or dropped)."""
+    dropped: str | None = None
+    wall_s: float = 0.0
+    screened_out: tuple[Trajectory, ...] = ()
+    """The screen's scored trajectories when none passed and the group stopped there
+    (``RolloutConfig.screen``; ``group`` is then None)."""
+
+
+@dataclass(frozen=True)
 class ExecResult(_Record):
     """The outcome of one command in a sandbox. Output is already capped (head + tail)."""
 

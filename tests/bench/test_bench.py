@@ -9,10 +9,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from looprl.bench.cli import app
 from looprl.bench.gate import Precision, RunsPrecision, compare, load, precision, runs_precision
 from looprl.bench.report import pass_at_k, summarize, write_report
 from looprl.bench.run import PolicyFactory, Sample, run_bench
+from looprl.commands.bench import app
 from looprl.errors import ConfigError
 from looprl.tasks.mutate import unified_diff
 from looprl.tasks.taskset import write_tasks

@@ -20,15 +20,16 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from looprl.chat import ChatFormat
 from looprl.config import load_config, save_config
 from looprl.feedback.ab import ABReport, compare_arms
 from looprl.feedback.loop import CycleRow, LoopResult, RealtimeConfig, ab_decision
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.format import ChatFormat
 from looprl.harness.policies import ScriptedPolicy
 from looprl.harness.tools import make_tools
 from looprl.models.tokenizer import build_tokenizer
+from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.train.config import TrainConfig
@@ -75,7 +76,8 @@ def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = N
     step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=8), pad_id=0)
     runner = RolloutRunner(RecordingEngine(), ChatFormat(tok), None, make_scorer())
     loop = GRPOLoop(step, RecordingEngine(), runner, TaskSampler([]),
-                    cfg or LoopConfig(groups_per_step=2), run_dir=run_dir)
+                    cfg or LoopConfig(groups_per_step=2), run_dir=run_dir,
+                    batch_metrics=reward_metrics)
     loop._t0 = time.monotonic()  # run() sets this; we drive the trainer side directly
 
     async def train() -> None:

@@ -269,7 +269,7 @@ def test_sigterm_stops_the_dashboard_process(tmp_path: Path):
 
     port = free_port()
     (tmp_path / "run").mkdir()  # a run that has not written anything yet
-    proc = start_process("from looprl.dashboard.cli import app; app()",
+    proc = start_process("from looprl.commands.dashboard import app; app()",
                          ["--run", str(tmp_path / "run"), "--port", str(port), "--drain", "2"],
                          f"http://127.0.0.1:{port}/healthz")
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from looprl.dashboard.cli import app
+from looprl.commands.dashboard import app
 from looprl.dashboard.data import fmt
 
 from .conftest import rows

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from looprl.feedback.cli import app
+from looprl.commands.feedback import app
 
 from .conftest import add
 from .test_cycle import save_tiny

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from looprl.chat import ChatFormat
 from looprl.errors import ContextFullError
-from looprl.harness.format import ChatFormat
 from looprl.harness.policies import ScriptedPolicy
 from looprl.harness.tools import ToolContext
 from looprl.models.tokenizer import build_tokenizer

@@ -13,8 +13,8 @@ import random
 
 import pytest
 
+from looprl.chat import ChatFormat, parse_turn
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.format import ChatFormat, parse_turn
 from looprl.harness.policies import ScriptedPolicy
 from looprl.harness.tools import make_tools
 

@@ -201,7 +201,7 @@ def test_scripted_policy_truncates_and_tracks_sessions(tok):
 def test_oracle_cli_in_the_real_sandbox(task, repo, tmp_path):
     from typer.testing import CliRunner
 
-    from looprl.harness.cli import app
+    from looprl.commands.agent import app
     from looprl.tasks.taskset import write_tasks
 
     def change(root):

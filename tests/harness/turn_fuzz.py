@@ -10,9 +10,9 @@ numbers of 5,000 digits, NaN, 1e400, lone surrogates, nesting 40 deep or past an
 limit), stray close markers, text (garbage bytes decoded as text), think blocks and lone think
 markers in every position (leading: thinking; later: plain text), and runs of hundreds or
 thousands of calls. A turn may end with a truncated block, or inside a leading think block it
-never closed.
+never closed (from a call marker in it on, one broken block).
 
-Why the expectation is exact (``format.py``'s rules): generated text holds no quote, backslash
+Why the expectation is exact (``looprl.chat.format``'s rules): generated text holds no quote, backslash
 or '<' outside the JSON and the markers the generator wrote, and that JSON has balanced quotes,
 so a JSON string left open by a broken block can only end at the next block's opening '{"' and
 fail there; a truncated block (unbalanced) only ever ends a turn. Inside the thinking, no string
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from looprl.harness.format import ChatFormat
+from looprl.chat import ChatFormat
 from looprl.types import StopReason, Trajectory
 
 MARKERS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
@@ -262,6 +262,15 @@ class _Builder:
         self.add(cut, (), 1, (cut,))
 
 
+    def unclosed_thinking(self) -> None:
+        """The turn ends inside thinking it never closed that holds a call marker: from that
+        marker on, the turn is one broken block (rule 1 of ``looprl.chat.format``)."""
+        cut = self.turn.thinking.index("<tool_call>")
+        self.turn.thinking, rest = self.turn.thinking[:cut], self.turn.thinking[cut:]
+        self.turn.broken += 1
+        self.turn.blocks.append(rest)
+
+
 def fuzz_turn(rng: random.Random, *, tools: tuple[str, ...] = AGENT_TOOLS, big: int = 200_000,
               many: int = 0, raw_surrogates: bool = False, needs_action: bool = True) -> Turn:
     """One turn: optional leading whitespace and thinking, 0-7 fragments (``many`` > 0: also
@@ -282,6 +291,8 @@ def fuzz_turn(rng: random.Random, *, tools: tuple[str, ...] = AGENT_TOOLS, big: 
             b.fragment()
     if rng.random() < 0.25:
         b.truncated_end()
+    if b.thinking_open and "<tool_call>" in b.turn.thinking:
+        b.unclosed_thinking()
     if needs_action and not b.turn.runs and not b.turn.broken:
         if b.thinking_open:
             b.add("</think>")

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import torch
 
-from looprl.harness.format import ChatFormat
+from looprl.chat import ChatFormat
 from looprl.inference.openai_chat import conversation_ids
 from looprl.inference.openai_params import chat_messages
 from looprl.models.tokenizer import build_tokenizer

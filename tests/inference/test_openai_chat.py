@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.format import ChatFormat
 from looprl.harness.policies import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.inference.openai_chat import ReplyStream, conversation_ids, parse_reply

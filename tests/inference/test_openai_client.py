@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from looprl.harness.format import ChatFormat
+from looprl.chat import ChatFormat
 from looprl.inference.openai_chat import conversation_ids
 from looprl.inference.openai_server import create_app
 from looprl.inference.torch_engine import TorchEngine

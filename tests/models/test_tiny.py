@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
+from looprl.commands.model import app
 from looprl.errors import ConfigError
-from looprl.models.cli import app
 from looprl.models.pretrain import pretrain
 from looprl.models.tiny import SIZES, chat_examples, init_default_model, model_config
 

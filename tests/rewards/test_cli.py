@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from looprl.cli import app as looprl
-from looprl.rewards.cli import app
+from looprl.commands.rewards import app
 from looprl.rewards.composite import RewardConfig, compute_reward
 from looprl.types import Counters, Grader, StopReason, Task, Trajectory
 

@@ -23,7 +23,7 @@ from looprl.fleet.ray_fleet import MemberSpec, RayFleet
 from looprl.harness.agent import AgentConfig
 from looprl.models.loading import save_model
 from looprl.models.tokenizer import build_tokenizer
-from looprl.rewards.composite import RewardConfig
+from looprl.rewards.composite import RewardConfig, reward_metrics
 from looprl.rewards.tests import pytest_command
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
@@ -107,7 +107,8 @@ def test_training_on_the_fleet_survives_a_node_kill_and_takes_a_joining_node(clu
                             pad_id=tok.pad_token_id)
             loop = GRPOLoop(step, fleet, RolloutRunner.over(fleet, ROLLOUT), TaskSampler(tasks),
                             LoopConfig(groups_per_step=2, max_staleness=100, queue_size=2),
-                            store=LocalWeightStore(str(weights)), run_dir=run_dir)
+                            store=LocalWeightStore(str(weights)), run_dir=run_dir,
+                            batch_metrics=reward_metrics)
             run = asyncio.create_task(loop.run())
             await kill_then_join(fleet, loop, run)
             stats = await run

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from looprl.chat import ChatFormat
 from looprl.errors import SandboxError
 from looprl.harness.agent import AgentConfig
-from looprl.harness.format import ChatFormat
 from looprl.harness.policies import OracleAgent, ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import GroupResult, RolloutConfig, RolloutRunner
+from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
-from looprl.types import Grader, StopReason, Task
+from looprl.types import Grader, GroupResult, StopReason, Task
 
 pytestmark = pytest.mark.needs_bwrap
 VENV = str(Path(sys.executable).parent.parent)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig
-from looprl.harness.format import ChatFormat
 from looprl.harness.policies import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.models.tokenizer import build_tokenizer

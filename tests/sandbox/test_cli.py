@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from looprl.sandbox.cli import app
+from looprl.commands.sandbox import app
 
 from .conftest import needs_bwrap
 

@@ -32,7 +32,7 @@ from .conftest import needs_bwrap, run
 pytestmark = needs_bwrap
 TOKEN = "abuse-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-SERVE = "from looprl.sandbox.cli import app; app()"
+SERVE = "from looprl.commands.sandbox import app; app()"
 
 
 def cfg(tmp_path: Path, **kw) -> EnvServerConfig:

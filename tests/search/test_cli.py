@@ -1,7 +1,7 @@
 from typer.testing import CliRunner
 
 from looprl.cli import app as looprl
-from looprl.search.cli import search_app
+from looprl.commands.search import search_app
 
 
 def test_search_index_then_query_is_incremental(repo, tiny_model_dir, tmp_path, monkeypatch):

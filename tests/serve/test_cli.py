@@ -15,7 +15,7 @@ from looprl.sandbox.server import free_port
 from tests.example_package import write_example_package
 from tests.feedback.test_cycle import save_tiny
 
-SERVE = "from looprl.serve.cli import app; app()"
+SERVE = "from looprl.commands.serve import app; app()"
 
 
 @pytest.mark.slow
@@ -55,7 +55,7 @@ def test_serve_command_runs_sessions(tmp_path):
 def test_serve_rejects_a_path_that_is_no_model(tmp_path):
     from typer.testing import CliRunner
 
-    from looprl.serve.cli import app
+    from looprl.commands.serve import app
 
     r = CliRunner().invoke(app, ["--model", str(tmp_path), "--store", str(tmp_path / "fb.db")])
     assert r.exit_code != 0 and "neither a model directory" in str(r.exception)

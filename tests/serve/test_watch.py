@@ -239,7 +239,7 @@ def test_the_cli_serves_a_model_until_its_policies_dir_has_a_current_policy(
     the test's threaded one (``looprl.asgi.run``); everything else is the command's own."""
     from typer.testing import CliRunner
 
-    from looprl.serve.cli import app as serve_app
+    from looprl.commands.serve import app as serve_app
 
     model = save_tiny(tmp_path / "m")
     policies = tmp_path / "policies"  # does not exist yet: no cycle has run
@@ -285,7 +285,7 @@ def test_the_cli_serves_a_model_until_its_policies_dir_has_a_current_policy(
 def test_the_cli_checks_where_the_policies_dir_comes_from(tmp_path, policies):
     from typer.testing import CliRunner
 
-    from looprl.serve.cli import app as serve_app
+    from looprl.commands.serve import app as serve_app
 
     def error(*args: str) -> str:
         r = CliRunner().invoke(serve_app, [*args, "--store", str(tmp_path / "fb.db")])

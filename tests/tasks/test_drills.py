@@ -9,8 +9,8 @@ import re
 
 import pytest
 
+from looprl.chat import ChatFormat
 from looprl.errors import ConfigError
-from looprl.harness.format import ChatFormat
 from looprl.models.tokenizer import build_tokenizer
 from looprl.tasks.drills import _call, _steps, copy_drills, renamed_demos
 from looprl.types import Counters, Segment, StopReason, Trajectory

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from looprl.chat import ChatFormat
 from looprl.errors import TaskError
-from looprl.harness.format import ChatFormat
 from looprl.models.tokenizer import build_tokenizer
 from looprl.tasks import mutate
 from looprl.tasks.demos import expected_files, matches, oracle_demos

@@ -85,7 +85,7 @@ def test_summary_table():
 def test_show_cli_checks_the_file(tmp_path):
     from typer.testing import CliRunner
 
-    from looprl.tasks.cli import app
+    from looprl.commands.tasks import app
 
     path = write_tasks([task(1), task(2, "q")], tmp_path / "t.jsonl")
     r = CliRunner().invoke(app, ["show", str(path)])

@@ -35,10 +35,11 @@ import matplotlib
 import safetensors.torch
 import torch
 
+from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig
-from looprl.harness.format import ChatFormat
 from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
+from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.sandbox import SandboxPool
 from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
@@ -166,7 +167,8 @@ class Run:
             store = LocalWeightStore(str(self.dir / "weights"))
             loop = GRPOLoop(step, engine, runner, TaskSampler(_tasks(self.dir / "tasks", self.n)),
                             LoopConfig(groups_per_step=1, queue_size=2, checkpoint_every=2,
-                                       max_staleness=10**6), store=store, run_dir=self.dir)
+                                       max_staleness=10**6), store=store, run_dir=self.dir,
+                            batch_metrics=reward_metrics)
             self.install(loop, engine, store)
             before = store.versions()
             loop.resume()

@@ -2,8 +2,8 @@ import json
 
 from typer.testing import CliRunner
 
+from looprl.commands.trainer import app
 from looprl.models.tokenizer import build_tokenizer
-from looprl.trainer.cli import app
 
 from .helpers import segment, tiny_llama, trajectory
 

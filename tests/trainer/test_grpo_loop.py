@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig
-from looprl.harness.format import ChatFormat
 from looprl.harness.policies import OracleAgent, ScriptedPolicy, oracle_turns
 from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
+from looprl.rewards.composite import reward_metrics
 from looprl.rewards.tests import pytest_command
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
@@ -65,7 +66,7 @@ def _run(tmp_path, tok, policy, model, engine, store, sync, tasks=4, max_new_tok
             step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=48), pad_id=tok.pad_token_id)
             loop = GRPOLoop(step, engine, runner, TaskSampler(_tasks(tmp_path, tasks)),
                             LoopConfig(groups_per_step=2, max_steps=2, sync=sync),
-                            store=store, run_dir=tmp_path / "run")
+                            store=store, run_dir=tmp_path / "run", batch_metrics=reward_metrics)
             return await loop.run()
         finally:
             await pool.close()

@@ -1,7 +1,7 @@
 import torch
 from typer.testing import CliRunner
 
-from looprl.weights.cli import app
+from looprl.commands.weights import app
 from looprl.weights.store import LocalWeightStore
 
 

@@ -182,7 +182,7 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
     infra failures retried in fresh sandboxes, then recorded with ``score=None``), graded by the
     hidden tests alone. ``trajectories``: a JSONL file that receives every graded trajectory
     (messages, tokens, reward breakdown) as its group finishes."""
-    from looprl.harness.format import ChatFormat
+    from looprl.chat import ChatFormat
     from looprl.rollout.runner import RolloutConfig, RolloutRunner
     from looprl.rollout.score import make_tests_scorer
     from looprl.sandbox import SandboxPool

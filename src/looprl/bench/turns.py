@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from looprl.harness.format import TOOL_OPEN
+from looprl.chat import TOOL_OPEN
 from looprl.types import Trajectory
 
 _NAME = re.compile(r'"name"\s*:\s*"([A-Za-z_][\w]*)"')

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from looprl.chat import ChatFormat
 from looprl.errors import PolicyError
-from looprl.harness.format import ChatFormat
 from looprl.rewards.composite import RewardConfig
 from looprl.rollout.runner import LocalExecutor, RolloutConfig
 from looprl.types import Generation, SamplingParams, Task, Trajectory

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from looprl.chat import TOOL_CLOSE, TOOL_OPEN
 from looprl.errors import PolicyError, TaskError
-from looprl.harness.format import TOOL_CLOSE, TOOL_OPEN
 from looprl.harness.tools.edit_file import find_all
 from looprl.harness.tools.grep import shown_path
 from looprl.types import Generation, SamplingParams, Task

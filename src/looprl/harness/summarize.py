@@ -47,16 +47,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from looprl.chat import ChatFormat
 from looprl.errors import ContextFullError
-from looprl.harness.agent import (
+from looprl.harness.run_state import (
     AgentConfig,
     AgentRun,
-    _before,
-    _check_generation,
-    _WallTime,
+    WallTime,
+    before,
+    check_generation,
     summarize_at,
 )
-from looprl.harness.format import ChatFormat
 from looprl.protocols import Engine
 from looprl.types import Message, SamplingParams, StopReason
 
@@ -143,15 +143,15 @@ class Summarizer:
             temperature=cfg.temperature, top_p=cfg.top_p)
         run.seen = len(run.token_ids)
         try:
-            gen = await _before(self.deadline, self.policy.generate(
+            gen = await before(self.deadline, self.policy.generate(
                 list(run.token_ids), params, session_id=self.session_id, group_id=self.group_id))
-        except _WallTime:
+        except WallTime:
             run.stop = StopReason.WALL_TIME
             return None
         except ContextFullError:  # the engine's window is smaller than cfg.context_window: the
             run.stop = StopReason.CONTEXT_FULL  # trajectory outgrew it, as in a turn (scored)
             return None
-        _check_generation(gen, params)
+        check_generation(gen, params)
         run.add_generation(gen)
         run.counters["summary_tokens"] += len(gen.token_ids)
         text = self.fmt.decode(gen.token_ids)

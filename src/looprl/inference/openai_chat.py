@@ -7,14 +7,14 @@
 
 Rendering (``conversation_ids``): the harness builds a context as ``prompt_ids(system + user,
 tools)``, then each model turn's tokens and its end-of-turn token, then ``observation_ids(the
-tool results)`` (``harness.format``). A request's conversation is rendered the same way, piece by
+tool results)`` (``looprl.chat``). A request's conversation is rendered the same way, piece by
 piece; an assistant message's text is what the chat template puts in its turn (content, then one
 ``<tool_call>`` block per call), which is what a model trained on that template writes. So a
 model trained in looprl sees the tokens it saw in training, not a re-rendering of the whole
 conversation (templates such as Qwen3's rewrite earlier turns; the harness never does).
 
 Replies (``parse_reply``): the model's turn is read by the harness's parser
-(``harness.format.turn_pieces``). Valid calls become ``message.tool_calls`` (OpenAI's shape; ids
+(``looprl.chat.turn_pieces``). Valid calls become ``message.tool_calls`` (OpenAI's shape; ids
 ``<prefix>_<k>``) and ``finish_reason`` is ``"tool_calls"`` when the turn ended by itself.
 ``content`` is the harness's: the thinking as ``<think>...</think>\\n`` before the text, so a
 client that sends the message back gives the model its own thinking again. A broken block (bad
@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from looprl.harness.format import MARKERS, THINK_OPEN, ChatFormat, TurnPiece, turn_pieces
+from looprl.chat import MARKERS, THINK_OPEN, ChatFormat, TurnPiece, turn_pieces
 from looprl.types import Message, ToolCall
 
 _END = "\ue000"

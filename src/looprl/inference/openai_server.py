@@ -63,8 +63,8 @@ from looprl.asgi import (
     unless_gone,
     validation_message,
 )
+from looprl.chat import ChatFormat
 from looprl.errors import ContextFullError, PolicyError
-from looprl.harness.format import ChatFormat
 from looprl.inference.openai_chat import ReplyStream, conversation_ids, parse_reply
 from looprl.inference.openai_params import (
     BadParam,

@@ -31,12 +31,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from looprl.chat import ChatFormat
 from looprl.errors import LooprlError
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.format import ChatFormat
 from looprl.harness.tools import DEFAULT_TOOLS, make_tools
 from looprl.protocols import Engine
-from looprl.types import Counters, Group, RewardBreakdown, StopReason, Task, Trajectory
+from looprl.types import (
+    Counters,
+    Group,
+    GroupResult,
+    RewardBreakdown,
+    StopReason,
+    Task,
+    Trajectory,
+)
 
 Scorer = Callable[[Task, Trajectory], Awaitable[RewardBreakdown | None]]
 """Grades a finished trajectory; ``None`` = cannot be judged (dropped). Raises ``RewardError``
@@ -72,22 +80,6 @@ class RolloutConfig:
     """Tool names from the harness registry offered to the model."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Budgets and sampling of each trajectory."""
-
-
-@dataclass(frozen=True)
-class GroupResult:
-    """One task's group after rollout and scoring."""
-
-    task: Task
-    group: Group | None
-    """None when the group was dropped (see ``dropped``)."""
-    infra_errors: int = 0
-    """Trajectory attempts lost to infrastructure failures (retried or dropped)."""
-    dropped: str | None = None
-    wall_s: float = 0.0
-    screened_out: tuple[Trajectory, ...] = ()
-    """The screen's scored trajectories when none passed and the group stopped there
-    (``RolloutConfig.screen``; ``group`` is then None)."""
 
 
 @dataclass

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from looprl.sandbox.bwrap import BwrapSandbox, SandboxLimits
     from looprl.sandbox.workspace import Snapshot
 
-# Imported on first use: importing one module of the package (its cli.py) stays light.
+# Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, _exports = lazy_exports(__name__, {
     "bwrap": ["BwrapSandbox", "SandboxLimits", "check_bwrap", "sandbox_from"],
     "pool": ["PoolMetrics", "SandboxPool"],

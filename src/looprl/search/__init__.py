@@ -12,7 +12,7 @@
 
 from looprl.lazy import lazy_exports
 
-# Imported on first use: importing one module of the package (its cli.py) stays light.
+# Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "chunk": ["Chunk", "chunk_file"],
     "embed": ["EmbedTrainConfig", "Embedder", "load_embedder", "train"],

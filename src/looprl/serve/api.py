@@ -82,6 +82,7 @@ from pydantic import Field
 
 from looprl import paths
 from looprl.asgi import Drain, Guard, StrictBody, bearer, install_error_handlers, unless_gone
+from looprl.chat import ChatFormat
 from looprl.errors import ConfigError, LooprlError, PolicyError, SandboxError
 from looprl.feedback.ab import ab_report, assign_arm
 from looprl.feedback.signals import session_reward
@@ -94,7 +95,6 @@ from looprl.feedback.store import (
     diff_files,
 )
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.format import ChatFormat
 from looprl.harness.tools import DEFAULT_TOOLS, make_tools
 from looprl.protocols import Engine, Sandbox
 from looprl.types import Grader, Message, Task, Trajectory

@@ -19,9 +19,9 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from looprl.chat import ChatFormat
 from looprl.errors import LooprlError, TaskError, ToolError
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.format import ChatFormat
 from looprl.harness.policies import (
     OracleAgent,
     apply_hunks,

@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
+from looprl.chat import ChatFormat, parse_turn
 from looprl.errors import ConfigError
-from looprl.harness.format import ChatFormat, parse_turn
 from looprl.types import Message, Segment, Trajectory
 
 _BLOCK = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S)

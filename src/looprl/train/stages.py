@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 
 from looprl.errors import ConfigError
 from looprl.progress import Bar
+from looprl.rewards.composite import reward_metrics
 from looprl.train.config import TrainConfig
 from looprl.trainer.ddp import ONE_PROCESS, DistInfo
 from looprl.types import Task, Trajectory
@@ -302,7 +303,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                                   signal_first=cfg.loop.signal_first,
                                   max_screens=cfg.loop.max_screens if cfg.rollout.screen else 0)
             loop = GRPOLoop(step, sink, runner, sampler, cfg.loop, store=store, run_dir=run_dir,
-                            config_to_save=cfg)
+                            config_to_save=cfg, batch_metrics=reward_metrics)
             if resume and loop.resume() is not None:
                 console.print(f"resumed RL at step {loop.stats.steps} (weights v{loop.version})")
             with progress_bar() as bar:
@@ -342,7 +343,7 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
             str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine),
             snapshot=run_dir / "fleet.json")
         return RolloutRunner.over(fleet, cfg.rollout), fleet, fleet.close
-    from looprl.harness.format import ChatFormat
+    from looprl.chat import ChatFormat
     from looprl.sandbox import SandboxPool
 
     pool = SandboxPool(max_running=cfg.rollout.max_in_flight)

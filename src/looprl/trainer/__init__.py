@@ -10,7 +10,7 @@ step, publishes weights (``looprl.weights``) and checkpoints (``save_checkpoint`
 
 from looprl.lazy import lazy_exports
 
-# Imported on first use: importing one module of the package (its cli.py) stays light.
+# Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "advantages": ["ADVANTAGES", "group_advantages", "is_zero_variance"],
     "batch": ["MicroBatch", "TrainBatch", "build_batch", "pack_segments"],

@@ -3,7 +3,8 @@
     loop = GRPOLoop(step, engine, runner, sampler, LoopConfig(), store=store, run_dir=run_dir)
     summary = await loop.run()
 
-Rollout workers (``RolloutRunner``) put scored groups into a bounded queue; the trainer takes
+A ``GroupSource`` (``looprl.rollout``'s runner, in process or over a Ray fleet) puts scored groups
+into a bounded queue; the trainer takes
 ``groups_per_step`` of them, steps once (single epoch: every batch of rollouts is stepped on once;
 the sampler walks the task set ``passes`` times, so no task is trained on twice within a pass),
 publishes the new weights to the ``WeightStore`` and hands them to the
@@ -62,21 +63,19 @@ import os
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from looprl.config import FieldError
 from looprl.errors import WeightStoreError
-from looprl.protocols import WeightSink, WeightStore
-from looprl.rewards.composite import reward_metrics
-from looprl.rollout.runner import GroupResult, RolloutRunner
+from looprl.protocols import GroupSource, WeightSink, WeightStore
 from looprl.trainer import ddp
 from looprl.trainer.checkpoint import Resumed, latest_checkpoint
 from looprl.trainer.loggers import Loggers, make_loggers, read_metrics, scalars
 from looprl.trainer.step import GRPOStep
-from looprl.types import Group, Task
+from looprl.types import Group, GroupResult, Task, Trajectory
 
 if TYPE_CHECKING:
     import torch
@@ -290,6 +289,8 @@ class LoopStats:
     screen_rollouts: int = 0
     """Trajectories those screens ran (the rollouts the screen did not save)."""
     zero_variance_groups: int = 0
+    infra_errors: int = 0
+    """Rollout attempts lost to infrastructure failures in the groups handed back so far."""
     trainer_busy_s: float = 0.0
     trainer_idle_s: float = 0.0
     rollout_tokens: int = 0
@@ -302,13 +303,20 @@ class LoopStats:
         return self.trainer_idle_s / total if total else 0.0
 
 
+BatchMetrics = Callable[[list[Trajectory]], dict[str, float]]
+"""A step's trajectories -> metrics logged in its row (``looprl.rewards.reward_metrics``: each
+reward term's mean, broken-call and monitor rates), wired by the composition root."""
+
+
 class GRPOLoop:
     """Owns one training run's async loop; see the module docstring."""
 
-    def __init__(self, step: GRPOStep, engine: WeightSink, runner: RolloutRunner,
+    def __init__(self, step: GRPOStep, engine: WeightSink, runner: GroupSource,
                  sampler: TaskSampler, cfg: LoopConfig, *, store: WeightStore | None = None,
-                 run_dir: Path | None = None, start_version: int = 0, config_to_save: Any = None):
+                 run_dir: Path | None = None, start_version: int = 0, config_to_save: Any = None,
+                 batch_metrics: BatchMetrics | None = None):
         self.step, self.engine, self.runner, self.sampler, self.cfg = step, engine, runner, sampler, cfg
+        self.batch_metrics = batch_metrics
         self.store = store
         self._ckpt_root = Path(run_dir) / "ckpt" if run_dir else None
         # the log and the trackers are rank 0's (about every rank's groups)
@@ -455,6 +463,7 @@ class GRPOLoop:
 
     def _admit(self, result: GroupResult) -> Group | None:
         self.sampler.returned()
+        self.stats.infra_errors += result.infra_errors
         if result.screened_out:
             self.stats.groups_screened_out += 1
             self.stats.screen_rollouts += len(result.screened_out)
@@ -519,7 +528,7 @@ class GRPOLoop:
             "step": self.stats.steps, "version": self.version, "elapsed_s": round(elapsed, 2),
             "tasks": [g.task_id for g in groups],
             **{f"train/{k}": v for k, v in step_metrics.items()},
-            **reward_metrics(trajs),
+            **(self.batch_metrics(trajs) if self.batch_metrics else {}),
             "rollout/pass_rate": sum(t.passed for t in trajs) / max(len(trajs), 1),
             "rollout/tokens_per_s": self.stats.rollout_tokens / max(elapsed, 1e-9),
             "train/tokens_per_s": self.stats.train_tokens / max(self.stats.trainer_busy_s, 1e-9),
@@ -531,7 +540,7 @@ class GRPOLoop:
             "loop/screen_rollouts": self.stats.screen_rollouts,
             "loop/pass": self.sampler.passes_begun,
             "loop/publish_s": publish_s,
-            "runner/infra_errors": self.runner.stats.infra_errors,
+            "runner/infra_errors": self.stats.infra_errors,
             **self._engine_metrics(),
         }
         self.stats.history.append(row)

@@ -59,8 +59,8 @@ def oracle_cmd(
 
 
 async def _run_oracles(tasks: list, tokenizer_dir: Path | None) -> list:  # type: ignore[type-arg]
+    from looprl.chat import ChatFormat
     from looprl.harness.agent import AgentConfig, run_agent
-    from looprl.harness.format import ChatFormat
     from looprl.harness.policies import OracleAgent
     from looprl.harness.tools import make_tools
     from looprl.sandbox import create_sandbox

@@ -18,8 +18,9 @@ the JSON instead.
 
 1. Thinking comes first. A turn that opens with ``<think>`` (only whitespace before it), or
    whose chat template opened it in the prompt (``thinking_open``), thinks up to the first
-   ``</think>``; a turn cut while thinking is all thinking. Markers inside the thinking are
-   thought, not calls. Any other ``<think>`` or ``</think>`` is plain text: it neither hides nor
+   ``</think>``; a turn cut while thinking is all thinking, up to a ``<tool_call>`` in it: from
+   there the turn is one broken call (a call written in thinking that never closed ran nothing,
+   and the model is told so). Markers inside closed thinking are thought, not calls. Any other ``<think>`` or ``</think>`` is plain text: it neither hides nor
    breaks the calls around it.
 2. After the thinking, ``<tool_call>`` opens a block. When one JSON value follows it (whitespace
    allowed) and then ``</tool_call>``, that is the block: markers inside the JSON's strings are
@@ -66,6 +67,8 @@ _MARKER = re.compile("|".join(re.escape(m) for m in MARKERS))
 _CALL_MARKER = re.compile(f"{re.escape(TOOL_OPEN)}|{re.escape(TOOL_CLOSE)}")
 _SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_UNCLOSED = (f"{TOOL_OPEN} inside a {THINK_OPEN} that never closes was not run: end the "
+             f"thinking with {THINK_CLOSE} before calling a tool")
 _EXAMPLE = '<tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call>'
 
 
@@ -229,9 +232,13 @@ def _split_turn(text: str, *, thinking_open: bool = False) -> list[_Span]:
     if not thinking_open and not text.startswith(THINK_OPEN, lead):
         return _blocks(text, 0)
     start = 0 if thinking_open else lead
-    close = text.find(THINK_CLOSE, start if thinking_open else start + len(THINK_OPEN))
-    end = len(text) if close < 0 else close + len(THINK_CLOSE)
+    body = start if thinking_open else start + len(THINK_OPEN)
+    close = text.find(THINK_CLOSE, body)
     head = [_Span("content", 0, start)] if start else []
+    if close < 0 and (call := text.find(TOOL_OPEN, body)) >= 0:
+        # a call the model wrote in thinking it never closed would run nothing and say nothing
+        return head + [_Span("think", start, call), _Span("broken", call, len(text), _UNCLOSED)]
+    end = len(text) if close < 0 else close + len(THINK_CLOSE)
     return head + [_Span("think", start, end)] + _blocks(text, end)
 
 

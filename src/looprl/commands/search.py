@@ -6,7 +6,7 @@ directory, query it).
     looprl search index ./repo                                 # incremental: re-run after edits
     looprl search query ./repo "where are headers parsed" -k 5 --glob 'src/**'
 
-``app`` is the ``embed`` sub-app, ``search_app`` the ``search`` one.
+``embed_app`` is the ``embed`` sub-app, ``search_app`` the ``search`` one.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import typer
 
 from looprl.errors import ConfigError
 
-app = typer.Typer(help="The code-embedding model: train it, evaluate it.", no_args_is_help=True)
+embed_app = typer.Typer(help="The code-embedding model: train it, evaluate it.", no_args_is_help=True)
 search_app = typer.Typer(help="Semantic code search over a directory.", no_args_is_help=True)
 
 
-@app.command()
+@embed_app.command()
 def train(overrides: Annotated[list[str] | None, typer.Option(
         "-o", help="Dotted override of EmbedTrainConfig, e.g. -o time_budget_s=300.")] = None,
           config: Annotated[Path | None, typer.Option(help="TOML file of EmbedTrainConfig.")] = None,
@@ -39,7 +39,7 @@ def train(overrides: Annotated[list[str] | None, typer.Option(
                f"final loss {res.final_loss:.3f}, held-back top-1 {res.val_acc1:.3f}")
 
 
-@app.command("eval")
+@embed_app.command("eval")
 def evaluate_cmd(model: Annotated[Path | None, typer.Option(help="Embedder dir.")] = None,
                  queries: Annotated[int, typer.Option(help="Number of queries.", min=1)] = 400,
                  fusion: Annotated[str, typer.Option(help="zscore | score | rrf | dense | bm25")] = "zscore",

@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from looprl.harness.format import ChatFormat, parse_turn
+from looprl.chat import ChatFormat, parse_turn
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.models.tokenizer import build_tokenizer
-
-from .conftest import call
+from tests.harness.conftest import call
 
 
 def test_observation_delta_extends_the_full_render_exactly(fmt, tok):
@@ -129,8 +128,22 @@ def test_a_later_think_marker_neither_hides_nor_breaks_calls():
     turn = parse_turn("  <think>plan " + call("read_file", path="x") + "</think>" + call("finish"))
     assert [c.name for c in turn.tool_calls] == ["finish"]  # a call inside the thinking is thought
     assert turn.thinking_text == "plan " + call("read_file", path="x")
-    turn = parse_turn("<think>cut while thinking " + call("finish"))
-    assert turn.tool_calls == [] and turn.errors == [] and turn.content == ""
+    turn = parse_turn("<think>cut while thinking, no call")
+    assert turn.tool_calls == [] and turn.errors == [] and turn.thinking_text == "cut while thinking, no call"
+
+
+def test_a_call_inside_thinking_that_never_closes_is_one_broken_call(fmt):
+    """It ran nothing: the model is told so (a broken call), never left to wonder in silence."""
+    text = "<think>plan it " + call("read_file", path="a") + call("finish")
+    turn = parse_turn(text)
+    assert turn.tool_calls == [] and len(turn.errors) == 1
+    assert "never closes" in turn.errors[0] and "</think>" in turn.errors[0]
+    assert turn.thinking_text == "plan it"
+    ids = fmt.encode(text) + [fmt.eot_id]
+    parsed = fmt.parse_ids(ids)
+    assert parsed.errors == turn.errors
+    assert parsed.thinking_tokens + parsed.tool_call_tokens == len(ids) - 1  # every sampled token
+    assert parsed.error_token_spans == ((parsed.thinking_tokens, len(ids) - 1),)
 
 
 def test_markers_inside_json_strings_are_data():
