@@ -450,6 +450,44 @@ class Server:
                 "policy_versions": versions, **rep.to_dict()}
 
 
+_SESSION_ERRORS: list[tuple[tuple[type[Exception], ...], int, str]] = [
+    ((UnknownSessionError,), 404, "not_found"),
+    ((FailedSessionError, EventConflictError), 409, "conflict"),
+    ((FeedbackTooLargeError,), 413, "too_large"),
+    ((OutsideRootsError,), 403, "forbidden"),
+    ((ConfigError,), 422, "bad_request"),
+]
+"""(errors, HTTP status, error code) of what a request can get wrong; the most specific class
+of an error's MRO picks its answer."""
+
+
+def _answer(status: int, code: str) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    async def handler(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"error": code, "message": str(e)}, status_code=status)
+    return handler
+
+
+async def _infra(_: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, InfraFailure)
+    return JSONResponse({"error": "infrastructure", "infrastructure": True, "message": str(e),
+                         "session_id": e.session_id}, status_code=503)
+
+
+async def _infra_raw(_: Request, e: Exception) -> JSONResponse:
+    return JSONResponse({"error": "infrastructure", "infrastructure": True,
+                         "message": f"{type(e).__name__}: {e}"}, status_code=503)
+
+
+def _install_session_errors(app: FastAPI) -> None:
+    """Each error a session route raises, as its HTTP answer (infrastructure ones say so)."""
+    for classes, status, code in _SESSION_ERRORS:
+        for cls in classes:
+            app.add_exception_handler(cls, _answer(status, code))
+    app.add_exception_handler(InfraFailure, _infra)
+    for cls in (SandboxError, PolicyError):
+        app.add_exception_handler(cls, _infra_raw)
+
+
 def make_app(engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
              cfg: ServeConfig, *, policy_versions: dict[str, int] | None = None,
              policy_sources: dict[str, str] | None = None, policies: str | None = None,
@@ -482,37 +520,7 @@ def make_app(engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
                        max_body=body_limit)
     install_error_handlers(app)
 
-    @app.exception_handler(UnknownSessionError)
-    async def _unknown(_: Request, e: UnknownSessionError) -> JSONResponse:
-        return JSONResponse({"error": "not_found", "message": str(e)}, status_code=404)
-
-    @app.exception_handler(FailedSessionError)
-    @app.exception_handler(EventConflictError)
-    async def _conflict(_: Request, e: ConfigError) -> JSONResponse:
-        return JSONResponse({"error": "conflict", "message": str(e)}, status_code=409)
-
-    @app.exception_handler(FeedbackTooLargeError)
-    async def _too_large(_: Request, e: FeedbackTooLargeError) -> JSONResponse:
-        return JSONResponse({"error": "too_large", "message": str(e)}, status_code=413)
-
-    @app.exception_handler(OutsideRootsError)
-    async def _forbidden(_: Request, e: OutsideRootsError) -> JSONResponse:
-        return JSONResponse({"error": "forbidden", "message": str(e)}, status_code=403)
-
-    @app.exception_handler(ConfigError)
-    async def _bad(_: Request, e: ConfigError) -> JSONResponse:
-        return JSONResponse({"error": "bad_request", "message": str(e)}, status_code=422)
-
-    @app.exception_handler(InfraFailure)
-    async def _infra(_: Request, e: InfraFailure) -> JSONResponse:
-        return JSONResponse({"error": "infrastructure", "infrastructure": True, "message": str(e),
-                             "session_id": e.session_id}, status_code=503)
-
-    @app.exception_handler(SandboxError)
-    @app.exception_handler(PolicyError)
-    async def _infra_raw(_: Request, e: LooprlError) -> JSONResponse:
-        return JSONResponse({"error": "infrastructure", "infrastructure": True,
-                             "message": f"{type(e).__name__}: {e}"}, status_code=503)
+    _install_session_errors(app)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
