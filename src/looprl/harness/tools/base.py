@@ -23,7 +23,8 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 PATH_RULE = ("paths are relative to the workspace root (e.g. 'src/pkg/mod.py' or '.'); "
-             "absolute paths, '..' and symlinks leading outside the workspace are not allowed")
+             "absolute paths, '..' and paths through a symlink are not allowed (file tools do "
+             "not follow symlinks; terminal commands do)")
 MAX_PATH_BYTES = 4096
 """Longest path a tool accepts (Linux's PATH_MAX); each name in it at most 255 bytes (NAME_MAX)."""
 
@@ -117,8 +118,9 @@ def check_path(path: str) -> str:
     """Normalise a workspace-relative path; reject absolute paths and '..' escapes
     (``PathEscapeError``) and paths no file system takes (``ToolError``).
 
-    Symlinks that lead out are refused by the sandbox itself (it knows the real tree) with
-    ``PathEscapeError``; tools wrap its refusal with the same rule (``PATH_RULE``).
+    Symlinks are refused by the sandbox itself (it knows the real tree; its host side follows
+    none, ``sandbox/beneath.py``) with ``PathEscapeError``; tools wrap its refusal with the same
+    rule (``PATH_RULE``).
     """
     raw = path.strip()
     if not raw:
