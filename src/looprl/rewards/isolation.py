@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import posixpath
 import re
 import secrets
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from looprl.errors import RewardError
 from looprl.rewards.diffs import FilePatch, apply_patch, parse_diff, touched_paths
+from looprl.sandbox.beneath import Root
 from looprl.types import Task
 
 RUNNER = "pytest_runner.py"
@@ -230,7 +230,10 @@ def _changes_pytest_section(task: Task, fp: FilePatch) -> bool:
     file's sections decide; without it, whether a changed line mentions pytest)."""
     name = _PYTEST_SECTION[posixpath.basename(fp.path)]
     try:
-        old = "" if fp.old_path is None else Path(task.repo, fp.old_path).read_text()
+        old = ""
+        if fp.old_path is not None:
+            with Root(task.repo) as base:
+                old = base.read_text(fp.old_path)
         new = "" if fp.new_path is None else apply_patch(old, fp)
     except (OSError, UnicodeDecodeError, RewardError):
         return any("pytest" in ln for ln in fp.added_lines + fp.removed_lines)
@@ -287,6 +290,15 @@ def _import_roots(task: Task) -> set[str]:
     return {"" if r in (".", "") else posixpath.normpath(r) for r in roots}
 
 
+def _in_base(task: Task, rel: str) -> bool:
+    """Whether the base has an entry at ``rel`` (looked up beneath it, no link followed)."""
+    try:
+        with Root(task.repo) as base:
+            return base.lstat(rel) is not None
+    except FileNotFoundError:
+        return False
+
+
 def shadowing_paths(task: Task, diff: str) -> tuple[str, ...]:
     r"""Modules or packages the diff adds where they would shadow the test runner, a module of the
     standard library or one the task's venv provides: at an import root (``_import_roots``)
@@ -313,6 +325,6 @@ def shadowing_paths(task: Task, diff: str) -> tuple[str, ...]:
             module = top if "/" in rel else top.split(".", 1)[0] if top.endswith(
                 (".py", ".pyc", ".so", ".pyd")) else ""
             here = posixpath.join(r, top)
-            if module in protected and not os.path.lexists(os.path.join(task.repo, here)):
+            if module in protected and not _in_base(task, here):
                 hits.append(here)
     return tuple(dict.fromkeys(hits))

@@ -18,6 +18,7 @@ Failures of the machinery (ruff missing or crashing, a diff that does not apply 
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
@@ -31,6 +32,7 @@ from pathlib import Path
 from looprl.errors import ConfigError, RewardError
 from looprl.paths import installed_program
 from looprl.rewards.diffs import apply_patch, lines_changed, parse_diff
+from looprl.sandbox.beneath import Root
 from looprl.types import Task, Trajectory
 
 
@@ -112,11 +114,16 @@ def _lint_delta_cached(repo: str, diff: str, rules: tuple[str, ...], timeout_s: 
         for fp in patches:
             original = ""
             if fp.old_path is not None:
-                src = _safe_join(Path(repo), fp.old_path)
-                if not src.is_file():
+                try:  # looked up beneath the base, no link followed
+                    with Root(repo) as base:
+                        original = base.read_text(fp.old_path, errors="surrogateescape")
+                except OSError as e:
+                    if e.errno == errno.EXDEV:
+                        raise RewardError(f"diff path {fp.old_path!r} escapes the repository") \
+                            from None
                     raise RewardError(f"diff edits {fp.old_path!r}, which is not in the task's "
-                                      f"base snapshot {repo}; the diff is not against this task")
-                original = src.read_text(encoding="utf-8", errors="surrogateescape")
+                                      f"base snapshot {repo}; the diff is not against this task") \
+                        from None
                 dst = _safe_join(before, fp.old_path)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.write_text(original, encoding="utf-8", errors="surrogateescape")

@@ -40,10 +40,10 @@ import dataclasses
 import hashlib
 import re
 import shlex
+import stat
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from looprl.errors import RewardError, SandboxError, ToolError
 from looprl.protocols import Sandbox
@@ -57,6 +57,7 @@ from looprl.rewards.isolation import (
     runner_paths,
     shadowing_paths,
 )
+from looprl.sandbox.beneath import Root
 from looprl.types import Metadata, Task, Trajectory
 
 # ------------------------------------------------------------------ running pytest
@@ -163,7 +164,10 @@ async def run_tests(sandbox: Sandbox, command: str, targets: list[str] | tuple[s
     Raises ``SandboxError`` when the sandbox itself fails (never a test outcome)."""
     args = " ".join(shlex.quote(t) for t in targets)
     t0 = time.monotonic()
-    res = await sandbox.exec(f"{command} {args} > {OUTPUT_FILE} 2>&1", timeout_s=timeout_s)
+    # (removed first: the host reads it back and follows no link, so a link or directory the
+    # workspace has there would lose the output)
+    res = await sandbox.exec(f"rm -rf -- {OUTPUT_FILE}; {command} {args} > {OUTPUT_FILE} 2>&1",
+                             timeout_s=timeout_s)
     wall = time.monotonic() - t0
     try:
         text = (await sandbox.read(OUTPUT_FILE)).decode("utf-8", "replace")
@@ -263,23 +267,23 @@ async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
 async def _restore_pristine(sb: Sandbox, task: Task, diff: str) -> None:
     """Put back the base's version of every test, test config and runner-reachable path the
     diff touched, and of every ``grader.test_files`` file; delete the ones the base lacks."""
-    base = Path(task.repo)
     paths = set(task.grader.test_files)
     paths |= {p for p in touched_paths(diff) if is_test_path(p, task.grader.test_files)}
     paths |= {*edited_test_paths(task, diff), *runner_paths(diff), *shadowing_paths(task, diff)}
     gone = []
-    for p in sorted(paths):
-        src = base / p
-        if src.is_file():
-            data = src.read_bytes()
-            try:
-                if await sb.read(p) == data:
-                    continue
-            except ToolError:
-                pass
-            await sb.write(p, data)
-        elif not src.exists():
-            gone.append(p)
+    with Root(task.repo) as base:  # paths from the diff: looked up beneath the base, no link followed
+        for p in sorted(paths):
+            st = base.lstat(p)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                data = base.read(p)
+                try:
+                    if await sb.read(p) == data:
+                        continue
+                except ToolError:
+                    pass
+                await sb.write(p, data)
+            elif st is None:
+                gone.append(p)
     if gone:
         r = await sb.exec("rm -rf -- " + " ".join(shlex.quote(p) for p in gone), timeout_s=30)
         if not r.ok:
