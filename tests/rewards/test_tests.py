@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from looprl.diffs import unified_diff
 from looprl.errors import RewardError
 from looprl.rewards.tests import (
     GradeResult,
@@ -16,7 +17,6 @@ from looprl.rewards.tests import (
     parse_pytest_output,
     tests_reward,
 )
-from looprl.tasks.mutate import unified_diff
 from looprl.types import Counters, Grader, StopReason, Task, Trajectory
 from tests.example_package import write_example_package
 

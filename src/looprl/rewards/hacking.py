@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from looprl.diffs import FilePatch, parse_diff
 from looprl.errors import ConfigError
-from looprl.rewards.diffs import FilePatch, parse_diff
 from looprl.rewards.isolation import (
     runner_config_paths,
     runner_paths,

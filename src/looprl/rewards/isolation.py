@@ -28,8 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from looprl.errors import RewardError
-from looprl.rewards.diffs import FilePatch, apply_patch, parse_diff, touched_paths
+from looprl.diffs import FilePatch, apply_patch, parse_diff, touched_paths
+from looprl.errors import DiffError, RewardError
 from looprl.types import Task
 
 RUNNER = "pytest_runner.py"
@@ -232,7 +232,7 @@ def _changes_pytest_section(task: Task, fp: FilePatch) -> bool:
     try:
         old = "" if fp.old_path is None else Path(task.repo, fp.old_path).read_text()
         new = "" if fp.new_path is None else apply_patch(old, fp)
-    except (OSError, UnicodeDecodeError, RewardError):
+    except (OSError, UnicodeDecodeError, DiffError):
         return any("pytest" in ln for ln in fp.added_lines + fp.removed_lines)
     return _section(old, name) != _section(new, name)
 

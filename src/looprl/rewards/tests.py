@@ -45,9 +45,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from looprl.diffs import touched_paths
 from looprl.errors import RewardError, SandboxError, ToolError
 from looprl.protocols import Sandbox
-from looprl.rewards.diffs import touched_paths
 from looprl.rewards.hacking import edited_test_paths, is_test_path, runner_attempts
 from looprl.rewards.isolation import (
     RUNNER,
