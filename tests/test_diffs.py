@@ -190,7 +190,7 @@ def test_binary_and_oversized_content():
     (fp,) = parse_diff(blob_diff("big.txt", None, (b"x\n" * MAX_BLOB_BYTES, REGULAR)))
     assert fp.binary and not fp.carried and len(fp.text) < 200
     (fp,) = parse_diff(blob_diff("big.txt", (b"x\n" * MAX_BLOB_BYTES, REGULAR), None))
-    assert fp.new_path is None and not fp.carried  # a deletion stays a deletion
+    assert fp.new_path is None and fp.carried and len(fp.text) < 200  # a deletion is carried
 
 
 def test_patches_give_back_the_diff_they_came_from():
@@ -247,6 +247,22 @@ def _read(root: Path) -> dict[str, tuple[bytes, int]]:
             if p.is_symlink():
                 out[str(p.relative_to(root))] = (os.fsencode(os.readlink(p)), SYMLINK)
     return out
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_git_deletes_and_shrinks_a_file_over_the_limit(tmp_path):
+    big = b"line\n" * (MAX_BLOB_BYTES // 4)
+    (tmp_path / "gone.txt").write_bytes(big)
+    (tmp_path / "shrunk.txt").write_bytes(big)
+    d = blob_diff("gone.txt", (big, REGULAR), None) + blob_diff("shrunk.txt", (big, REGULAR),
+                                                                 (b"short\n", REGULAR))
+    assert len(d) < 1000
+    (tmp_path.parent / "p.diff").write_bytes(d.encode())
+    r = subprocess.run(["git", "apply", str(tmp_path.parent / "p.diff")], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "gone.txt").exists()
+    assert (tmp_path / "shrunk.txt").read_bytes() == b"short\n"
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")

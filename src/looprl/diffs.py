@@ -16,9 +16,9 @@ A line ends at ``\\n`` and nowhere else (``split_lines``), as in git and ``patch
 Python source). What ``blob_diff`` writes, ``git apply`` reproduces byte for byte: paths that git
 would quote are C-quoted; a type change (file <-> symlink) is a deletion and a creation of the
 path, as git writes it; binary content (a NUL byte, or not UTF-8, which the diff's text cannot
-hold) goes as a ``GIT binary patch`` with its full index line. What it does not carry: content
-over ``MAX_BLOB_BYTES`` on either side (written as git's bare "Binary files ... differ", which
-``FilePatch.carried`` says is False), and anything but regular files and symlinks (directories
+hold) goes as a ``GIT binary patch`` with its full index line. What it does not carry: new
+content over ``MAX_BLOB_BYTES`` (written as git's bare "Binary files ... differ", which
+``FilePatch.carried`` says is False; a deletion is always carried), and anything but regular files and symlinks (directories
 appear through their files; FIFOs, sockets and devices as absent), as in git.
 
 Why not a library: ``whatthepatch`` splits with ``str.splitlines()`` (the bug this module
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from looprl.errors import DiffError
 
 MAX_BLOB_BYTES = 4 << 20
-"""Largest file content (either side) a diff carries. A workspace's diff is kept in its
+"""Largest new content of a file a diff carries (larger, or an old side larger, is binary). A workspace's diff is kept in its
 trajectory, saved and shown on the dashboard; source files this size do not occur, a generated
 blob of hundreds of MB would swamp every one of those (and ``difflib`` takes minutes on it)."""
 
@@ -187,9 +187,11 @@ def blob_diff(path: str, old: Blob | None, new: Blob | None) -> str:
         return head  # a mode change alone
     a = "/dev/null" if old is None else quote_path("a/" + path)
     b = "/dev/null" if new is None else quote_path("b/" + path)
-    if max(len(old_data or b""), len(new_data or b"")) > MAX_BLOB_BYTES:
+    if len(new_data or b"") > MAX_BLOB_BYTES:
         return head + f"Binary files {a} and {b} differ\n"  # changed; the content is not carried
-    old_text = _text(old_data) if old_data is not None else ""
+    # an old side over the limit goes as binary too: a binary patch needs only the new content
+    small = len(old_data or b"") <= MAX_BLOB_BYTES
+    old_text = (_text(old_data) if old_data is not None else "") if small else None
     new_text = _text(new_data) if new_data is not None else ""
     if old_text is None or new_text is None:
         index = f"index {_sha(old_data)}..{_sha(new_data)}\n"
