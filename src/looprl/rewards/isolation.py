@@ -12,6 +12,16 @@ The command keeps the task's options and environment; only the interpreter's sta
 (``-I``, the runner instead of ``-m pytest``), so a grade means what the task's own command
 measured when the task was built. ``runner_config_paths``, ``startup_hook_paths`` and
 ``shadowing_paths`` feed ``hacking``'s detectors of the same names.
+
+What pytest reads besides the package, and how each is kept from the agent: the inifile (the
+names the installed pytest discovers, ``pytest_config_names``, searched up from the test paths;
+the rootdir, moved by a ``setup.py``, when there is none) and every ``conftest.py`` are graded as
+the base has them, wherever they are; ``pytest11`` entry points and ``-p`` plugins load before
+the workspace is on ``sys.path`` (``pytest_runner.py``), and workspace distribution metadata is
+graded as the base has it; plugins a pristine conftest names (``pytest_plugins``) are package
+code, watched by ``hacking.tampering_lines``. After the run the runner lists the inifile and
+conftests pytest read (``RunnerReport.config``), so a config name a later pytest adds is caught
+even where this list lacks it.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ interpreter in isolated mode, from the read-only tools dir (``Sandbox.tools_dir`
   script honours the three the grader's commands use (``PYTHONPATH``, ``PYTHONDONTWRITEBYTECODE``,
   ``PYTHONUNBUFFERED``).
 - pytest, its dependencies, the plugins the venv's distributions register (``pytest11`` entry
-  points) and the (pristine, restored by the grader) configuration all load while the workspace
-  is still off ``sys.path``. Only then — first thing in ``pytest_load_initial_conftests``, before
+  points), ``-p`` plugins (so a workspace module named by ``-p`` does not import at all) and the
+  (pristine: the grader keeps the base's) configuration all load while the workspace is still
+  off ``sys.path``. Only then — first thing in ``pytest_load_initial_conftests``, before
   any conftest — does the workspace go where ``python -m pytest`` with ``PYTHONPATH`` puts it (the
   current directory, then the ``PYTHONPATH`` entries, ahead of the standard library), so the
   package under test is the workspace's copy, as when the task was built.
