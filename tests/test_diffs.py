@@ -195,8 +195,13 @@ def test_binary_and_oversized_content():
 
 def test_patches_give_back_the_diff_they_came_from():
     d = (unified_diff("a.py", "x\n", "y\n") + blob_diff("l", None, (b"a.py", SYMLINK))
-         + blob_diff("b.bin", (b"\0", REGULAR), (b"\1\0", REGULAR)) + unified_diff("c", "1\n", None))
-    assert "".join(fp.text for fp in parse_diff(d)) == d
+         + blob_diff("b.bin", (b"\0", REGULAR), (b"\1\0", REGULAR)) + _udiff("p\n", "q\n", "plain.py")
+         + unified_diff("c", "1\n", None))
+    fps = parse_diff(d)
+    assert [fp.path for fp in fps] == ["a.py", "l", "b.bin", "plain.py", "c"]
+    assert "".join(fp.text for fp in fps) == d
+    with pytest.raises(DiffError, match="file mode"):
+        parse_diff("diff --git a/x b/x\nnew file mode 10x644\n")
 
 
 # ------------------------------------------------------------------ against real git

@@ -338,12 +338,19 @@ def _read_hunks(lines: list[str], i: int) -> tuple[list[Hunk], int]:
     return hunks, i
 
 
+def _mode(text: str) -> int:
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise DiffError(f"malformed diff: {text!r} is not a git file mode") from None
+
+
 def _read_git(lines: list[str], i: int) -> tuple[FilePatch, int]:
     """One ``diff --git`` patch starting at ``lines[i]``."""
     start = i
-    old, new = _git_names(lines[i])
-    old_p: str | None = old
-    new_p: str | None = new
+    old_p: str | None
+    new_p: str | None
+    old_p, new_p = _git_names(lines[i])
     old_mode = new_mode = None
     binary, carried = False, True
     hunks: list[Hunk] = []
@@ -353,13 +360,13 @@ def _read_git(lines: list[str], i: int) -> tuple[FilePatch, int]:
         word = ext.split(" ", 1)[0]
         value = ext.rsplit(" ", 1)[-1]
         if ext.startswith("new file mode "):
-            old_p, new_mode = None, int(value, 8)
+            old_p, new_mode = None, _mode(value)
         elif ext.startswith("deleted file mode "):
-            new_p, old_mode = None, int(value, 8)
+            new_p, old_mode = None, _mode(value)
         elif ext.startswith("old mode "):
-            old_mode = int(value, 8)
+            old_mode = _mode(value)
         elif ext.startswith("new mode "):
-            new_mode = int(value, 8)
+            new_mode = _mode(value)
         elif ext.startswith(("rename from ", "copy from ")):
             old_p = unquote_path(ext.split(" ", 2)[2])
         elif ext.startswith(("rename to ", "copy to ")):
@@ -369,8 +376,11 @@ def _read_git(lines: list[str], i: int) -> tuple[FilePatch, int]:
         elif ext == "GIT binary patch":
             binary = True
             i += 1
-            while i < len(lines) and not lines[i].startswith("diff --git "):
-                i += 1  # literal/delta blocks, each ended by an empty line
+            for _ in range(2):  # the forward block, and the reverse one if written
+                if i < len(lines) and lines[i].startswith(("literal ", "delta ")):
+                    while i < len(lines) and lines[i] != "\n":
+                        i += 1
+                    i += 1  # the empty line that ends a block
             break
         elif word not in ("index", "similarity", "dissimilarity"):
             break  # not a header line: the patch ends here (trailing text)
