@@ -385,7 +385,7 @@ def _read_git(lines: list[str], i: int) -> tuple[FilePatch, int]:
         elif word not in ("index", "similarity", "dissimilarity"):
             break  # not a header line: the patch ends here (trailing text)
         i += 1
-    if i < len(lines) and lines[i].startswith("--- ") and i + 1 < len(lines) \
+    if not binary and i + 1 < len(lines) and lines[i].startswith("--- ") \
             and lines[i + 1].startswith("+++ "):
         old_p, new_p = _header_path(lines[i][4:]), _header_path(lines[i + 1][4:])
         hunks, i = _read_hunks(lines, i + 2)
