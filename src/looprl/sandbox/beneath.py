@@ -25,7 +25,7 @@ What a symlink in the tree means here — what it means to git:
   any driver sees an open), so a directory swapped for a link while it walks is skipped.
 
     with Root(workspace.path) as ws:
-        data, mode = ws.blob("pkg/mod.py")      # (None, 0): absent, a directory, or under a link
+        blob = ws.blob("pkg/mod.py")      # (data, mode); None: absent, a directory, under a link
         ws.write("src/new.py", b"x = 1\\n")      # parents made; OSError(ELOOP) through a link
         for rel_dir, dir_fd, entries in ws.walk():
             ...
@@ -50,15 +50,13 @@ import posixpath
 import stat
 from collections.abc import Iterator
 
+from looprl.diffs import Blob
+
 _SYS_OPENAT2 = 437  # the same number on x86-64, aarch64 and the other generic-table machines
 _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x04, 0x08
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV, errno.ENAMETOOLONG)
 """Errors that mean "no entry at this path beneath the root" (ELOOP: a link on the way)."""
 
-Blob = tuple[bytes | None, int]
-"""(content, git mode) of an entry: a file's bytes (mode 100644/100755), a symlink's target
-(120000), or (None, 0) when there is no file or link there (absent, a directory, a link on the
-way, anything else)."""
 
 
 class _OpenHow(ctypes.Structure):
@@ -223,21 +221,23 @@ class Root:
         """``read``, decoded as ``Path.read_text`` decodes (UTF-8, universal newlines)."""
         return io.TextIOWrapper(io.BytesIO(self.read(rel)), encoding="utf-8", errors=errors).read()
 
-    def blob(self, rel: str) -> Blob:
-        """What git would store for ``rel`` (``Blob``): a file's bytes, a symlink's target."""
+    def blob(self, rel: str) -> Blob | None:
+        """What git would store for ``rel`` (``diffs.Blob``): a file's bytes (mode 100644 or
+        100755), a symlink's target (120000); None when there is no file or link there (absent,
+        a directory, a link on the way, anything else)."""
         for _ in range(3):  # a command may swap a file and a link under us: judged anew
             try:
                 fd = self.open(rel, os.O_PATH | os.O_NOFOLLOW)
             except OSError as e:
                 if e.errno in _ABSENT:
-                    return None, 0
+                    return None
                 raise
             try:
                 st = os.fstat(fd)
                 if stat.S_ISLNK(st.st_mode):
                     return os.readlink(b"", dir_fd=fd), 0o120000
                 if not stat.S_ISREG(st.st_mode):
-                    return None, 0
+                    return None
             finally:
                 os.close(fd)
             try:  # opened again to read (an O_PATH fd cannot be), by the same rules
@@ -246,8 +246,8 @@ class Root:
                 if e.errno not in (*_ABSENT, errno.EISDIR, errno.EINVAL):
                     raise
                 if e.errno != errno.ELOOP:
-                    return None, 0
-        return None, 0
+                    return None
+        return None
 
     def write(self, rel: str, data: bytes) -> None:
         """Make ``rel`` a regular file holding ``data``: missing parents are made, an existing
@@ -340,6 +340,6 @@ class Root:
             if st is None:
                 return None
             if stat.S_ISLNK(st.st_mode):
-                data, _ = self.blob(prefix)
-                return prefix, os.fsdecode(data or b"")
+                link = self.blob(prefix)
+                return prefix, os.fsdecode(link[0] if link else b"")
         return None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import difflib
 import functools
 import logging
 import os
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from looprl.diffs import blob_diff
 from looprl.errors import SandboxError
 from looprl.sandbox.beneath import Root
 from looprl.sandbox.idmap import idmapped_clone
@@ -549,43 +549,9 @@ def _layer_entries(layer: str) -> list[tuple[str, bool]]:
     return out
 
 
-def _is_binary(data: bytes) -> bool:
-    if b"\0" in data[:8192]:
-        return True
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return True
-    return False
-
-
-def _lines(text: str) -> list[str]:
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n\\ No newline at end of file\n"
-    return lines
-
-
 def file_diff(rel: str, old_root: Root, new_root: Root) -> str:
-    """Git-style diff of one path between two trees ('' when unchanged). Binary files are noted,
-    not inlined."""
-    old, old_mode = old_root.blob(rel)
-    new, new_mode = new_root.blob(rel)
-    if old == new and old_mode == new_mode:
-        return ""
-    head = [f"diff --git a/{rel} b/{rel}\n"]
-    if old is None:
-        head.append(f"new file mode {new_mode:o}\n")
-    elif new is None:
-        head.append(f"deleted file mode {old_mode:o}\n")
-    elif old_mode != new_mode:
-        head += [f"old mode {old_mode:o}\n", f"new mode {new_mode:o}\n"]
-    if old == new:
-        return "".join(head)
-    a = f"a/{rel}" if old is not None else "/dev/null"
-    b = f"b/{rel}" if new is not None else "/dev/null"
-    if _is_binary(old or b"") or _is_binary(new or b""):
-        return "".join(head) + f"Binary files {a} and {b} differ\n"
-    body = difflib.unified_diff(_lines((old or b"").decode()), _lines((new or b"").decode()),
-                                fromfile=a, tofile=b)
-    return "".join(head) + "".join(body)
+    """Git diff of one path ('' when unchanged), as ``diffs.blob_diff`` writes it: ``git apply``
+    reproduces it exactly. Each side is looked up beneath its root without following a link
+    (``beneath.Root.blob``); a directory, or anything but a file or a symlink, is absent here
+    (a directory's files have diffs of their own)."""
+    return blob_diff(rel, old_root.blob(rel), new_root.blob(rel))

@@ -83,6 +83,7 @@ from pydantic import Field
 from looprl import paths
 from looprl.asgi import Drain, Guard, StrictBody, bearer, install_error_handlers, unless_gone
 from looprl.chat import ChatFormat
+from looprl.diffs import changed_files
 from looprl.errors import ConfigError, LooprlError, PolicyError, SandboxError
 from looprl.feedback.ab import ab_report, assign_arm
 from looprl.feedback.signals import session_reward
@@ -92,7 +93,6 @@ from looprl.feedback.store import (
     FeedbackStore,
     FeedbackTooLargeError,
     UnknownSessionError,
-    diff_files,
 )
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.tools import DEFAULT_TOOLS, make_tools
@@ -340,7 +340,7 @@ class Server:
             raise InfraFailure(f"the agent run failed for infrastructure reasons: {traj.error}", sid)
         return {"session_id": sid, "arm": arm, "policy_version": version,
                 "experiment": experiment, "diff": traj.diff,
-                "files": list(diff_files(traj.diff)),
+                "files": list(changed_files(traj.diff)),
                 "stop_reason": traj.stop_reason.value, "turns": traj.counters.turns,
                 "tool_calls": traj.counters.tool_calls, "latency_s": round(latency, 3),
                 "final": traj.metadata.get("finish_summary") or "",
