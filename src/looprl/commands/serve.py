@@ -12,7 +12,7 @@ version, which is what the cycle and the A/B report select on.
 A served policies dir is followed by itself (``--watch SECONDS``, default 5; 0: only on
 ``POST /v1/reload``): a promotion (``current.json``) goes live on arm A without a restart, and with
 the torch engine a second engine (arm B, started on A's weights, no traffic) serves the dir's
-``candidate.json`` (``feedback.cycle.offer_candidate``: version, experiment, split_b) to that
+``candidate.json`` (``feedback.policies.offer_candidate``: version, experiment, split_b) to that
 share of users until it is withdrawn. ``--policies DIR`` beside a plain model dir ``--model M``
 serves M until DIR has a ``current.json``, then follows DIR. ``--model-b`` is a fixed arm B (split
 by ``--experiment``/``--split-b``; no candidate pointer). A pointer that cannot be read is logged
@@ -93,7 +93,7 @@ def serve(
     import base64
 
     from looprl.asgi import run
-    from looprl.feedback.cycle import POINTER, read_policy
+    from looprl.feedback.policies import POINTER, read_policy
     from looprl.feedback.store import FeedbackStore
     from looprl.harness.agent import AgentConfig
     from looprl.serve.api import ServeConfig, make_app
