@@ -41,7 +41,7 @@ from looprl.feedback.window import (
     window,
     window_groups,
 )
-from looprl.types import Group, Trajectory
+from looprl.types import Group, JSONScalar, Trajectory
 
 
 @dataclass
@@ -163,9 +163,10 @@ class Loop:
         the sessions it trained on (each once)."""
         row, trained = self._cycle(n)
         if trained:
-            metrics = {"sessions": len(trained), **row.train,
-                       **{f"gate_{k}": v for k, v in row.gate.items()
-                          if isinstance(v, (int, float, str, bool))}}
+            metrics: dict[str, JSONScalar] = {
+                "sessions": len(trained), **row.train,
+                **{f"gate_{k}": v for k, v in row.gate.items()
+                   if isinstance(v, (int, float, str, bool))}}
             self.store.add_cycle(policy_version=row.policy_version,
                                  candidate_version=row.candidate_version, status=row.status,
                                  reason=row.reason, metrics=metrics, trained=trained)
