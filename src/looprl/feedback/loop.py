@@ -37,17 +37,15 @@ Each cycle:
    Promote when, for ``resolved`` (B - A, 95% bootstrap: edits kept per request, a request the
    agent changed nothing for counting 0 whether or not its user said so) and for the reward,
    the point estimate is >= 0 and the interval lies above ``-ab.margin`` (twice that for the
-   reward), and reverts did not rise (``feedback.ab.decide``'s rollback rules); roll back
+   reward), and reverts did not rise (``feedback.gate.ab_decision``); roll back
    otherwise. A promotion moves ``current.json``; the serve picks it up.
 5. ``inject_bad_cycle``: that cycle's candidate gets Gaussian noise on its weights (a deliberately
    bad candidate); the run reports whether the gate or the A/B caught it (``rollback_ok``).
 
 After the cycles, ``ab.final_sessions > 0`` runs the final A/B: the start policy (arm A) against
 the last promoted one (arm B), the real-time RL arm against a control. Every session is accounted
-for: sent by users = stored = trained + waiting (scored sessions of the policy served now, for
-the next window) + superseded (scored after their policy's window was taken, by a policy since
-replaced) + A/B-only (served by a candidate that was rolled back) + unscored (no feedback) +
-infrastructure failures.
+for: sent by users = stored = trained + waiting + superseded + A/B-only + unscored +
+infrastructure failures (``feedback.accounting``).
 
 Ctrl-C or SIGTERM stops the run where it is: users and server stop (in-flight sessions finish),
 the last promoted policy is left serving, and the report, the accounting and the last line cover
