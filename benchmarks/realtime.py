@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 from looprl.config import load_config
-from looprl.feedback.loop import RealtimeConfig, run_loop
+from looprl.feedback.loop import run_loop
+from looprl.feedback.realtime_config import RealtimeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,22 +30,12 @@ import torch
 
 from looprl.bench.run import BenchSettings
 from looprl.config import apply_overrides, from_dict
-from looprl.feedback.cycle import (
-    PolicyRef,
-    bench_policy,
-    gate_reports,
-    read_policy,
-    save_candidate,
-    window,
-)
-from looprl.feedback.loop import (
-    RealtimeConfig,
-    optimizer_state,
-    train_groups,
-    users_tasks,
-    window_groups,
-)
+from looprl.feedback.gate import bench_policy, gate_reports
+from looprl.feedback.policies import PolicyRef, read_policy, save_candidate
+from looprl.feedback.realtime_config import RealtimeConfig, users_tasks
 from looprl.feedback.store import FeedbackStore
+from looprl.feedback.update import optimizer_state, train_groups
+from looprl.feedback.window import window, window_groups
 
 
 def main() -> None:

@@ -23,7 +23,10 @@ import uvicorn
 from looprl.chat import ChatFormat
 from looprl.config import load_config, save_config
 from looprl.feedback.ab import ABReport, compare_arms
-from looprl.feedback.loop import CycleRow, LoopResult, RealtimeConfig, ab_decision
+from looprl.feedback.gate import ab_decision
+from looprl.feedback.loop import LoopResult
+from looprl.feedback.loop_cycle import CycleRow
+from looprl.feedback.realtime_config import RealtimeConfig
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.policies import ScriptedPolicy

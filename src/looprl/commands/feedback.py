@@ -70,7 +70,8 @@ def loop_cmd(
     """Serve, collect a window, train, gate, A/B, promote or roll back — cycle after cycle
     (``feedback.loop``); ends with the report's line."""
     from looprl.config import load_config
-    from looprl.feedback.loop import RealtimeConfig, run_loop
+    from looprl.feedback.loop import run_loop
+    from looprl.feedback.realtime_config import RealtimeConfig
 
     res = run_loop(load_config(RealtimeConfig, config, override), runs)
     typer.echo(f"report: {res.run / 'report.md'}")
@@ -110,7 +111,7 @@ def promote_cmd(
     version: Annotated[int, typer.Option(help="candidate version to make current", min=0)],
 ) -> None:
     """Make OUT/vNNNN the current policy (after an A/B test says promote)."""
-    from looprl.feedback.cycle import promote
+    from looprl.feedback.policies import promote
 
     ref = promote(out, version)
     typer.echo(f"current policy: v{ref.version} ({ref.path})")

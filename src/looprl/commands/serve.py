@@ -12,7 +12,7 @@ version, which is what the cycle and the A/B report select on.
 A served policies dir is followed by itself (``--watch SECONDS``, default 5; 0: only on
 ``POST /v1/reload``): a promotion (``current.json``) goes live on arm A without a restart, and with
 the torch engine a second engine (arm B, started on A's weights, no traffic) serves the dir's
-``candidate.json`` (``feedback.cycle.offer_candidate``: version, experiment, split_b) to that
+``candidate.json`` (``feedback.policies.offer_candidate``: version, experiment, split_b) to that
 share of users until it is withdrawn. ``--policies DIR`` beside a plain model dir ``--model M``
 serves M until DIR has a ``current.json``, then follows DIR. ``--model-b`` is a fixed arm B (split
 by ``--experiment``/``--split-b``; no candidate pointer). A pointer that cannot be read is logged
@@ -92,7 +92,7 @@ def serve(
     """Serve POLICY (and a candidate) through /v1/sessions, /v1/sessions/{id}/feedback, /v1/ab."""
     import base64
 
-    from looprl.feedback.cycle import POINTER, read_policy
+    from looprl.feedback.policies import POINTER, read_policy
     from looprl.feedback.store import FeedbackStore
     from looprl.harness.agent import AgentConfig
     from looprl.serve.api import ServeConfig
@@ -160,7 +160,7 @@ def _run_server(engine: str, specs: dict[str, dict[str, Any]], chat_tok: Any,
 def _followed(model: Path | None, policies: Path | None) -> tuple[Path | None, Path | None]:
     """(--model, the policies dir to follow): a --model that is a policies dir is followed, and
     a --policies dir alone is also the model until it names one."""
-    from looprl.feedback.cycle import POINTER
+    from looprl.feedback.policies import POINTER
 
     if model is not None and (model / POINTER).is_file():  # --model is a policies dir: follow it
         if policies is not None and policies.resolve() != model.resolve():

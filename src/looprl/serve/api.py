@@ -100,7 +100,7 @@ from looprl.protocols import Engine, Sandbox
 from looprl.types import Grader, Message, Task, Trajectory
 
 if TYPE_CHECKING:
-    from looprl.feedback.cycle import PolicyRef
+    from looprl.feedback.policies import PolicyRef
 
 SandboxFactory = Callable[[str, str | None], Awaitable[Sandbox]]
 log = logging.getLogger(__name__)
@@ -365,7 +365,7 @@ class Server:
         """Swap in each arm's newly promoted (or offered) weights; returns arm -> {version, path,
         changed} and ``live()``. Raises when a pointer cannot be read (nothing half-applied:
         an arm changes only once its engine holds the new weights)."""
-        from looprl.feedback.cycle import POINTER, read_candidate, read_policy
+        from looprl.feedback.policies import POINTER, read_candidate, read_policy
 
         self._reload_lock = self._reload_lock or asyncio.Lock()
         out: dict[str, Any] = {}

@@ -16,7 +16,7 @@ remaining rewards are all equal has no signal: it is counted, and skipped when
 A group whose ``metadata["baseline"]`` is a number takes its advantages against it,
 ``A_i = r_i - baseline``, instead of against the group's mean: production traffic has one sample
 of most prompts, so its baseline is a value estimate made outside the group
-(``feedback.loop.window_groups``). Such a group may hold a single trajectory.
+(``feedback.window.window_groups``). Such a group may hold a single trajectory.
 
 Rows are packed so that each micro-batch's cost stays within ``micro_batch_tokens``. The cost
 counts what the forward runs (``step.token_logprobs``): a row that repeats another runs once
