@@ -157,7 +157,10 @@ def check_bwrap() -> str:
             raise SandboxUnavailableError(f"`{tool}` is missing: install util-linux "
                                           "(`apt-get install util-linux`)")
     drop = functools.partial(_drop_to, FIRST_UID) if os.geteuid() == 0 else None
-    r = subprocess.run([path, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"],
+    # The probe binds what a sandbox binds (the read-only system), not the whole host root: a
+    # recursive bind of / also takes in every other sandbox's mounts, and one that goes away
+    # meanwhile (another process closing a sandbox) failed the probe as if namespaces were off.
+    r = subprocess.run([path, "--unshare-all", "--unshare-user", *system_binds(), "true"],
                        capture_output=True, text=True, timeout=30, preexec_fn=drop)
     if r.returncode != 0:
         raise SandboxUnavailableError(
