@@ -44,6 +44,7 @@ from looprl.models.loading import load_model
 from looprl.models.pretrain import save_loss_png
 from looprl.train import stages
 from looprl.train.config import TrainConfig
+from looprl.train.plots import plot_curves
 from looprl.train.report import Evals, loss_ends, write_report
 from looprl.train.tasks import TaskSets, build_tasks
 from looprl.trainer import ddp
@@ -242,6 +243,8 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
         summary, trained = stages.train_rl(cfg, start.model, start.tok, start.dir, sets.train,
                                            run_dir, resume=resume, dist=dist)
         if dist.is_main:
+            if summary.history:
+                plot_curves(summary.history, run_dir / "reward_curve.png")
             stages.save_model(trained, start.tok, rl_dir)
             _json(rl_path, dataclasses.asdict(summary))  # marks RL done: --resume evaluates next
     else:

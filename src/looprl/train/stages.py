@@ -273,7 +273,8 @@ def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: lis
 def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
               run_dir: Path, resume: bool, dist: DistInfo) -> tuple[RLSummary, Any]:
     from looprl.inference import TorchEngine, make_engine
-    from looprl.trainer.grpo import GRPOLoop, TaskSampler
+    from looprl.trainer.grpo import GRPOLoop
+    from looprl.trainer.sampler import TaskSampler
     from looprl.trainer.step import GRPOStep
     from looprl.weights.store import FsspecWeightStore
 
