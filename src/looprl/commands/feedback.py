@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from looprl.errors import TaskError
+from looprl.rundir import RunDir
 
 app = typer.Typer(help="Production feedback -> rewards -> GRPO cycle; A/B tests; promotions.",
                   no_args_is_help=True)
@@ -73,7 +74,7 @@ def loop_cmd(
     from looprl.feedback.loop import RealtimeConfig, run_loop
 
     res = run_loop(load_config(RealtimeConfig, config, override), runs)
-    typer.echo(f"report: {res.run / 'report.md'}")
+    typer.echo(f"report: {RunDir(res.run).report}")
     typer.echo(res.line())
     if res.stopped:
         typer.echo(f"stopped early: {res.stopped}", err=True)

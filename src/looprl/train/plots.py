@@ -1,7 +1,7 @@
 """The charts of a ``looprl train`` run's report: ``reward_curve.png`` (mean reward, pass rate and
 the trainer/engine IS ratio per GRPO step), drawn from the loop's metrics rows when RL ends.
 
-    plot_curves(stats.history, run_dir / "reward_curve.png")   # GRPOLoop.run's LoopStats
+    plot_curves(stats.history, RunDir(run_dir).reward_curve)   # GRPOLoop.run's LoopStats
 
 ``report.md`` shows the picture; the dashboard draws the same rows as live charts of its own.
 """

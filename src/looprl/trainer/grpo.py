@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 from looprl.config import FieldError
 from looprl.errors import WeightStoreError
 from looprl.protocols import GroupSource, WeightSink, WeightStore
+from looprl.rundir import RunDir
 from looprl.trainer import ddp
 from looprl.trainer.checkpoint import Resumed, latest_checkpoint
 from looprl.trainer.loggers import Loggers, make_loggers, read_metrics
@@ -172,7 +173,7 @@ class GRPOLoop:
         self.step, self.engine, self.runner, self.sampler, self.cfg = step, engine, runner, sampler, cfg
         self.batch_metrics = batch_metrics
         self.store = store
-        self._ckpt_root = Path(run_dir) / "ckpt" if run_dir else None
+        self._ckpt_root = RunDir(run_dir).ckpt if run_dir else None
         # the log and the trackers are rank 0's (about every rank's groups)
         self.run_dir = Path(run_dir) if run_dir and self.dist.is_main else None
         self.version = start_version
@@ -217,10 +218,10 @@ class GRPOLoop:
         a row cut short by a kill is dropped. Rewritten atomically."""
         if self.run_dir is None:
             return
-        self.stats.history = read_metrics(self.run_dir / "metrics.jsonl", last_step)
+        self.stats.history = read_metrics(RunDir(self.run_dir).metrics, last_step)
         if self._loggers is not None:
             self._loggers.rewind(last_step)
-        trajs = self.run_dir / "trajectories" / "train.jsonl"
+        trajs = RunDir(self.run_dir).train_trajectories
         if trajs.exists():  # the lost steps' trajectories go with their metrics rows
             kept = [line for line in trajs.read_text(encoding="utf-8").splitlines()
                     if _train_step(line) <= last_step]
@@ -402,9 +403,8 @@ class GRPOLoop:
             self._loggers.log(self.stats.steps, row)
         if self.run_dir:
             if self.cfg.save_trajectories:
-                (self.run_dir / "trajectories").mkdir(exist_ok=True)
-                with open(self.run_dir / "trajectories" / "train.jsonl", "a",
-                          encoding="utf-8") as f:
+                RunDir(self.run_dir).trajectories.mkdir(exist_ok=True)
+                with open(RunDir(self.run_dir).train_trajectories, "a", encoding="utf-8") as f:
                     f.writelines(dataclasses.replace(
                         t, metadata={**t.metadata, "train_step": self.stats.steps}).to_json() + "\n"
                         for t in trajs)
