@@ -17,6 +17,8 @@ ON_DISK = {
     "model_rl": "model_rl", "turn_accuracy": "turn_accuracy.json",
     "dashboard_page": "dashboard.html", "feedback_db": "feedback.db", "policies": "policies",
     "cycles": "cycles.jsonl", "final_ab": "final_ab.json", "result": "result.txt",
+    "server_info": "server.json", "users_summary": "users.json", "users_tasks": "users_tasks.jsonl",
+    "ab_plot": "ab.png", "gate_plot": "gate.png",
 }
 """Renaming one strands every saved run: ``--resume``, the dashboard and the scripts would no
 longer find it."""
@@ -31,6 +33,7 @@ def test_every_name_is_the_one_saved_runs_hold():
     assert rd.task_file("heldout_packages") == rd.root / "tasks" / "heldout_packages.jsonl"
     assert rd.evaluation("v84", packages=True) == rd.root / "eval_v84_packages.json"
     assert rd.eval_trajectories("start") == rd.root / "trajectories" / "eval_start.jsonl"
+    assert rd.gate_report(3) == rd.root / "gate" / "v0003.json"
     assert rd.saved_models[0] == rd.model_rl and rd.saved_models[-1] == rd.model_init
 
 

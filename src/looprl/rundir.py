@@ -12,8 +12,9 @@ their paths from here, so a name changes in one place. A ``looprl train`` run, s
 ``metrics.jsonl``, ``tb/``, ``ckpt/``, ``weights/``, ``trajectories/train.jsonl``, ``fleet.json``,
 ``reward_curve.png``, ``rl.json`` and ``model_rl/``; ``eval_rl*.json``; ``report.md``,
 ``turn_accuracy.json``, ``dashboard.html``. A real-time loop run (``looprl feedback loop``) shares
-``config.json`` and ``report.md`` and adds ``feedback.db``, ``policies/``, ``cycles.jsonl``,
-``final_ab.json`` and ``result.txt``.
+``config.json`` and ``report.md`` and adds ``feedback.db``, ``policies/``, ``server.json``,
+``users.json``, ``users_tasks.jsonl``, ``gate/``, ``cycles.jsonl``, ``final_ab.json``, ``ab.png``,
+``gate.png`` and ``result.txt``.
 
 Only names live here: nothing is created or read (a directory is made by whoever writes into it).
 """
@@ -194,3 +195,31 @@ class RunDir:
     def result(self) -> Path:
         """The loop's one-line ``key=value`` result, written when it ends."""
         return self.root / "result.txt"
+
+    @property
+    def server_info(self) -> Path:
+        """Where the loop's agent server listens and its token (owner-only): how real users, or
+        a client, find it."""
+        return self.root / "server.json"
+
+    @property
+    def users_summary(self) -> Path:
+        """What the simulated users sent (``looprl feedback simulate --out``)."""
+        return self.root / "users.json"
+
+    @property
+    def users_tasks(self) -> Path:
+        """The tasks the simulated users ask about."""
+        return self.root / "users_tasks.jsonl"
+
+    def gate_report(self, version: int) -> Path:
+        """The bench gate's report of one policy version."""
+        return self.root / "gate" / f"v{version:04d}.json"
+
+    @property
+    def ab_plot(self) -> Path:
+        return self.root / "ab.png"
+
+    @property
+    def gate_plot(self) -> Path:
+        return self.root / "gate.png"
