@@ -58,7 +58,7 @@ def oracle_cmd(
         raise typer.Exit(1)
 
 
-async def _run_oracles(tasks: list, tokenizer_dir: Path | None) -> list:  # type: ignore[type-arg]
+async def _run_oracles(tasks: list, tokenizer_dir: Path | None) -> list:
     from looprl.chat import ChatFormat
     from looprl.harness.agent import AgentConfig, run_agent
     from looprl.harness.policies import OracleAgent

@@ -410,15 +410,19 @@ def loop_status(run: RunData) -> str:
 
 # -- compare --------------------------------------------------------------------------------------
 
+def _last_card(key: str) -> Callable[[RunData], str]:
+    return lambda r: esc(fmt(card_value(r, key)[0]))
+
+
 def compare_section(runs: Sequence[RunData], prefix: str = "cmp") -> str:
     """Several runs side by side: last-step cards, curves on shared axes, evaluations, and the
     config settings that differ."""
     parts = ['<section id="compare"><h2>runs compared</h2>']
     heads = ["", *(esc(r.name) for r in runs)]
-    figures = [("steps", lambda r: str(len(r.rows))),
-               ("skipped steps", lambda r: str(len(r.skipped_steps)))]
-    figures += [(lab, lambda r, k=key: esc(fmt(card_value(r, k)[0])))
-                for lab, key in TRAINING_CARDS[1:]]
+    figures: list[tuple[str, Callable[[RunData], str]]] = [
+        ("steps", lambda r: str(len(r.rows))),
+        ("skipped steps", lambda r: str(len(r.skipped_steps)))]
+    figures += [(lab, _last_card(key)) for lab, key in TRAINING_CARDS[1:]]
     parts.append(table(heads, [[esc(lab), *(f(r) for r in runs)] for lab, f in figures], "compare"))
     parts.append(charts_grid(compare_charts(runs, COMPARE_METRICS), prefix))
     parts.append(_evals_compared(runs))

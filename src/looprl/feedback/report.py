@@ -70,7 +70,9 @@ def plot_ab(tables: list[tuple[str, dict[str, dict[str, Any]]]], path: Path) -> 
     labels = [lab for lab, _ in tables]
     for ax, (m, title) in zip(axes, PLOTTED, strict=True):
         for k, (arm, color) in enumerate((("A", "#4c72b0"), ("B", "#dd8452"))):
-            xs, ys, err = [], [], [[], []]
+            xs: list[float] = []
+            ys: list[float] = []
+            err: list[list[float]] = [[], []]
             for i, (_, tab) in enumerate(tables):
                 v = tab.get(arm, {}).get(m)
                 if v is not None:

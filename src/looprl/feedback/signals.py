@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 
 from looprl.feedback.store import EDIT_KINDS, Event, SessionRecord
 from looprl.plugins import find
-from looprl.types import RewardBreakdown
+from looprl.types import Metadata, RewardBreakdown
 
 
 def in_order(events: Sequence[Event]) -> list[Event]:
@@ -56,7 +56,7 @@ def in_order(events: Sequence[Event]) -> list[Event]:
 
 def edit_share(event: Event, files: Sequence[str]) -> float:
     """Share of the session's edited files this edit event keeps (kept 1, reverted 0, by files)."""
-    named = event.payload.get("files")
+    named = event.payload.get("files") or []  # partially_kept always names them (store checks)
     if event.kind == "partially_kept":
         return len(named) / len(files) if files else 0.0
     if named:  # kept/reverted of some files: the others are in the opposite state
@@ -103,7 +103,7 @@ def edit_outcome_latency(session: SessionRecord, events: Sequence[Event]) -> Rew
     return RewardBreakdown.of(terms, details=_details(session, events))
 
 
-def _details(session: SessionRecord, events: Sequence[Event]) -> dict[str, str | int | float]:
+def _details(session: SessionRecord, events: Sequence[Event]) -> Metadata:
     return {"session_id": session.id, "events": len(events),
             "last_edit": next((e.kind for e in reversed(in_order(events)) if e.kind in EDIT_KINDS),
                               ""),

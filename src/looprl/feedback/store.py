@@ -350,7 +350,8 @@ class FeedbackStore:
                  with_trajectory: bool = False) -> list[SessionRecord]:
         """Sessions in creation order, filtered by version / arm / experiment; ``untrained``: not
         yet used by a cycle."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[str | int] = []
         if experiment is not None:
             where.append("experiment=?")
             args.append(experiment)

@@ -19,7 +19,7 @@ import shlex
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -62,7 +62,7 @@ class ScriptedPolicy:
         self._next[session_id] = k + 1
         self.prompts.append(list(prompt_ids))
         ids = list(self.tokenizer.encode(self.turns[k], add_special_tokens=False)) + [self.eot_id]
-        finish = "stop"
+        finish: Literal["stop", "length"] = "stop"
         if len(ids) > params.max_new_tokens:
             ids, finish = ids[: params.max_new_tokens], "length"
         return Generation(tuple(ids), (0.0,) * len(ids), (self._version,) * len(ids), finish,

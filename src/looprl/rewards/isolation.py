@@ -168,7 +168,8 @@ class RunnerReport:
                 outcomes[rec["id"]] = rec["outcome"]
             else:  # a last line cut by a kill mid-write; anything else is foreign
                 intact = intact and i == len(lines) - 1
-        status, config = None, ()
+        status: int | None = None
+        config: tuple[str, ...] = ()
         printed = [ln for ln in digest.splitlines() if ln.strip()]
         try:
             first, last = (json.loads(printed[0]), json.loads(printed[-1])) if printed else ({}, {})
@@ -232,7 +233,7 @@ def config_names_in(source: str) -> frozenset[str]:
         if not isinstance(target, ast.Name) or target.id not in ("CONFIG_LOADERS_BY_NAME",
                                                                   "config_names"):
             continue
-        value = node.value  # type: ignore[union-attr]
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
         items = (value.keys if isinstance(value, ast.Dict) else
                  value.elts if isinstance(value, (ast.List, ast.Tuple)) else [])
         names |= {k.value for k in items if isinstance(k, ast.Constant) and isinstance(k.value, str)}

@@ -52,6 +52,7 @@ import os
 import random
 import resource
 import sys
+from typing import Any
 
 _USAGE = "usage: python -I pytest_runner.py REPORT DIGEST_FD [pytest args ...]"
 
@@ -85,7 +86,7 @@ def _make_plugin(pytest: object, fd: int, roots: list[str], start_path: list[str
 
     class GraderReport:
         def __init__(self) -> None:
-            self.config = None
+            self.config: Any = None  # pytest's Config, once configured
             self.outcome: dict[str, str] = {}
             self.digest = hashlib.sha256()
 
@@ -101,10 +102,10 @@ def _make_plugin(pytest: object, fd: int, roots: list[str], start_path: list[str
             at = sys.path.index(start_path[0]) if start_path and start_path[0] in sys.path else 0
             sys.path[at:at] = [r for r in roots if r not in sys.path]
 
-        def pytest_configure(self, config: object) -> None:
+        def pytest_configure(self, config: Any) -> None:
             self.config = config
 
-        def config_read(self) -> list:
+        def config_read(self) -> list[str]:
             """Workspace files pytest took configuration from: its inifile and every conftest
             module it loaded (the grader checks none of them is one the diff changed)."""
             config = self.config
@@ -121,9 +122,9 @@ def _make_plugin(pytest: object, fd: int, roots: list[str], start_path: list[str
                         out.add(os.path.relpath(real, here))
             return sorted(out)
 
-        def pytest_runtest_logreport(self, report: object) -> None:
+        def pytest_runtest_logreport(self, report: Any) -> None:
             r = report  # a TestReport: when, outcome, nodeid, maybe wasxfail
-            node = self.config.cwd_relative_nodeid(r.nodeid)  # type: ignore[union-attr]
+            node = self.config.cwd_relative_nodeid(r.nodeid)
             xfail = hasattr(r, "wasxfail")
             if r.when == "call":
                 if r.passed:

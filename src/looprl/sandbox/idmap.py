@@ -180,7 +180,8 @@ def idmapped_clone(src: str | os.PathLike[str], dst: str | os.PathLike[str], uid
            f"idmapping {src}")
 
 
-def bind_clone(src: str | os.PathLike[str], dst: Path, *, readonly: bool) -> None:
+def bind_clone(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+               readonly: bool) -> None:
     """Bind ``src`` and every mount below it at the existing directory ``dst``: nosuid, nodev,
     and read-only throughout when ``readonly`` (one syscall for the whole tree)."""
     flags = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if readonly else 0)

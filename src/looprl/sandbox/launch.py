@@ -280,7 +280,7 @@ class Prepared:
         loop = asyncio.get_running_loop()
         fd = os.pidfd_open(self.proc.pid)  # not reaped yet: the pid is still ours
         exited = loop.create_future()
-        loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+        loop.add_reader(fd, lambda: None if exited.done() else exited.set_result(None))
         try:
             await exited
         finally:

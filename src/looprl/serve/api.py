@@ -306,11 +306,12 @@ class Server:
         if not req.user.strip() or not req.prompt.strip():
             raise ConfigError("'user' and 'prompt' must be non-empty strings")
         repo = check_repo(req.repo, self.cfg.allowed_roots)
-        venv = (self.cfg.venv if req.venv is None
-                else check_repo(req.venv, self.cfg.allowed_roots, "venv"))
-        if req.venv is not None and not (Path(venv) / "bin").is_dir():
-            raise ConfigError(f"'venv' {req.venv!r} has no bin/ directory: pass the root of a "
-                              "Python environment (the directory holding pyvenv.cfg)")
+        venv = self.cfg.venv
+        if req.venv is not None:
+            venv = check_repo(req.venv, self.cfg.allowed_roots, "venv")
+            if not (Path(venv) / "bin").is_dir():
+                raise ConfigError(f"'venv' {req.venv!r} has no bin/ directory: pass the root of "
+                                  "a Python environment (the directory holding pyvenv.cfg)")
         # arm, version and experiment are read together (no await between): a reload cannot
         # split them; the session keeps its arm's engine even if the candidate is withdrawn
         arm, sid = self.arm_for(req.user), uuid.uuid4().hex

@@ -92,7 +92,7 @@ class PackageSnapshot:
     @classmethod
     def from_dict(cls, d: dict) -> PackageSnapshot:
         tuples = ("test_targets", "test_files", "source_files", "passing_tests")
-        return cls(**{k: tuple(v) if k in tuples else v for k, v in d.items()})
+        return cls(**{k: tuple(v) if k in tuples else v for k, v in d.items()})  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ layout
@@ -202,7 +202,7 @@ def infer_dependencies(repo: Path, name: str) -> list[str]:
 def uv_binary() -> str | None:
     """The ``uv`` installer (PyPI package ``uv``; ~6x faster than pip here), if installed."""
     try:
-        from uv import find_uv_bin  # type: ignore[import-not-found]
+        from uv import find_uv_bin
 
         return find_uv_bin()
     except (ImportError, FileNotFoundError):

@@ -33,7 +33,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import safetensors.torch
@@ -68,7 +68,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def capture_rng() -> dict[str, Any]:
     """Python and numpy RNG states as JSON-able values (torch's goes to rng.pt)."""
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state = cast(tuple, np.random.get_state(legacy=True))  # the legacy form is a tuple
     return {"python": [py[0], list(py[1]), py[2]],
             "numpy": [np_state[0], np_state[1].tolist(), *map(float, np_state[2:])]}
 

@@ -56,7 +56,7 @@ def make_tools(names: tuple[str, ...] | list[str] = DEFAULT_TOOLS, **resources: 
     tools: list[Tool] = []
     for name in names:
         cls = find("tools", name, TOOLS)
-        accepted = inspect.signature(cls.__init__).parameters
+        accepted = inspect.signature(cls).parameters
         tool = cls(**{k: v for k, v in resources.items() if k in accepted})
         if not isinstance(tool, Tool):
             raise ConfigError(f"tool {name!r} ({cls!r}) does not follow looprl.protocols.Tool: "

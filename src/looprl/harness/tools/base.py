@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from looprl.errors import PathEscapeError, ToolCallError, ToolError
 from looprl.protocols import Sandbox, Tool
@@ -74,7 +74,7 @@ def _type_ok(value: Any, spec: dict[str, Any]) -> bool:
     if not isinstance(value, _JSON_TYPES[tp]):
         return False
     if tp == "array" and "items" in spec:
-        return all(_type_ok(v, spec["items"]) for v in value)
+        return all(_type_ok(v, spec["items"]) for v in cast(list, value))
     return True
 
 

@@ -37,7 +37,8 @@ class ReadFile:
         if start > len(lines):
             return f"{path} has {len(lines)} lines; offset {start} is past the end."
         limit = min(args.get("limit", self.max_lines), self.max_lines)
-        out, size, end = [], 0, start - 1
+        out: list[str] = []
+        size, end = 0, start - 1
         for i in range(start - 1, min(len(lines), start - 1 + limit)):
             line = lines[i]
             if len(line) > self.max_line_chars:
