@@ -7,7 +7,7 @@ import math
 import pytest
 
 from looprl.errors import ConfigError
-from looprl.harness.policies import oracle_turns
+from looprl.harness.oracle import oracle_turns
 from looprl.train import plots, stages
 from looprl.train import tasks as train_tasks
 from looprl.train.config import TasksSection, TrainConfig

@@ -29,7 +29,7 @@ from looprl.feedback.loop_cycle import CycleRow
 from looprl.feedback.realtime_config import RealtimeConfig
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import reward_metrics

@@ -31,7 +31,7 @@ from looprl.feedback.simulate import (
 )
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.serve.api import ServeConfig, make_app
 from looprl.tasks.taskset import load_tasks, write_tasks

@@ -13,7 +13,7 @@ import pytest
 
 from looprl.chat import ChatFormat
 from looprl.errors import ContextFullError
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import ToolContext
 from looprl.models.tokenizer import build_tokenizer
 from looprl.types import Grader, Task

@@ -12,7 +12,7 @@ import pytest
 
 from looprl.errors import ConfigError, SandboxError
 from looprl.harness.agent import AgentConfig, AgentRun, run_agent
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.harness.tools.base import obj_schema
 from looprl.types import StopReason, Trajectory

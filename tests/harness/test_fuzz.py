@@ -15,7 +15,7 @@ import pytest
 
 from looprl.chat import ChatFormat, parse_turn
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 
 from .turn_fuzz import AGENT_TOOLS, Turn, check_trajectory, fuzz_turn

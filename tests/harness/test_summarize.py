@@ -10,7 +10,7 @@ import pytest
 
 from looprl.errors import ConfigError
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.summarize import SUMMARIZE_INSTRUCTION, SUMMARY_FRAME
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.trainer.batch import build_batch

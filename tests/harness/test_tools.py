@@ -352,7 +352,7 @@ def test_file_names_that_are_not_utf8_reach_the_model_as_escapes(task, sandbox, 
     """A command can create a file whose name is not UTF-8; listing it must neither crash the
     loop (the tokenizer refuses such text) nor make the trajectory unsavable."""
     from looprl.harness.agent import AgentConfig, run_agent
-    from looprl.harness.policies import ScriptedPolicy
+    from looprl.harness.scripted import ScriptedPolicy
     from looprl.types import StopReason, Trajectory
 
     from .conftest import call

@@ -9,7 +9,7 @@ import random
 
 from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.inference.openai_chat import ReplyStream, conversation_ids, parse_reply
 from looprl.inference.openai_params import chat_messages

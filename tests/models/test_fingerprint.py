@@ -15,7 +15,7 @@ from looprl.chat import ChatFormat
 from looprl.cli import app as looprl_app
 from looprl.errors import ConfigError
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 from looprl.models.fingerprint import METADATA_KEY, model_fingerprint, tokenizer_fingerprint
 from looprl.models.loading import load_model

@@ -10,7 +10,8 @@ import pytest
 from looprl.chat import ChatFormat
 from looprl.errors import SandboxError
 from looprl.harness.agent import AgentConfig
-from looprl.harness.policies import OracleAgent, ScriptedPolicy
+from looprl.harness.oracle import OracleAgent
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.tests import pytest_command
 from looprl.rollout.runner import RolloutConfig, RolloutRunner

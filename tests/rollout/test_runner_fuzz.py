@@ -18,7 +18,7 @@ import pytest
 
 from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rollout.runner import RolloutConfig, RolloutRunner

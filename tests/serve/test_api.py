@@ -18,7 +18,7 @@ from looprl.errors import SandboxUnavailableError
 from looprl.feedback.ab import assign_arm
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.serve.api import ServeConfig, make_app
 from tests.bwrap_support import needs_bwrap

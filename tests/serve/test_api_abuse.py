@@ -16,7 +16,7 @@ import pytest
 
 from looprl.feedback.store import MAX_TEXT_CHARS, FeedbackStore
 from looprl.harness.agent import AgentConfig
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.serve.api import ServeConfig, make_app
 from tests.example_package import write_example_package

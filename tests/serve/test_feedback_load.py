@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from looprl.feedback.store import FeedbackStore
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.serve.api import ServeConfig, make_app
 

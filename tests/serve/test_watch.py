@@ -28,7 +28,7 @@ from looprl.feedback.policies import (
 )
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig
-from looprl.harness.policies import ScriptedPolicy
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.serve.api import ServeConfig, make_app
 from tests.example_package import write_example_package

@@ -13,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig
-from looprl.harness.policies import OracleAgent, ScriptedPolicy, oracle_turns
+from looprl.harness.oracle import OracleAgent, oracle_turns
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import reward_metrics

@@ -103,14 +103,14 @@ class PolicyFactory:
 
 
 def _oracle(arg: str, task: Task | None, tok: Any) -> Engine:
-    from looprl.harness.policies import OracleAgent
+    from looprl.harness.oracle import OracleAgent
 
     assert task is not None
     return OracleAgent(task, tok)
 
 
 def _null(arg: str, task: Task | None, tok: Any) -> Engine:
-    from looprl.harness.policies import ScriptedPolicy
+    from looprl.harness.scripted import ScriptedPolicy
 
     return ScriptedPolicy(tok, ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>'])
 

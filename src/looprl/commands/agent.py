@@ -61,7 +61,7 @@ def oracle_cmd(
 async def _run_oracles(tasks: list, tokenizer_dir: Path | None) -> list:
     from looprl.chat import ChatFormat
     from looprl.harness.agent import AgentConfig, run_agent
-    from looprl.harness.policies import OracleAgent
+    from looprl.harness.oracle import OracleAgent
     from looprl.harness.tools import make_tools
     from looprl.sandbox import create_sandbox
 

@@ -1,6 +1,6 @@
 """The agent harness: the loop (``agent.py``), the state one run carries (``run_state.py``),
-self-summarization (``summarize.py``), the tools (``tools/``, one a file) and model-free engines
-(``policies.py``). The chat/tool-call format it speaks is ``looprl.chat``.
+self-summarization (``summarize.py``), the tools (``tools/``, one a file) and two model-free
+engines: the scripted test double (``scripted.py``) and the gold-patch oracle (``oracle.py``). The chat/tool-call format it speaks is ``looprl.chat``.
 
     from looprl.chat import ChatFormat
     from looprl.harness import AgentConfig, make_tools, run_agent

@@ -569,7 +569,7 @@ async def oracle_solves(task: Task) -> bool:
     """Replay the gold patch through the harness tools (``OracleAgent``), grade the final diff."""
     from looprl.chat import ChatFormat
     from looprl.harness.agent import AgentConfig, run_agent
-    from looprl.harness.policies import OracleAgent
+    from looprl.harness.oracle import OracleAgent
     from looprl.harness.tools import make_tools
     from looprl.models.tokenizer import build_tokenizer
     from looprl.sandbox import create_sandbox

@@ -22,12 +22,7 @@ from typing import Any
 from looprl.chat import ChatFormat
 from looprl.errors import LooprlError, TaskError, ToolError
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.policies import (
-    OracleAgent,
-    gold_patches,
-    patched,
-    repo_file_text,
-)
+from looprl.harness.oracle import OracleAgent, gold_patches, patched, repo_file_text
 from looprl.harness.tools import make_tools
 from looprl.protocols import Sandbox
 from looprl.types import StopReason, Task, Trajectory

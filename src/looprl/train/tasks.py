@@ -58,7 +58,7 @@ class TaskSets:
 def select_code(task: Task, files: dict[str, str] | None = None) -> Task:
     """``task`` with the code its fix replaces appended to the prompt as the user's selection
     (``policies.selections``); unchanged when the fix is not a set of in-place edits."""
-    from looprl.harness.policies import selections
+    from looprl.harness.oracle import selections
     from looprl.tasks.prompts import with_selection
 
     picked = selections(task, files)

@@ -1,11 +1,8 @@
-"""Engines that need no model: a scripted test double and an oracle that replays a task's gold
-patch through the tools.
+"""The oracle agent: an ``Engine`` that solves a task from its gold patch through the harness
+tools (read, grep, edit, test), proving the task solvable; its trajectories are SFT data.
 
-    policy = ScriptedPolicy(tok, ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>'])
-    oracle = OracleAgent(task, tok)      # proves a task solvable; its trajectories are SFT data
-
-Both return each scripted turn tokenized, ending with the end-of-turn token, logprob 0.0, so a
-trajectory they drive is in the exact harness format a model would produce.
+    oracle = OracleAgent(task, tok)
+    turns = oracle_turns(task)           # the same script as tool-call turns
 """
 
 from __future__ import annotations
@@ -19,61 +16,17 @@ import shlex
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from looprl.chat import TOOL_CLOSE, TOOL_OPEN
 from looprl.diffs import FilePatch, Hunk, apply_patch, parse_diff
-from looprl.errors import DiffError, PolicyError, TaskError
+from looprl.errors import DiffError, TaskError
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools.edit_file import find_all
 from looprl.harness.tools.grep import shown_path
 from looprl.types import Generation, SamplingParams, Task
-
-
-class ScriptedPolicy:
-    """An ``Engine`` test double: returns ``turns`` in order (per session), whatever the prompt.
-
-    ``prompts`` records every prompt it was given, so tests can check token exactness.
-    Running out of turns raises ``PolicyError`` (an engine failure, like a crashed server).
-    """
-
-    def __init__(self, tokenizer: Any, turns: list[str], end_of_turn: str = "<|im_end|>") -> None:
-        self.tokenizer = tokenizer
-        self.turns = list(turns)
-        eot = tokenizer.encode(end_of_turn, add_special_tokens=False)
-        assert len(eot) == 1, f"{end_of_turn!r} is not one token of this tokenizer"
-        self.eot_id = eot[0]
-        self.prompts: list[list[int]] = []
-        self.released: list[str] = []
-        self._next: dict[str | None, int] = {}
-        self._version = 0
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
-                       session_id: str | None = None, group_id: str | None = None) -> Generation:
-        k = self._next.get(session_id, 0)
-        if k >= len(self.turns):
-            raise PolicyError(f"scripted policy has no turn {k + 1} (script has {len(self.turns)}); "
-                              "add turns or end the script with a finish call")
-        self._next[session_id] = k + 1
-        self.prompts.append(list(prompt_ids))
-        ids = list(self.tokenizer.encode(self.turns[k], add_special_tokens=False)) + [self.eot_id]
-        finish: Literal["stop", "length"] = "stop"
-        if len(ids) > params.max_new_tokens:
-            ids, finish = ids[: params.max_new_tokens], "length"
-        return Generation(tuple(ids), (0.0,) * len(ids), (self._version,) * len(ids), finish,
-                          self.tokenizer.decode(ids))
-
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        self._version = version
-
-    async def release(self, session_id: str) -> None:
-        self.released.append(session_id)
-
 
 # --- gold patch -> tool calls ---------------------------------------------------------------
 

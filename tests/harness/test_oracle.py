@@ -14,16 +14,16 @@ import pytest
 from looprl.diffs import parse_diff
 from looprl.errors import TaskError
 from looprl.harness.agent import AgentConfig, run_agent
-from looprl.harness.policies import (
+from looprl.harness.oracle import (
     READ_LIMIT,
     OracleAgent,
-    ScriptedPolicy,
     oracle_turns,
     patched,
     selections,
     slipped_turns,
     tight_edit,
 )
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 from looprl.types import SamplingParams, StopReason, Trajectory
 from tests.bwrap_support import skip_without_sandbox
