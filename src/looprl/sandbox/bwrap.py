@@ -88,7 +88,13 @@ from looprl.sandbox.launch import (
     pump,
     tool_chain,
 )
-from looprl.sandbox.mounts import TOOLS_DIR, bind_args, system_binds, venv_paths  # noqa: F401
+from looprl.sandbox.mounts import (  # noqa: F401
+    TOOLS_DIR,
+    Mount,
+    bind_args,
+    system_binds,
+    venv_paths,
+)
 from looprl.sandbox.root import LAUNCH, SandboxRoot, rootable
 from looprl.sandbox.seccomp import filter_fd
 from looprl.sandbox.workspace import (
@@ -536,12 +542,14 @@ class BwrapSandbox:
 
     def __init__(self, workspace: Workspace, venv: str | None = None,
                  limits: SandboxLimits | None = None, workdir: str | None = None,
-                 root: SandboxRoot | None = None):
+                 root: SandboxRoot | None = None, mounts: tuple[Mount, ...] = ()):
         self.workspace = workspace
         self.venv = str(Path(venv).absolute()) if venv else None
         self.limits = limits or SandboxLimits()
         self.workdir = workdir or str(workspace.base)
         self.root = root
+        self.mounts = mounts
+        """Extra host directories the commands see (``mounts.Mount``), e.g. a verifier's."""
         self._bwrap = check_bwrap()
         self._gate = _Gate()
         self._root = str(workspace.path)  # real as made: under the resolved sandbox_root()
@@ -559,6 +567,8 @@ class BwrapSandbox:
         self.root.attach(self.workspace.path, self.workdir, readonly=False)
         for p in venv_paths(self.venv) if venv else ():
             self.root.attach(p, p, readonly=True)
+        for m in self.mounts:
+            self.root.attach(m.source, m.target, readonly=m.readonly)
 
     def _venv_fits(self, attached: str) -> bool:
         """Whether a venv attached before the workspace serves this sandbox: the same venv, and
@@ -623,7 +633,7 @@ class BwrapSandbox:
                                      command_argv(cmd, self.venv, env, lookup=False))
         else:
             binds = bind_args(self.workspace.path, self.workdir, self.venv,
-                              staged=uid is not None)
+                              staged=uid is not None, mounts=self.mounts)
 
             def build(seccomp_fd: int | None, status_fd: int) -> list[str]:
                 return build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
@@ -765,7 +775,8 @@ class BwrapSandbox:
         snap = await self.snapshot()
         try:
             return [await sandbox_from(snap, venv=self.venv, limits=self.limits,
-                                       workdir=self.workdir) for _ in range(n)]
+                                       workdir=self.workdir, mounts=self.mounts)
+                    for _ in range(n)]
         finally:
             snap.release()
 
@@ -893,23 +904,25 @@ async def make_blank(limits: SandboxLimits | None = None, venv: str | None = Non
 async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
                       limits: SandboxLimits | None = None, snapshot: Snapshot | None = None,
                       workdir: str | None = None, blank: Blank | None = None,
-                      resolved: bool = False) -> BwrapSandbox:
+                      resolved: bool = False, mounts: tuple[Mount, ...] = ()) -> BwrapSandbox:
     """A new sandbox over ``base_dir`` (or starting at ``snapshot``), with its own host uid.
+    ``workdir``: where its commands see the workspace (default: the base's own path).
     ``blank``: a pre-started ``Blank`` to build it from (taken over; closed if it cannot serve).
-    ``resolved``: ``base_dir`` is ``os.path.realpath``'d already (a pool's key)."""
+    ``resolved``: ``base_dir`` is ``os.path.realpath``'d already (a pool's key).
+    ``mounts``: extra host directories its commands see (``mounts.Mount``)."""
     check_bwrap()
     _janitor_once()
     limits = limits or SandboxLimits()
     # once: the calls below take it as resolved
     base = os.fspath(base_dir) if resolved else os.path.realpath(base_dir)
-    mounts = [workdir or base, *venv_paths(venv)]
-    if blank is not None and not (blank.limits == limits and blank.usable() and can_root(mounts)):
+    targets = [workdir or base, *venv_paths(venv), *(m.target for m in mounts)]
+    if blank is not None and not (blank.limits == limits and blank.usable() and can_root(targets)):
         await asyncio.to_thread(blank.close)
         blank = None
-    if blank is None and can_root(mounts):
+    if blank is None and can_root(targets):
         blank = await make_blank(limits, venv)  # its bwrap starts while the workspace is mounted
     if blank is not None:
-        return await _from_blank(blank, base, venv, limits, snapshot, workdir)
+        return await _from_blank(blank, base, venv, limits, snapshot, workdir, mounts)
     uid = UID_POOL.take() if os.geteuid() == 0 else None
     # the first command's launcher is spawned while the workspace is being mounted
     ready = asyncio.ensure_future(prepare(limits, uid))
@@ -921,7 +934,7 @@ async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None,
         if uid is not None:
             UID_POOL.give(uid)
         raise
-    sb = BwrapSandbox(ws, venv, limits, workdir)
+    sb = BwrapSandbox(ws, venv, limits, workdir, mounts=mounts)
     try:
         sb._ready = await ready
     except SandboxError:
@@ -930,7 +943,8 @@ async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None,
 
 
 async def _from_blank(blank: Blank, base: str, venv: str | None, limits: SandboxLimits,
-                      snapshot: Snapshot | None, workdir: str | None) -> BwrapSandbox:
+                      snapshot: Snapshot | None, workdir: str | None,
+                      mounts: tuple[Mount, ...] = ()) -> BwrapSandbox:
     """``base``: resolved (``realpath``)."""
     staged, blank.staged = blank.staged, None
     try:
@@ -947,7 +961,7 @@ async def _from_blank(blank: Blank, base: str, venv: str | None, limits: Sandbox
     except BaseException:
         await asyncio.to_thread(blank.close)
         raise
-    sb = BwrapSandbox(ws, venv, limits, workdir, root=blank.root)
+    sb = BwrapSandbox(ws, venv, limits, workdir, root=blank.root, mounts=mounts)
     try:
         fits = blank.venv is not None and sb._venv_fits(blank.venv)
         if blank.venv is not None and not fits:
@@ -971,8 +985,8 @@ async def _drop_prepared(fut: asyncio.Future[Prepared | None]) -> None:
 
 
 async def sandbox_from(snapshot: Snapshot, *, venv: str | None = None,
-                       limits: SandboxLimits | None = None,
-                       workdir: str | None = None) -> BwrapSandbox:
+                       limits: SandboxLimits | None = None, workdir: str | None = None,
+                       mounts: tuple[Mount, ...] = ()) -> BwrapSandbox:
     """A new sandbox whose workspace starts at ``snapshot``."""
     return await new_sandbox(snapshot.base, venv, limits=limits, snapshot=snapshot,
-                             workdir=workdir)
+                             workdir=workdir, mounts=mounts)
