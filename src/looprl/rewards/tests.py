@@ -67,6 +67,7 @@ from looprl.rewards.isolation import (
 )
 from looprl.rewards.verifier import (
     RewardFileError,
+    links_out,
     output_tail,
     read_reward,
     reward_writes,
@@ -467,6 +468,11 @@ async def _grade_by_verifier(task: Task, diff: str) -> GradeResult:
     graded = graded_diff(task, diff)
     if graded.unrecorded:
         flags += ("unrecorded_file",)
+    outside = set(links_out(graded.text))
+    if outside:
+        flags += ("link_out_of_workspace",)
+        graded = dataclasses.replace(graded, text="".join(
+            fp.text for fp in parse_diff(graded.text) if fp.new_path not in outside))
     with verifier_logs() as logs:
         try:
             sb = await create_sandbox(task.repo, venv=v.venv or task.venv,

@@ -19,7 +19,8 @@ file, an empty one, not a number, a link — is a ``RewardFileError`` naming wha
 caller decides whose fault it is (the agent's diff, when the untouched base scores; the task's,
 when it does not), never a silent 0.
 
-What this does NOT protect against: the code under test runs as the same user as ``test.sh``
+A symlink the diff makes that points out of the workspace is left out of the graded diff
+(``links_out``, flagged ``link_out_of_workspace``). What this does NOT protect against: the code under test runs as the same user as ``test.sh``
 and can write the reward file itself; ``reward_writes`` flags a diff that names the reward
 files or their directory (scored 0 as ``runner_tampering``), not one that builds the path at
 run time. ``/tests`` is read-only and the host reads ``/logs`` through ``beneath.Root`` (no link
@@ -32,6 +33,7 @@ import contextlib
 import json
 import math
 import os
+import posixpath
 import re
 import shutil
 import stat
@@ -40,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from looprl.diffs import parse_diff
+from looprl.diffs import SYMLINK, parse_diff
 from looprl.sandbox.beneath import Root
 from looprl.sandbox.mounts import Mount
 from looprl.types import Verifier
@@ -202,3 +204,23 @@ def reward_writes(diff: str) -> tuple[str, ...]:
     ("open('/logs/verifier/reward.txt', 'w')",)
     """
     return tuple(ln for fp in parse_diff(diff) for ln in fp.added_lines if _REWARD_RE.search(ln))
+
+
+def links_out(diff: str) -> tuple[str, ...]:
+    r"""Paths the diff makes symlinks pointing out of the workspace (absolute, or up past its
+    root): the grader leaves them out (Harbor's separate verifier skips such links in the
+    artifacts it uploads too), so a workspace link cannot reach the verifier's /tests.
+
+    >>> links_out("diff --git a/x b/x\nnew file mode 120000\n--- /dev/null\n+++ b/x\n"
+    ...           "@@ -0,0 +1 @@\n+/tests/answer.txt\n\\ No newline at end of file\n")
+    ('x',)
+    """
+    out = []
+    for fp in parse_diff(diff):
+        if fp.new_mode != SYMLINK or fp.new_path is None:
+            continue
+        target = "".join(ln for h in fp.hunks for ln in h.new_lines)
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(fp.new_path), target))
+        if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+            out.append(fp.new_path)
+    return tuple(out)

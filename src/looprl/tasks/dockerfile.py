@@ -146,6 +146,7 @@ class _Reader:
         self.notes: list[str] = []
         self.line = 0
         self.text = ""
+        self.pre_from: dict[str, str] = {}
 
     def refuse(self, why: str) -> Unsupported:
         rel = f"{self.path.parent.name}/{self.path.name}"
@@ -353,7 +354,13 @@ class _Reader:
         return
 
     MAINTAINER = LABEL
-    ARG = LABEL  # (the parser substitutes their values)
+
+    def ARG(self, value: str) -> None:
+        """(the parser gives their values to later instructions; one before FROM is kept here,
+        for FROM, which the parser gives none)"""
+        if not self.image:
+            name, _, default = value.strip().partition("=")
+            self.pre_from[name] = default.strip().strip("\"'")
 
     def USER(self, value: str) -> None:
         if value.strip() not in ("root", "0"):
@@ -435,8 +442,8 @@ def read_dockerfile(context: Path, *, name: str = "Dockerfile",
                            "entrypoints need a container engine)")
         if not r.image and kind not in ("FROM", "ARG", "LABEL"):
             raise r.refuse("an instruction before FROM")
-        handler(_substitute(ins["value"], {**ctx.args, **ctx.envs}) if kind != "ENV"
-                else _substitute(ins["value"], {**ctx.args, **r.env}))
+        scope = {**r.pre_from, **ctx.args, **(r.env if kind == "ENV" else ctx.envs)}
+        handler(_substitute(ins["value"], scope))
     if not r.image:
         raise Unsupported(f"{path}: no FROM instruction")
     if r.workdir == "/" or not rootable([r.workdir]):
