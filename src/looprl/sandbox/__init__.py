@@ -1,6 +1,7 @@
 """Sandboxes: isolated copy-on-write workspaces (``workspace.py``), commands under bubblewrap
 (``bwrap.py``; its mounts in ``mounts.py``, its root filesystem in ``root.py``, the one-exec
-launcher prepared ahead in ``launch.py``), a bounded pool with blank and warm sandboxes and
+launcher prepared ahead in ``launch.py``), commands in a container for image-based tasks
+(``container.py``: Docker or Podman), a bounded pool with blank and warm sandboxes and
 metrics (``pool.py``) and the same API over HTTP (``server.py``).
 
 Contract used by the rest of looprl:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 # Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, _exports = lazy_exports(__name__, {
     "bwrap": ["BwrapSandbox", "SandboxLimits", "check_bwrap", "sandbox_from"],
+    "container": ["ContainerSandbox", "check_engine"],
     "mounts": ["Mount"],
     "pool": ["PoolMetrics", "SandboxPool"],
     "server": ["RemoteSandbox"],
