@@ -11,6 +11,7 @@ import random
 import shutil
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -200,8 +201,9 @@ def test_fuzzed_rows_give_one_line_errors(clones):
 @pytest.mark.slow
 @pytest.mark.needs_bwrap
 @skip_without_sandbox
-def test_a_looprl_task_exports_to_a_row_and_imports_back(lean_task, tmp_path):
-    n, skipped, repos = export_swebench([lean_task], tmp_path / "rows.parquet")
+def test_a_looprl_task_exports_to_a_row_and_imports_back(lean_task, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative path, as on a command line
+    n, skipped, repos = export_swebench([lean_task], Path("rows.parquet"))
     assert (n, skipped) == (1, [])
     (row,) = pq.read_table(tmp_path / "rows.parquet").to_pylist()
     assert json.loads(row["FAIL_TO_PASS"]) == list(lean_task.grader.fail_to_pass)

@@ -136,8 +136,9 @@ def show_cmd(path: Annotated[Path, typer.Argument(help="JSONL task file", exists
 
 
 def _store_for(out: Path) -> Path:
-    """Where an import keeps its tasks' repos and verifier files: beside the task file."""
-    return out.with_name(out.stem + "-files")
+    """Where an import keeps its tasks' repos and verifier files: beside the task file (as an
+    absolute path, which the task file records)."""
+    return out.resolve().with_name(out.stem + "-files")
 
 
 def _finish_import(report: object, out: Path, what: str) -> None:

@@ -415,11 +415,12 @@ def ignored(rel: str, patterns: list[str]) -> bool:
                for i in range(1, len(parts) + 1))
 
 
-def read_dockerfile(context: Path, *, name: str = "Dockerfile",
-                    extra_dests: tuple[str, ...] = ()) -> DockerEnv:
+def read_dockerfile(context: Path, *, name: str = "Dockerfile", extra_dests: tuple[str, ...] = (),
+                    workspace: bool = True) -> DockerEnv:
     """The ``DockerEnv`` of ``context/name``; ``Unsupported`` (one line) for what looprl cannot
     realise. ``extra_dests``: absolute paths a COPY may target that are not the workspace (the
-    verifier's ``/tests``, mounted anyway)."""
+    verifier's ``/tests``, mounted anyway). ``workspace=False``: the image only provides an
+    environment (a verifier's), so it needs no WORKDIR of its own."""
     from dockerfile_parse import DockerfileParser
 
     path = context / name
@@ -446,7 +447,7 @@ def read_dockerfile(context: Path, *, name: str = "Dockerfile",
         handler(_substitute(ins["value"], scope))
     if not r.image:
         raise Unsupported(f"{path}: no FROM instruction")
-    if r.workdir == "/" or not rootable([r.workdir]):
+    if workspace and (r.workdir == "/" or not rootable([r.workdir])):
         raise Unsupported(f"{path}: the WORKDIR is {r.workdir}: the workspace needs a directory "
                           "of its own outside the system's (e.g. WORKDIR /app)")
     patterns = _dockerignore(context)

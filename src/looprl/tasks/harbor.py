@@ -11,7 +11,7 @@ WORKDIR, the venv its ``pip install``s), ``tests/test.sh`` (+ fixtures, the veri
 ``rewards.verifier`` in a fresh sandbox of the final workspace with the pristine tests at
 /tests) and ``solution/solve.sh`` (the oracle: run once at import in a sandbox over the
 workspace, its diff is the task's gold patch). An imported task is written only once its gold
-patch scores 1 and the untouched workspace less (``imported.validation_failure``).
+patch scores 1 and the untouched workspace less (``imported.validated``).
 
 Refused with one line naming the feature (``Unsupported``): multi-step tasks (``[[steps]]``), a
 prebuilt ``docker_image``, docker-compose environments, GPUs/TPUs, MCP servers, healthchecks,
@@ -38,7 +38,13 @@ import tomllib
 from looprl.errors import SandboxError, TaskError, ToolError
 from looprl.tasks.dockerfile import DockerEnv, Unsupported, materialise, read_dockerfile
 from looprl.tasks.envs import cached_venv, frozen_requirements, venv_python_version
-from looprl.tasks.imported import ImportReport, one_line, safe_id, validation_failure
+from looprl.tasks.imported import (
+    ImportReport,
+    one_line,
+    patch_metadata,
+    safe_id,
+    validated,
+)
 from looprl.types import Grader, Task, Verifier
 
 SCHEMA_MAJOR = "1"
@@ -224,7 +230,7 @@ def _environment(h: HarborDir) -> tuple[DockerEnv, DockerEnv | None]:
                           f"WORKDIR {env.workdir}: the workspace must be one directory")
     ver = None
     if (h.path / "tests" / "Dockerfile").is_file():
-        ver = read_dockerfile(h.path / "tests", extra_dests=("/tests",))
+        ver = read_dockerfile(h.path / "tests", extra_dests=("/tests",), workspace=False)
         if ver.copies:
             raise Unsupported("tests/Dockerfile copies files into the workspace; the verifier "
                               "grades the agent's workspace as it is")
@@ -307,10 +313,8 @@ async def import_dir(h: HarborDir, store: Path) -> tuple[Task, list[str]]:
                       timeout_s=float(cfg.get("verifier", {}).get("timeout_sec", 600.0)),
                       verifier=Verifier(tests_dir=str(dest / "tests"), workdir=env.workdir,
                                         venv=verifier_venv, env=verifier_env)),
-        venv=venv, gold_patch=gold, metadata=_metadata(h, env))
-    why = await validation_failure(task)
-    if why:
-        raise TaskError(why)
+        venv=venv, gold_patch=gold, metadata={**_metadata(h, env), **patch_metadata(gold)})
+    task = await validated(task)
     notes = [*h.notes, *env.notes, *(f"tests/Dockerfile: {n}" for n in (ver.notes if ver else ()))]
     if env.env:
         notes.append(f"ENV {', '.join(env.env)} reach the verifier and the oracle, not the "

@@ -3,7 +3,7 @@ task passes before it is written (its gold solution scores 1, the untouched task
 
     report = ImportReport()
     report.skip("django__django-11099", "repository django/django not available offline ...")
-    reason = await validation_failure(task)      # None when the task is sound
+    task = await validated(task)                 # TaskError (one line) unless it is sound
     report.print()                               # one line per skipped task and per note
 
 Nothing is dropped or degraded silently: a task that cannot be realised offline is skipped with
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from looprl.errors import RewardError, TaskError
 from looprl.types import Task
@@ -68,23 +68,34 @@ def safe_id(name: str) -> str:
     return out
 
 
-async def validation_failure(task: Task) -> str | None:
-    """Why ``task`` is not sound, in one line, or None: its gold patch must score 1 and the
-    untouched task less (a task already solved teaches nothing). Grading failures are reasons
-    too: an import never writes a task it could not grade."""
+def patch_metadata(gold: str) -> dict[str, str | int]:
+    """The metadata a task table shows of a gold patch: lines and files it changes, and that
+    the import validated the task with it."""
+    from looprl.diffs import changed_files, lines_changed
+
+    return {"lines_changed": lines_changed(gold), "files": ",".join(changed_files(gold)),
+            "validated": "gold"}
+
+
+async def validated(task: Task) -> Task:
+    """``task`` with ``metadata.untouched_score`` once it is sound: its gold patch scores 1 and
+    the untouched task less (a task already solved teaches nothing). ``TaskError`` with the
+    reason, in one line, otherwise; grading failures are reasons too: an import never writes
+    a task it could not grade."""
     from looprl.rewards.tests import grade
 
     try:
         gold = await grade(task, task.gold_patch or "", cache=False)
     except RewardError as e:
-        return f"its gold solution could not be graded: {e}"
+        raise TaskError(f"its gold solution could not be graded: {e}") from None
     if gold.score != 1.0:
         why = gold.error or (gold.output_tail.strip().splitlines() or ["no output"])[-1]
-        return f"its gold solution scores {gold.score:g}, not 1 ({why})"
+        raise TaskError(f"its gold solution scores {gold.score:g}, not 1 ({why})")
     try:
         base = await grade(task, "", cache=False)
     except RewardError as e:
-        return f"the untouched task could not be graded (a failure must be scorable): {e}"
+        raise TaskError(f"the untouched task could not be graded (a failure must be scorable): "
+                        f"{e}") from None
     if base.score >= 1.0:
-        return "the untouched task already scores 1: there is nothing to solve"
-    return None
+        raise TaskError("the untouched task already scores 1: there is nothing to solve")
+    return replace(task, metadata={**task.metadata, "untouched_score": base.score})

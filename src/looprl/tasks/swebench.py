@@ -25,7 +25,7 @@ version, pinned requirements, test command), else the repository's own metadata
 ``PYTHONPATH``), built as a cached venv from the package registry. Test ids must be pytest node
 ids (``path::name``): repositories with their own runners (Django's ``runtests.py``, SymPy's
 ``bin/test``) are refused. Every task is written only once its gold patch scores 1 and the
-untouched repo less (``imported.validation_failure``).
+untouched repo less (``imported.validated``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,13 @@ from looprl.diffs import blob_diff, touched_paths
 from looprl.errors import TaskError
 from looprl.sandbox.beneath import Root
 from looprl.tasks.envs import cached_venv, frozen_requirements, venv_python_version
-from looprl.tasks.imported import ImportReport, one_line, safe_id, validation_failure
+from looprl.tasks.imported import (
+    ImportReport,
+    one_line,
+    patch_metadata,
+    safe_id,
+    validated,
+)
 from looprl.tasks.sources import find_layout, infer_dependencies
 from looprl.types import Grader, Task
 
@@ -286,7 +292,8 @@ async def import_row(row: Row, store: Path, repos: Path | None) -> tuple[Task, l
     meta_in = (row.env or {}).get("metadata") or {}
     metadata = {k: v for k, v in meta_in.items() if isinstance(v, (str, int, float, bool))} \
         if isinstance(meta_in, dict) else {}
-    metadata.update({"source_kind": row.flavour, "instance_id": row.instance_id,
+    metadata.update({**patch_metadata(gold), "source_kind": row.flavour,
+                     "instance_id": row.instance_id,
                      "package": metadata.get("package") or row.repo.split("/", 1)[-1],
                      "version": metadata.get("version") or row.version,
                      "base_commit": row.base_commit})
@@ -295,9 +302,7 @@ async def import_row(row: Row, store: Path, repos: Path | None) -> tuple[Task, l
                 grader=Grader(command, row.fail_to_pass, row.pass_to_pass, test_files, timeout,
                               row.test_patch if row.flavour != "swesmith" else ""),
                 venv=str(venv), gold_patch=gold, metadata=metadata)
-    why = await validation_failure(task)
-    if why:
-        raise TaskError(why)
+    task = await validated(task)
     return task, [note] if note else []
 
 
@@ -355,6 +360,7 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "looprl", "GIT_AUTHOR_EMAIL": "looprl@localhost",
 def commit_tree(git_dir: Path, tree: Path, message: str) -> str:
     """Commit the files of ``tree`` (caches and bytecode left out) into the bare repository
     ``git_dir`` as a parentless commit; its sha."""
+    git_dir = git_dir.resolve()  # (git runs in the tree: a relative path would not reach it)
     if not (git_dir / "HEAD").exists():
         subprocess.run(["git", "init", "-q", "--bare", str(git_dir)], check=True,
                        capture_output=True)
