@@ -140,6 +140,7 @@ def test_a_test_absent_from_the_run_counts_failed_not_passed(looprl_home, clones
     why = dict(report.skipped)
     assert "could not be graded" in why["absent"] and "test_clamp_ghost" in why["absent"]
     assert "its gold solution scores 0, not 1" in why["skipped"]
+    assert list((tmp_path / "s").iterdir()) == []  # a row not imported leaves no files
     ok = asyncio.run(import_swebench(_write(tmp_path / "ok.jsonl", [swesmith_row(clones)]),
                                      tmp_path / "s2", repos=clones["dir"])).tasks[0]
     g = asyncio.run(grade(replace(ok, grader=replace(ok.grader, fail_to_pass=(

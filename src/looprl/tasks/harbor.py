@@ -283,13 +283,22 @@ def _metadata(h: HarborDir, env: DockerEnv) -> dict[str, str | int | float | boo
 
 async def import_dir(h: HarborDir, store: Path) -> tuple[Task, list[str]]:
     """Realise one read task directory under ``store/<id>/`` (repo, tests, solution) and make
-    its task; (task, notes). ``TaskError``/``Unsupported`` (one line) when it cannot be."""
-    tid = safe_id(h.name)
+    its task; (task, notes). ``TaskError``/``Unsupported`` (one line) when it cannot be (and
+    nothing of it is left in ``store``)."""
+    dest = store / safe_id(h.name)
+    try:
+        return await _import_dir(h, dest)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+
+async def _import_dir(h: HarborDir, dest: Path) -> tuple[Task, list[str]]:
+    tid = dest.name
     env, ver = _environment(h)
     venv = str(await asyncio.to_thread(cached_venv, env.python, env.requirements))
     verifier_venv = (str(await asyncio.to_thread(cached_venv, ver.python, ver.requirements))
                      if ver is not None else None)
-    dest = store / tid
     if dest.exists():
         shutil.rmtree(dest)
     materialise(env, h.path / "environment", dest / "repo")

@@ -263,7 +263,17 @@ def _environment(row: Row, repo: Path) -> tuple[str, tuple[str, ...], str, tuple
 
 
 async def import_row(row: Row, store: Path, repos: Path | None) -> tuple[Task, list[str]]:
-    """Realise one row under ``store/<id>/repo`` and make its task; (task, notes)."""
+    """Realise one row under ``store/<id>/repo`` and make its task; (task, notes). ``TaskError``
+    (one line) when it cannot be (and nothing of it is left in ``store``)."""
+    dest = store / safe_id(row.instance_id)
+    try:
+        return await _import_row(row, dest, repos)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+
+async def _import_row(row: Row, dest: Path, repos: Path | None) -> tuple[Task, list[str]]:
     bad = [t for t in (*row.fail_to_pass, *row.pass_to_pass) if not _is_node_id(t)]
     if bad:
         raise TaskError(f"test ids are not pytest node ids (e.g. {bad[0][:80]!r}): the "
@@ -276,8 +286,7 @@ async def import_row(row: Row, store: Path, repos: Path | None) -> tuple[Task, l
         raise TaskError(f"repository {where} is not available offline ({hint}"
                         + (f"; or run its image {row.image} with a container engine" if row.image
                            else "") + ")")
-    tid = safe_id(row.instance_id)
-    dest = store / tid
+    tid = dest.name
     if dest.exists():
         shutil.rmtree(dest)
     await asyncio.to_thread(checkout, clone, row.base_commit, dest / "repo")
