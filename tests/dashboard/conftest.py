@@ -36,7 +36,9 @@ from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.train.config import TrainConfig
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
+from looprl.train.plots import plot_curves
+from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from tests.feedback.conftest import make_traj
@@ -89,6 +91,7 @@ def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = N
 
     asyncio.run(train())
     loop._finish()
+    plot_curves(loop.stats.history, run_dir / "reward_curve.png")  # as ``looprl train`` does
     return run_dir
 
 

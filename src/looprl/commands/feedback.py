@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from looprl.errors import TaskError
+from looprl.rundir import RunDir
 
 app = typer.Typer(help="Production feedback -> rewards -> GRPO cycle; A/B tests; promotions.",
                   no_args_is_help=True)
@@ -74,7 +75,7 @@ def loop_cmd(
     from looprl.feedback.realtime_config import RealtimeConfig
 
     res = run_loop(load_config(RealtimeConfig, config, override), runs)
-    typer.echo(f"report: {res.run / 'report.md'}")
+    typer.echo(f"report: {RunDir(res.run).report}")
     typer.echo(res.line())
     if res.stopped:
         typer.echo(f"stopped early: {res.stopped}", err=True)

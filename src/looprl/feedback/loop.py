@@ -77,6 +77,7 @@ from looprl.feedback.loop_cycle import CycleRow, Loop
 from looprl.feedback.policies import PolicyRef, promote, read_policy
 from looprl.feedback.production import start_production
 from looprl.feedback.realtime_config import RealtimeConfig
+from looprl.rundir import RunDir
 
 
 @dataclass
@@ -122,7 +123,7 @@ def init_run(cfg: RealtimeConfig, run: Path) -> PolicyRef:
     """``RUN/policies`` with the start model as its first version (a link, not a copy) and
     ``current.json`` naming it; returns that policy."""
     start = read_policy(Path(cfg.model).expanduser())
-    policies = run / "policies"
+    policies = RunDir(run).policies
     policies.mkdir(parents=True, exist_ok=True)
     link = policies / f"v{start.version:04d}"
     if not link.exists():
@@ -133,8 +134,8 @@ def init_run(cfg: RealtimeConfig, run: Path) -> PolicyRef:
 def _serve(loop: Loop) -> None:
     """Start production (``feedback.production``) and write where users find it."""
     run = loop.run
-    loop.prod = prod = start_production(loop.cfg, run, loop.policies, run / "feedback.db")
-    server = run / "server.json"  # where real users (or a client) find it: owner-only
+    loop.prod = prod = start_production(loop.cfg, run, loop.policies, RunDir(run).feedback_db)
+    server = RunDir(run).server_info  # where real users (or a client) find it: owner-only
     server.touch(mode=0o600)
     server.write_text(json.dumps({"url": prod.url, "token": prod.token}))
     loop.say(f"serving on {prod.url} (URL and token in {server})")
@@ -153,7 +154,7 @@ def _cycles(loop: Loop, rows: list[CycleRow]) -> None:
         row = loop.cycle(n)
         took.append(loop.minutes() - t)
         rows.append(row)
-        with (loop.run / "cycles.jsonl").open("a") as fh:
+        with RunDir(loop.run).cycles.open("a") as fh:
             fh.write(json.dumps(dataclasses.asdict(row)) + "\n")
         if row.status == "skipped":
             break
@@ -178,7 +179,7 @@ def _final_ab(loop: Loop, start: PolicyRef) -> dict[str, Any] | None:
         promote(loop.policies, last.version)
     prod.wait_serving("A", last.version)
     final = {**rep.to_dict(), "final": True, "a": start.version, "b": last.version}
-    (loop.run / "final_ab.json").write_text(json.dumps(final, indent=1))
+    RunDir(loop.run).final_ab.write_text(json.dumps(final, indent=1))
     return final
 
 
@@ -187,7 +188,8 @@ def _result(loop: Loop, rows: list[CycleRow], final: dict[str, Any], stopped: st
     from looprl.feedback.report import write_loop_report
 
     run = loop.run
-    sent = json.loads((run / "users.json").read_text()) if (run / "users.json").is_file() else None
+    users = RunDir(run).users_summary
+    sent = json.loads(users.read_text()) if users.is_file() else None
     rolled = {r.candidate_version for r in rows
               if r.status in ("rolled_back", "rejected") and r.candidate_version is not None}
     bad = [r for r in rows if r.injected]
@@ -195,7 +197,7 @@ def _result(loop: Loop, rows: list[CycleRow], final: dict[str, Any], stopped: st
     acc = account(loop.store, sent, rolled, read_policy(loop.policies).version, loop.cfg.signal)
     res = LoopResult(run, rows, final, acc, rollback_ok, stopped)
     write_loop_report(res, loop.store, loop.cfg)
-    (run / "result.txt").write_text(res.line() + "\n")
+    RunDir(run).result.write_text(res.line() + "\n")
     return res
 
 
@@ -208,10 +210,10 @@ def run_loop(cfg: RealtimeConfig, runs: str | Path = "runs",
     if threading.current_thread() is threading.main_thread():  # SIGTERM ends it like Ctrl-C:
         signal.signal(signal.SIGTERM, _stop_on_signal)  # users and server stop, nothing is cut
     run = Path(runs) / cfg.name
-    if (run / "cycles.jsonl").exists():
+    if RunDir(run).cycles.exists():
         raise ConfigError(f"{run} holds a finished or running loop; pick another name (-o name=...)")
     run.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run / "config.json")
+    save_config(cfg, RunDir(run).config)
     start = init_run(cfg, run)
     loop = Loop(cfg, run, say)
     say(f"real-time RL loop {run}: start policy v{start.version} ({start.path})")

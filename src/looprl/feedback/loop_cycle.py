@@ -1,7 +1,7 @@
 """One cycle of the real-time loop: window -> train -> gate -> A/B -> promote or roll back.
 
     loop = Loop(cfg, run, say=print)
-    loop.prod = start_production(cfg, run, loop.policies, run / "feedback.db")
+    loop.prod = start_production(cfg, run, loop.policies, RunDir(run).feedback_db)
     row = loop.cycle(1)   # a CycleRow, recorded in the store with the sessions it trained on
 
 What each step does and why: ``feedback.loop``'s docstring. The parts are those of
@@ -41,6 +41,7 @@ from looprl.feedback.window import (
     window,
     window_groups,
 )
+from looprl.rundir import RunDir
 from looprl.types import Group, JSONScalar, Trajectory
 
 
@@ -68,8 +69,8 @@ class Loop:
 
     def __init__(self, cfg: RealtimeConfig, run: Path, say: Callable[[str], None]) -> None:
         self.cfg, self.run, self.say = cfg, run, say
-        self.policies = run / "policies"
-        self.store = FeedbackStore(run / "feedback.db")
+        self.policies = RunDir(run).policies
+        self.store = FeedbackStore(RunDir(run).feedback_db)
         self.t0 = time.monotonic()
         self.gate_tasks = gate_tasks(cfg)
         self.prod: Production | None = None
@@ -126,8 +127,8 @@ class Loop:
                            max_total_new_tokens=g.max_total_new_tokens,
                            context_window=g.context_window, concurrency=g.concurrency,
                            temperature=g.temperature)
-        reports = (self.run / "gate" / f"v{current.version:04d}.json",
-                   self.run / "gate" / f"v{cand.version:04d}.json")
+        reports = (RunDir(self.run).gate_report(current.version),
+                   RunDir(self.run).gate_report(cand.version))
         res = gate(current, cand, self.gate_tasks, g.k, st, reports, g.max_drop)
         res["passed"] = bool(res["passed"])  # a bench that graded nothing never promotes
         return res

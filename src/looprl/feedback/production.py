@@ -1,6 +1,6 @@
 """Production beside the real-time loop: the ``looprl serve`` it starts and its simulated users.
 
-    prod = start_production(cfg, run, run / "policies", run / "feedback.db")
+    prod = start_production(cfg, run, RunDir(run).policies, RunDir(run).feedback_db)
     prod.wait_serving("A", 3)   # until the server's arm A serves v3 (it re-reads the pointers)
     prod.stop()                 # users first, then the server; in-flight sessions finish
 
@@ -23,6 +23,7 @@ from typing import Any
 
 from looprl.errors import ConfigError
 from looprl.feedback.realtime_config import RealtimeConfig, users_tasks
+from looprl.rundir import RunDir
 
 
 def _looprl(*args: str) -> list[str]:
@@ -112,7 +113,7 @@ def start_production(cfg: RealtimeConfig, run: Path, policies: Path, db: Path) -
         prod.users = subprocess.Popen(
             _looprl("feedback", "simulate", "--url", url,
                     "--tasks", str(_users_tasks(cfg, run)), *cfg.users.cli_args(),
-                    "--out", str(run / "users.json")),
+                    "--out", str(RunDir(run).users_summary)),
             stdout=(run / "users.log").open("ab"), stderr=subprocess.STDOUT, env=env,
             preexec_fn=_end_with_parent)
     return prod
@@ -124,7 +125,7 @@ def _users_tasks(cfg: RealtimeConfig, run: Path) -> Path:
 
     if not cfg.users.limit:
         return Path(cfg.users.tasks).expanduser()
-    out = run / "users_tasks.jsonl"
+    out = RunDir(run).users_tasks
     write_tasks(users_tasks(cfg), out)
     return out
 

@@ -45,7 +45,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -191,7 +191,7 @@ class _Server:
         except ValueError as e:
             raise BadParam(param, str(e)) from None
 
-    def streamed(self, events: AsyncIterator[str]) -> StreamingResponse:
+    def streamed(self, events: AsyncGenerator[str, None]) -> StreamingResponse:
         """SSE of ``events``, then ``[DONE]``; a failure mid-stream is an error event (as OpenAI
         sends one) instead of a cut connection."""
         async def body() -> AsyncIterator[str]:
@@ -211,7 +211,7 @@ class _Server:
                                  headers={"Cache-Control": "no-cache"})
 
     def stream_parts(self, r: CompletionRequest | ChatRequest, ids: list[int], i: int, n_new: int,
-                     group: str | None) -> AsyncIterator[StreamPart]:
+                     group: str | None) -> AsyncGenerator[StreamPart, None]:
         return stream_generate(self.engine, ids, _params(r, i, n_new), tokenizer=self.tok,
                                session_id=r.session_id, group_id=group)
 
@@ -253,7 +253,7 @@ class _Server:
                 "usage": _usage(len(ids), sum(len(g.token_ids) for g in gens))}
 
     async def completion_events(self, r: CompletionRequest, ids: list[int], base: dict[str, Any],
-                                n_new: int) -> AsyncIterator[str]:
+                                n_new: int) -> AsyncGenerator[str, None]:
         group, done, tok = self.group_of(r, ids), [0] * r.n, self.tok
 
         async def choice(i: int) -> AsyncIterator[str]:
@@ -317,7 +317,7 @@ class _Server:
         return choice
 
     async def chat_events(self, r: ChatRequest, ids: list[int], fmt: ChatFormat,
-                          base: dict[str, Any], n_new: int) -> AsyncIterator[str]:
+                          base: dict[str, Any], n_new: int) -> AsyncGenerator[str, None]:
         group, done = self.group_of(r, ids), [0] * r.n
 
         def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> str:

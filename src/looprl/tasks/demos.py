@@ -100,7 +100,7 @@ async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt
             return None
         if not slip:
             return traj
-        ((_, cut, _),) = traj.broken_spans()
+        ((_, cut, _),) = traj.broken_spans
         turn = next(k for k, (a, b) in enumerate(traj.segments[0].model_turns()) if a <= cut < b)
         return without_turn_loss(dataclasses.replace(
             traj, metadata={**traj.metadata, "slip": "cut"}), turn)

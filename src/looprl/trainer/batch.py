@@ -176,7 +176,7 @@ def balance_negatives(advantages_G: Sequence[float], tokens_G: Sequence[int]) ->
 
 
 def _trajectory_rows(t: Trajectory, advantage: float, credit: Credit) -> list[_Row]:
-    spans = t.broken_spans() if credit.broken_call_advantage is not None else []
+    spans = t.broken_spans if credit.broken_call_advantage is not None else ()
     rows = []
     for i, seg in enumerate(t.segments):
         if seg.num_model_tokens == 0:
