@@ -44,6 +44,7 @@ import subprocess
 import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from looprl.errors import PathEscapeError, SandboxError, SandboxUnavailableError, ToolError
 from looprl.sandbox.beneath import Root
@@ -263,8 +264,9 @@ class ContainerSandbox:
                     entries[:] = [e for e in entries if e[0] not in IGNORED_NAMES
                                   or not stat.S_ISDIR(e[1].st_mode)]
                     for name, st in entries:
-                        kind = ("link" if stat.S_ISLNK(st.st_mode) else
-                                "dir" if stat.S_ISDIR(st.st_mode) else "file")
+                        kind: Literal["file", "dir", "link"] = (
+                            "link" if stat.S_ISLNK(st.st_mode) else
+                            "dir" if stat.S_ISDIR(st.st_mode) else "file")
                         out.append(FileEntry(name if d == "." else f"{d}/{name}", kind,
                                              st.st_size if kind == "file" else 0))
                         if len(out) >= max_entries:

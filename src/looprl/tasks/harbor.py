@@ -90,7 +90,7 @@ def _type_name(tp: object) -> str:
     names = {str: "a string", bool: "true or false", int: "an integer", list: "an array",
              dict: "a table", _NUM: "a number", _STRMAP: "a table of strings",
              (str, int): "a string or an integer"}
-    return names.get(tp, str(tp))  # type: ignore[call-overload]
+    return names.get(tp, str(tp))
 
 
 def _check_types(data: dict[str, Any], schema: dict[str, Any], where: str) -> None:
@@ -111,7 +111,7 @@ def _check_types(data: dict[str, Any], schema: dict[str, Any], where: str) -> No
         elif tp is int:
             ok = isinstance(v, int) and not isinstance(v, bool)
         else:
-            ok = isinstance(v, tp)  # type: ignore[arg-type]
+            ok = isinstance(v, tp)
         if not ok:
             raise TaskError(f"task.toml: {name} must be {_type_name(tp)}, got {v!r:.60}")
 

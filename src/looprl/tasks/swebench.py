@@ -54,7 +54,7 @@ from looprl.tasks.imported import (
     validated,
 )
 from looprl.tasks.sources import find_layout, infer_dependencies
-from looprl.types import Grader, Task
+from looprl.types import Grader, JSONScalar, Task
 
 FLAVOURS = ("swebench", "swegym", "swesmith")
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
@@ -88,7 +88,7 @@ def _tests(value: object, name: str, where: str) -> tuple[str, ...]:
             value = json.loads(value)
         except json.JSONDecodeError:
             raise TaskError(f"{where}: field {name} is a string but not JSON "
-                            f"({value[:60]!r})") from None
+                            f"({str(value)[:60]!r})") from None
     if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) for t in value):
         raise TaskError(f"{where}: field {name} must be a list of test ids (or a JSON string of "
                         f"one), got {type(value).__name__}")
@@ -299,8 +299,9 @@ async def _import_row(row: Row, dest: Path, repos: Path | None) -> tuple[Task, l
     python, reqs, command, test_files, note = _environment(row, dest / "repo")
     venv = await asyncio.to_thread(cached_venv, python, reqs)
     meta_in = (row.env or {}).get("metadata") or {}
-    metadata = {k: v for k, v in meta_in.items() if isinstance(v, (str, int, float, bool))} \
-        if isinstance(meta_in, dict) else {}
+    metadata: dict[str, JSONScalar] = {
+        str(k): v for k, v in meta_in.items() if isinstance(v, (str, int, float, bool))
+    } if isinstance(meta_in, dict) else {}
     metadata.update({**patch_metadata(gold), "source_kind": row.flavour,
                      "instance_id": row.instance_id,
                      "package": metadata.get("package") or row.repo.split("/", 1)[-1],
