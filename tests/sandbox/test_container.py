@@ -14,7 +14,7 @@ from looprl.sandbox.container import ContainerSandbox, _engines, check_engine
 from looprl.sandbox.mounts import Mount
 
 IMAGE = "localhost/looprl-test:busybox"
-_APPLETS = ("sh ls cat echo mkdir rm sleep grep test wc tr head tail id ps touch printf "
+_APPLETS = ("sh ls ln cat echo mkdir rm sleep grep test wc tr head tail id ps touch printf "
             "true false").split()
 
 
@@ -99,6 +99,12 @@ def test_commands_run_in_the_container_over_the_workspace(engine, repo, tmp_path
             await sb.read("../etc/passwd")
         with pytest.raises(ToolError):
             await sb.read("src/missing.txt")
+        # a link a command made: the file tools' message is bwrap's (one WorkspaceFiles), naming
+        # where it leads as the container sees it (/app/src/a.txt -> 'src/a.txt')
+        assert (await sb.exec("ln -s a.txt src/l.txt")).exit_code == 0
+        with pytest.raises(PathEscapeError, match=r"is a symlink .*use the path it points to "
+                                                  r"\('src/a.txt'\)"):
+            await sb.read("src/l.txt")
         return sb.name
 
     name = run(_session(repo, tests, body))

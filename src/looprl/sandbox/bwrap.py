@@ -53,10 +53,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import os
-import posixpath
 import re
 import resource
 import shutil
@@ -67,13 +65,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TypeVar
 
-from looprl.errors import PathEscapeError, SandboxError, SandboxUnavailableError, ToolError
-from looprl.sandbox.beneath import Root
+from looprl.errors import SandboxError, SandboxUnavailableError
 from looprl.sandbox.cgroups import Cgroup, cgroup_janitor
-from looprl.sandbox.idmap import FIRST_UID, UID_POOL, as_fsuid
+from looprl.sandbox.files import WorkspaceFiles
+from looprl.sandbox.idmap import FIRST_UID, UID_POOL
 from looprl.sandbox.launch import (
     Capped,
     LaunchStatus,
@@ -98,7 +96,6 @@ from looprl.sandbox.mounts import (  # noqa: F401
 from looprl.sandbox.root import LAUNCH, SandboxRoot, rootable
 from looprl.sandbox.seccomp import filter_fd
 from looprl.sandbox.workspace import (
-    IGNORED_NAMES,
     Snapshot,
     Workspace,
     _overlay_ok,
@@ -108,7 +105,7 @@ from looprl.sandbox.workspace import (
     overlay_capable,
     stage_workspace,
 )
-from looprl.types import ExecResult, FileEntry
+from looprl.types import ExecResult
 
 T = TypeVar("T")
 
@@ -531,7 +528,7 @@ class _Gate:
                 self._cond.notify_all()
 
 
-class BwrapSandbox:
+class BwrapSandbox(WorkspaceFiles):
     """``looprl.protocols.Sandbox`` over a copy-on-write workspace, commands under bubblewrap.
 
     File operations act on the workspace on the host and refuse any path that leaves it
@@ -668,91 +665,6 @@ class BwrapSandbox:
             await self._gate.leave(False)
             if not (self.workspace.closed or self._closing):
                 self._schedule_prime()
-
-    def _check_path(self, path: str) -> str:
-        """``path`` normalised, or the model's ``ToolError`` for one no lookup may take; the
-        lookup itself (``beneath.Root``) is what keeps every access inside the workspace."""
-        self._check_open()
-        if not isinstance(path, str) or not path or "\0" in path:
-            raise ToolError(f"invalid path {path!r}: give a workspace-relative path like 'src/a.py'")
-        try:
-            os.fsencode(path)
-        except UnicodeEncodeError:  # a lone surrogate no file name can hold
-            raise ToolError(f"invalid path {ascii(path)[:100]}: not valid Unicode text") from None
-        p = PurePosixPath(path)
-        if p.is_absolute():
-            raise PathEscapeError(f"path {path!r} is absolute; use a path relative to the workspace root")
-        if ".." in p.parts:
-            raise PathEscapeError(f"path {path!r} contains '..'; paths must stay inside the workspace")
-        return str(p)
-
-    def _os_error(self, ws: Root, path: str, e: OSError) -> ToolError:
-        if e.errno == errno.ENOENT:
-            return ToolError(f"file not found: {path}")
-        if e.errno == errno.ELOOP:
-            link = ws.link_on_path(path)
-            if link is None:  # (gone again: a command is swapping it)
-                return PathEscapeError(f"path {path!r} goes through a symlink; the file tools "
-                                       "do not follow symlinks")
-            name, target = link
-            # where it leads, as commands see it (the workspace is mounted at ``workdir``)
-            inner = posixpath.join(self.workdir, posixpath.dirname(name), target,
-                                   path[len(name) + 1:])
-            where = posixpath.relpath(posixpath.normpath(inner), self.workdir)
-            hint = ("it leads outside the workspace" if where == ".." or where.startswith("../")
-                    else f"use the path it points to ({where!r})")
-            what = "is a symlink" if name == path else f"goes through the symlink {name!r}"
-            return PathEscapeError(f"path {path!r} {what} (-> {target!r}); the file tools do not "
-                                   f"follow symlinks: {hint}")
-        if e.errno == errno.EXDEV:
-            return PathEscapeError(f"path {path!r} resolves outside the workspace")
-        if e.errno == errno.EISDIR:
-            return ToolError(f"{path} is a directory, not a regular file")
-        if e.errno == errno.EINVAL:
-            return ToolError(f"{path} is not a regular file")
-        return ToolError(f"cannot access {path}: {e.strerror}")
-
-    async def read(self, path: str) -> bytes:
-        rel = self._check_path(path)
-        with Root(self._root) as ws:
-            try:
-                return ws.read(rel)
-            except OSError as e:
-                raise self._os_error(ws, path, e) from None
-
-    async def write(self, path: str, data: bytes) -> None:
-        rel = self._check_path(path)
-        if rel == ".":
-            raise ToolError("cannot write to the workspace root; name a file")
-        await asyncio.to_thread(self._write_as_owner, path, rel, data)
-
-    def _write_as_owner(self, path: str, rel: str, data: bytes) -> None:
-        with as_fsuid(self.workspace.uid), Root(self._root) as ws:  # new files: the sandbox's
-            try:
-                ws.write(rel, data)
-            except OSError as e:
-                raise self._os_error(ws, path, e) from None
-
-    async def walk(self, under: str = ".", *, max_entries: int = 100_000) -> list[FileEntry]:
-        rel = self._check_path(under)
-        out: list[FileEntry] = []
-        with Root(self._root) as ws:
-            try:
-                for d, _, entries in ws.walk(rel):
-                    entries[:] = [e for e in entries if e[0] not in IGNORED_NAMES
-                                  or not stat.S_ISDIR(e[1].st_mode)]
-                    for name, st in entries:
-                        kind = ("link" if stat.S_ISLNK(st.st_mode) else
-                                "dir" if stat.S_ISDIR(st.st_mode) else "file")
-                        out.append(FileEntry(name if d == "." else f"{d}/{name}", kind,
-                                             st.st_size if kind == "file" else 0))
-                        if len(out) >= max_entries:
-                            return sorted(out, key=lambda e: e.path)
-            except OSError as e:
-                if e.errno in (errno.ENOENT, errno.ENOTDIR):
-                    raise ToolError(f"{under} is not a directory in the workspace") from None
-                raise self._os_error(ws, under, e) from None
-        return sorted(out, key=lambda e: e.path)
 
     async def diff(self) -> str:
         self._check_open()

@@ -10,8 +10,8 @@ backend for tasks whose environment is an image, behind the same ``Sandbox`` pro
 The workspace is the same copy-on-write ``Workspace`` as bwrap's (``workspace.py``), on the
 host, bind-mounted into one long-running container (``sleep infinity``, as Harbor keeps its
 environments) at ``workdir``; each command is a ``<engine> exec``; files are read and written
-on the host through ``beneath.Root`` and the diff is the workspace's, so tools and the grader
-see exactly what they see with bwrap. The container gets no network (``--network none``), no
+on the host by ``files.WorkspaceFiles`` (as ``BwrapSandbox``'s are) and the diff is the
+workspace's, so tools and the grader see exactly what they see with bwrap. The container gets no network (``--network none``), no
 capabilities (``--cap-drop ALL``, ``no-new-privileges``), a pids and memory limit, the sandbox's
 rlimits (``--ulimit``: some engines refuse to run without explicit ones) and, when looprl runs
 as root, the workspace's unprivileged uid as its user. A command that runs over its time limit
@@ -33,26 +33,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import os
 import resource
 import shlex
 import shutil
-import stat
 import subprocess
 import uuid
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
-from typing import Literal
+from pathlib import Path
 
-from looprl.errors import PathEscapeError, SandboxError, SandboxUnavailableError, ToolError
-from looprl.sandbox.beneath import Root
-from looprl.sandbox.idmap import UID_POOL, as_fsuid
+from looprl.errors import SandboxError, SandboxUnavailableError
+from looprl.sandbox.files import WorkspaceFiles
+from looprl.sandbox.idmap import UID_POOL
 from looprl.sandbox.launch import Capped
 from looprl.sandbox.mounts import Mount
-from looprl.sandbox.workspace import IGNORED_NAMES, Workspace, create_workspace
-from looprl.types import ExecResult, FileEntry
+from looprl.sandbox.workspace import Workspace, create_workspace
+from looprl.types import ExecResult
 
 ENGINE_ENV = "LOOPRL_CONTAINER_ENGINE"
 _PROBE_TIMEOUT_S = 120
@@ -121,7 +118,7 @@ def check_engine(image: str) -> tuple[str, ...]:
     return engine
 
 
-class ContainerSandbox:
+class ContainerSandbox(WorkspaceFiles):
     """``looprl.protocols.Sandbox`` over a copy-on-write workspace, commands in a container."""
 
     tools_dir = "/.looprl/bin"
@@ -209,71 +206,6 @@ class ContainerSandbox:
         if code in (125, 126, 127) and "Error:" in stderr and self.name in stderr:
             raise SandboxError(f"the container engine failed: {stderr.strip()[-400:]}")
         return ExecResult(code, stdout, stderr, timed_out, cut_out or cut_err, loop.time() - t0)
-
-    # -- files: on the host, beneath the workspace (as ``BwrapSandbox`` does)
-
-    def _check_path(self, path: str) -> str:
-        self._check_open()
-        if not isinstance(path, str) or not path or "\0" in path:
-            raise ToolError(f"invalid path {path!r}: give a workspace-relative path like 'src/a.py'")
-        p = PurePosixPath(path)
-        if p.is_absolute() or ".." in p.parts:
-            raise PathEscapeError(f"path {path!r} leaves the workspace; use a path relative to "
-                                  "its root")
-        return str(p)
-
-    @staticmethod
-    def _os_error(path: str, e: OSError) -> ToolError:
-        if e.errno == errno.ENOENT:
-            return ToolError(f"file not found: {path}")
-        if e.errno in (errno.ELOOP, errno.EXDEV):
-            return PathEscapeError(f"path {path!r} goes through a symlink or leaves the workspace;"
-                                   " the file tools do not follow symlinks")
-        if e.errno == errno.EISDIR:
-            return ToolError(f"{path} is a directory, not a regular file")
-        return ToolError(f"cannot access {path}: {e.strerror}")
-
-    async def read(self, path: str) -> bytes:
-        rel = self._check_path(path)
-        with Root(self._root) as ws:
-            try:
-                return ws.read(rel)
-            except OSError as e:
-                raise self._os_error(path, e) from None
-
-    async def write(self, path: str, data: bytes) -> None:
-        rel = self._check_path(path)
-        if rel == ".":
-            raise ToolError("cannot write to the workspace root; name a file")
-
-        def write() -> None:
-            with as_fsuid(self.workspace.uid), Root(self._root) as ws:
-                try:
-                    ws.write(rel, data)
-                except OSError as e:
-                    raise self._os_error(path, e) from None
-
-        await asyncio.to_thread(write)
-
-    async def walk(self, under: str = ".", *, max_entries: int = 100_000) -> list[FileEntry]:
-        rel = self._check_path(under)
-        out: list[FileEntry] = []
-        with Root(self._root) as ws:
-            try:
-                for d, _, entries in ws.walk(rel):
-                    entries[:] = [e for e in entries if e[0] not in IGNORED_NAMES
-                                  or not stat.S_ISDIR(e[1].st_mode)]
-                    for name, st in entries:
-                        kind: Literal["file", "dir", "link"] = (
-                            "link" if stat.S_ISLNK(st.st_mode) else
-                            "dir" if stat.S_ISDIR(st.st_mode) else "file")
-                        out.append(FileEntry(name if d == "." else f"{d}/{name}", kind,
-                                             st.st_size if kind == "file" else 0))
-                        if len(out) >= max_entries:
-                            break
-            except OSError as e:
-                raise self._os_error(under, e) from None
-        return sorted(out, key=lambda e: e.path)
 
     async def diff(self) -> str:
         self._check_open()
