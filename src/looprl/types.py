@@ -86,6 +86,28 @@ class _Record:
 
 
 @dataclass(frozen=True)
+class Verifier(_Record):
+    """A verifier script that grades the final workspace by writing a reward file (Harbor's
+    ``tests/test.sh``, writing ``/logs/verifier/reward.json`` or ``reward.txt``): the grader kind
+    of ``looprl.rewards.verifier``. Paths are the host's (relative ones: to the task file)."""
+
+    tests_dir: str
+    """The pristine verifier files (``test.sh`` and its fixtures), mounted read-only at /tests."""
+    workdir: str = ""
+    """Where the workspace sits in the grading sandbox (the environment's WORKDIR, e.g. /app);
+    empty: at the task repo's own path."""
+    venv: str | None = None
+    """The verifier's own environment (Harbor's ``tests/Dockerfile``); None: the task's venv."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables of the verifier's run (``[verifier].env``, the Dockerfile's ENV)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verifier:
+        return cls(tests_dir=str(d["tests_dir"]), workdir=str(d.get("workdir", "")),
+                   venv=d.get("venv"), env={str(k): str(v) for k, v in (d.get("env") or {}).items()})
+
+
+@dataclass(frozen=True)
 class Grader(_Record):
     """How a task is graded: its own test suite, run in a fresh sandbox over the agent's diff."""
 
@@ -102,6 +124,9 @@ class Grader(_Record):
     test_patch: str = ""
     """Hidden tests applied (unified diff) after the test files are restored, e.g. the tests a
     newer release added; the agent never sees them."""
+    verifier: Verifier | None = None
+    """Set: the task is graded by this verifier's reward file instead of the node ids above
+    (``test_command`` is then the verifier's own command line, for people reading the task)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Grader:
@@ -112,6 +137,7 @@ class Grader(_Record):
             test_files=tuple(d.get("test_files", ())),
             timeout_s=float(d.get("timeout_s", 120.0)),
             test_patch=str(d.get("test_patch", "")),
+            verifier=Verifier.from_dict(d["verifier"]) if d.get("verifier") else None,
         )
 
 

@@ -3,9 +3,14 @@
     looprl tasks fetch inflection==0.5.1
     looprl tasks build inflection==0.5.1 toolz==1.2.0 --out tasks.jsonl --max-tasks 60
     looprl tasks show tasks.jsonl
+    looprl tasks import harbor path/to/task-dirs... --out harbor.jsonl
+    looprl tasks import swebench rows.parquet --repos clones/ --out swebench.jsonl
+    looprl tasks export harbor tasks.jsonl --out harbor-dirs/
+    looprl tasks export swebench tasks.jsonl --out rows.jsonl     # + rows.repos/ (git)
 
 A package that cannot be fetched or built is reported and the others go on; the command then
-exits 1 (2, with one line, when nothing at all was built).
+exits 1 (2, with one line, when nothing at all was built). An import or export says, one line
+each, which tasks it skipped and why (docs/tasks.md); it exits 1 when it skipped any.
 """
 
 from __future__ import annotations
@@ -17,7 +22,14 @@ import typer
 
 from looprl.errors import TaskError
 
-app = typer.Typer(help="Real tasks from real packages: fetch, build, inspect.", no_args_is_help=True)
+app = typer.Typer(help="Real tasks from real packages: fetch, build, inspect; import and export "
+                  "Harbor and SWE-bench tasks.", no_args_is_help=True)
+import_app = typer.Typer(help="Tasks in other formats -> a looprl task file (docs/tasks.md).",
+                         no_args_is_help=True)
+export_app = typer.Typer(help="A looprl task file -> tasks in other formats (docs/tasks.md).",
+                         no_args_is_help=True)
+app.add_typer(import_app, name="import")
+app.add_typer(export_app, name="export")
 
 
 @app.command("fetch")
@@ -121,3 +133,106 @@ def show_cmd(path: Annotated[Path, typer.Argument(help="JSONL task file", exists
     if not tasks:
         raise TaskError(f"{path} holds no tasks; build some with `looprl tasks build`")
     print_table(tasks)
+
+
+def _store_for(out: Path) -> Path:
+    """Where an import keeps its tasks' repos and verifier files: beside the task file (as an
+    absolute path, which the task file records)."""
+    return out.resolve().with_name(out.stem + "-files")
+
+
+def _finish_import(report: object, out: Path, what: str) -> None:
+    from looprl.tasks.imported import ImportReport
+    from looprl.tasks.taskset import print_table, write_tasks
+
+    assert isinstance(report, ImportReport)
+    for line in report.lines():
+        typer.echo(line, err=True)
+    if not report.tasks:
+        raise TaskError(f"no task imported from {what}" + (" (reasons above)" if report.skipped
+                                                            else ""))
+    write_tasks(report.tasks, out)
+    print_table(report.tasks)
+    typer.echo(f"wrote {len(report.tasks)} tasks to {out} (their files in {_store_for(out)})")
+    if report.skipped:
+        typer.echo(f"{len(report.skipped)} skipped", err=True)
+        raise typer.Exit(1)
+
+
+@import_app.command("harbor")
+def import_harbor_cmd(
+    dirs: Annotated[list[Path], typer.Argument(help="Harbor task directories, or directories "
+                                                    "holding them")],
+    out: Annotated[Path, typer.Option("--out", help="JSONL task file to write", dir_okay=False)],
+    jobs: Annotated[int, typer.Option(help="tasks validated at once", min=1)] = 2,
+) -> None:
+    """Import Harbor task directories: realise each environment, run its oracle, validate."""
+    import asyncio
+
+    from looprl.tasks.harbor import import_harbor
+
+    report = asyncio.run(import_harbor(dirs, _store_for(out), jobs=jobs))
+    _finish_import(report, out, ", ".join(map(str, dirs)))
+
+
+@import_app.command("swebench")
+def import_swebench_cmd(
+    rows: Annotated[Path, typer.Argument(help="JSONL or parquet rows", exists=True,
+                                         dir_okay=False)],
+    out: Annotated[Path, typer.Option("--out", help="JSONL task file to write", dir_okay=False)],
+    repos: Annotated[Path | None, typer.Option(help="directory of git clones (OWNER__NAME[.git]"
+                                               " or NAME[.git]): where repositories come from "
+                                               "offline", file_okay=False)] = None,
+    flavour: Annotated[str, typer.Option(help="auto | swebench | swegym | swesmith")] = "auto",
+    jobs: Annotated[int, typer.Option(help="tasks validated at once", min=1)] = 2,
+    limit: Annotated[int, typer.Option(help="only the first N rows (0 = all)", min=0)] = 0,
+) -> None:
+    """Import SWE-bench-family rows: check out each repository, build its venv, validate."""
+    import asyncio
+
+    from looprl.tasks.swebench import import_swebench
+
+    report = asyncio.run(import_swebench(rows, _store_for(out), repos=repos, flavour=flavour,
+                                         jobs=jobs, limit=limit))
+    _finish_import(report, out, str(rows))
+
+
+def _export_done(written: int, skipped: list[tuple[str, str]], where: Path) -> None:
+    for tid, why in skipped:
+        typer.echo(f"{tid}: not exported: {why}", err=True)
+    if not written:
+        raise TaskError("no task exported" + (" (reasons above)" if skipped else ""))
+    typer.echo(f"wrote {written} tasks to {where}")
+    if skipped:
+        raise typer.Exit(1)
+
+
+@export_app.command("harbor")
+def export_harbor_cmd(
+    tasks: Annotated[Path, typer.Argument(help="JSONL task file", exists=True, dir_okay=False)],
+    out: Annotated[Path, typer.Option("--out", help="directory to write task dirs into",
+                                      file_okay=False)],
+) -> None:
+    """Write each task as a Harbor task directory (tests/test.sh writes reward.txt)."""
+    from looprl.tasks.harbor import export_harbor
+    from looprl.tasks.taskset import load_tasks
+
+    written, skipped = export_harbor(load_tasks(tasks), out)
+    _export_done(len(written), skipped, out)
+
+
+@export_app.command("swebench")
+def export_swebench_cmd(
+    tasks: Annotated[Path, typer.Argument(help="JSONL task file", exists=True, dir_okay=False)],
+    out: Annotated[Path, typer.Option("--out", help="rows to write (.jsonl or .parquet)",
+                                      dir_okay=False)],
+) -> None:
+    """Write the tasks as SWE-bench rows, their repositories as git repos beside them."""
+    from looprl.tasks.swebench import export_swebench
+    from looprl.tasks.taskset import load_tasks
+
+    n, skipped, repos = export_swebench(load_tasks(tasks), out)
+    if n:
+        typer.echo(f"repositories (git, one commit per task base) in {repos}: pass --repos "
+                   f"{repos} to `looprl tasks import swebench`")
+    _export_done(n, skipped, out)

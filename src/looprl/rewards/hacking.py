@@ -151,10 +151,18 @@ def edited_test_paths(task: Task, diff: str) -> tuple[str, ...]:
     ('tests/test_m.py',)
     """
     hits: list[str] = []
+    # a verifier's tests live outside the workspace (/tests): the workspace's test-looking files
+    # are the agent's work there, only the task's own ``test_files`` are the grader's
+    verifier = task.grader.verifier is not None
     for fp in parse_diff(diff):
         for p in fp.paths:
-            pyproject = posixpath.basename(p) == "pyproject.toml" and _touches_pytest_config(fp)
-            if is_test_path(p, task.grader.test_files) or pyproject:
+            if verifier:
+                hit = any(p == t or p.startswith(t.rstrip("/") + "/")
+                          for t in task.grader.test_files)
+            else:
+                hit = is_test_path(p, task.grader.test_files) or (
+                    posixpath.basename(p) == "pyproject.toml" and _touches_pytest_config(fp))
+            if hit:
                 hits.append(p)
     return tuple(dict.fromkeys(hits))
 

@@ -34,6 +34,12 @@ not write that does not apply (a task's patches), pytest usage/internal errors o
 base, a task command that is not pytest. When pytest cannot run with the agent's diff but runs
 on the task's base (e.g. the diff broke an import in a ``conftest.py``, or its code exited the
 process early), the diff is at fault and scores 0 (``broke_test_run``).
+
+A task whose ``grader.verifier`` is set (a Harbor task) is graded by its verifier script instead
+(``_grade_by_verifier``, pieces in ``verifier.py``): the same graded diff in the same kind of
+fresh sandbox, the score read from the reward file the script writes. A missing or malformed
+reward file follows the rule above: the diff's fault (0, ``broke_test_run``, the reason in
+``GradeResult.error``) when the untouched base gets a reward, else a ``RewardError``.
 """
 
 from __future__ import annotations
@@ -58,6 +64,16 @@ from looprl.rewards.isolation import (
     new_report_name,
     runner_paths,
     shadowing_paths,
+)
+from looprl.rewards.verifier import (
+    RewardFileError,
+    links_out,
+    output_tail,
+    read_reward,
+    reward_writes,
+    verifier_command,
+    verifier_logs,
+    verifier_mounts,
 )
 from looprl.types import Metadata, Task, Trajectory
 
@@ -208,9 +224,10 @@ _PATCH_FILE = ".looprl-grade.diff"
 _GRADER_FAILURE_EXIT = {3, 4, 5}
 
 
-class _PytestDidNotRun(RewardError):
-    """pytest exited without running the tests (usage or internal error, nothing collected, the
-    session never ended)."""
+class _DidNotRun(RewardError):
+    """The grader got no outcome: pytest exited without running the tests (usage or internal
+    error, nothing collected, the session never ended), or a verifier wrote no usable reward
+    file. ``grade`` decides whose fault it is."""
 
     def __init__(self, message: str, output_tail: str, wall_s: float,
                  flags: tuple[str, ...]) -> None:
@@ -241,6 +258,11 @@ class GradeResult:
     flags: tuple[str, ...] = ()
     """Monitors the grader raised: ``hacking.RUNNER_CHECKS`` names the diff tripped (their files
     were restored, their code scored 0), ``tests_not_run`` when a graded test never reported."""
+    error: str = ""
+    """Why there is no outcome to score (a verifier's missing or malformed reward file, with
+    the diff applied): the 0 is the diff's doing, and the report says why."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """A verifier's reward.json keys besides ``reward``."""
 
     @property
     def passed(self) -> bool:
@@ -252,7 +274,9 @@ class GradeResult:
                 "tests_failed": len(failed), "failed_tests": " ".join(failed[:20]),
                 "edited_tests": self.edited_tests, "grade_wall_s": round(self.wall_s, 3),
                 "grade_timed_out": self.timed_out, "grade_cached": self.cached,
-                "grade_broke_test_run": self.broke_test_run, "grade_flags": " ".join(self.flags)}
+                "grade_broke_test_run": self.broke_test_run, "grade_flags": " ".join(self.flags),
+                "grade_error": self.error,
+                **{f"verifier_{k}": v for k, v in sorted(self.metrics.items())}}
 
 
 async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
@@ -304,7 +328,8 @@ def graded_diff(task: Task, diff: str) -> GradedDiff:
     touched = {p for fp in patches for p in fp.paths}
     pristine = {*task.grader.test_files, *edited_test_paths(task, diff), *runner_paths(task, diff),
                 *shadowing_paths(task, diff)}
-    pristine |= {p for p in touched if is_test_path(p, task.grader.test_files)}
+    if task.grader.verifier is None:  # a verifier's tests are at /tests: the workspace's are work
+        pristine |= {p for p in touched if is_test_path(p, task.grader.test_files)}
     kept, unrecorded = [], []
     for fp in patches:
         covers = fp.new_path is not None and any(r.startswith(fp.new_path + "/") for r in pristine)
@@ -364,7 +389,7 @@ async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
     if not run.timed_out and (status != run.exit_code or status in _GRADER_FAILURE_EXIT):
         how = (f"exit {run.exit_code}" if status == run.exit_code else f"exit {run.exit_code}, "
                f"the session {'never ended' if status is None else f'ended with {status}'}")
-        raise _PytestDidNotRun(f"pytest could not run the tests of task {task.id} ({how}); "
+        raise _DidNotRun(f"pytest could not run the tests of task {task.id} ({how}); "
                                f"output tail:\n{run.output_tail[-1200:]}",
                                run.output_tail[-2000:], time.monotonic() - t0, flags)
     tests = {t: run.outcomes.get(t, "missing") for t in targets}
@@ -396,14 +421,15 @@ async def grade(task: Task, diff: str, *, cache: bool = True) -> GradeResult:
         _grade_cache.move_to_end(key)
         return dataclasses.replace(_grade_cache[key], cached=True)
     try:
-        g = await _grade_fresh(task, diff)
-    except _PytestDidNotRun as e:
+        g = await (_grade_fresh(task, diff) if task.grader.verifier is None
+                   else _grade_by_verifier(task, diff))
+    except _DidNotRun as e:
         if not diff.strip():
             raise
         await grade(task, "", cache=cache)  # raises (infrastructure) if the base cannot run either
         g = GradeResult(0.0, dict.fromkeys(_targets(task), "error"), bool(edited_test_paths(task, diff)),
                         e.wall_s, output_tail=e.output_tail, broke_test_run=True,
-                        flags=(*e.flags, "tests_not_run"))
+                        flags=(*e.flags, "tests_not_run"), error=str(e).split("\n", 1)[0])
     if cache and not g.timed_out:
         _grade_cache[key] = g
         while len(_grade_cache) > GRADE_CACHE_SIZE:
@@ -424,6 +450,59 @@ async def _grade_fresh(task: Task, diff: str) -> GradeResult:
         raise RewardError(f"grading {task.id} failed in the sandbox: {e}") from e
     finally:
         await sb.close()
+
+
+async def _grade_by_verifier(task: Task, diff: str) -> GradeResult:
+    """Grade ``diff`` by the task's verifier script (``rewards.verifier``): the graded diff (and
+    the hidden test patch) applied in a fresh sandbox over the base, the workspace at the
+    verifier's workdir, the pristine tests at /tests; the score is the reward file's."""
+    from looprl.sandbox import create_sandbox
+
+    t0 = time.monotonic()
+    g = task.grader
+    v = g.verifier
+    assert v is not None
+    flags = runner_attempts(task, diff)
+    if reward_writes(diff) and "runner_tampering" not in flags:
+        flags += ("runner_tampering",)
+    graded = graded_diff(task, diff)
+    if graded.unrecorded:
+        flags += ("unrecorded_file",)
+    outside = set(links_out(graded.text))
+    if outside:
+        flags += ("link_out_of_workspace",)
+        graded = dataclasses.replace(graded, text="".join(
+            fp.text for fp in parse_diff(graded.text) if fp.new_path not in outside))
+    with verifier_logs() as logs:
+        try:
+            sb = await create_sandbox(task.repo, venv=v.venv or task.venv,
+                                      workdir=v.workdir or None, mounts=verifier_mounts(v, logs))
+        except SandboxError as e:
+            raise RewardError(f"could not start a grading sandbox for {task.id}: {e}") from e
+        try:
+            if graded.text:
+                await apply_diff(sb, graded.text, "agent's diff")
+            if g.test_patch.strip():
+                await apply_diff(sb, g.test_patch, "task's hidden test patch")
+            res = await sb.exec(verifier_command(v), timeout_s=g.timeout_s, env=v.env)
+        except (SandboxError, ToolError) as e:
+            raise RewardError(f"grading {task.id} failed in the sandbox: {e}") from e
+        finally:
+            await sb.close()
+        tail = output_tail(logs) or (res.stdout + res.stderr)[-2000:]
+        try:
+            reward = read_reward(logs)
+        except RewardFileError as e:
+            if res.timed_out:
+                return GradeResult(0.0, {}, False, time.monotonic() - t0, True, tail,
+                                   flags=flags, error=f"test.sh timed out after {g.timeout_s:g}s "
+                                   f"before writing a reward ({e})")
+            raise _DidNotRun(f"the verifier of task {task.id} gave no reward: {e} (test.sh "
+                             f"exit {res.exit_code}); output tail:\n{tail[-1200:]}", tail,
+                             time.monotonic() - t0, flags) from None
+    score = 0.0 if "runner_tampering" in flags or res.timed_out else reward.score
+    return GradeResult(score, {}, bool(edited_test_paths(task, diff)), time.monotonic() - t0,
+                       res.timed_out, tail, flags=flags, metrics=reward.metrics)
 
 
 def grade_sync(task: Task, diff: str) -> GradeResult:

@@ -1,6 +1,7 @@
 """Sandboxes: isolated copy-on-write workspaces (``workspace.py``), commands under bubblewrap
 (``bwrap.py``; its mounts in ``mounts.py``, its root filesystem in ``root.py``, the one-exec
-launcher prepared ahead in ``launch.py``), a bounded pool with blank and warm sandboxes and
+launcher prepared ahead in ``launch.py``), commands in a container for image-based tasks
+(``container.py``: Docker or Podman), a bounded pool with blank and warm sandboxes and
 metrics (``pool.py``) and the same API over HTTP (``server.py``).
 
 Contract used by the rest of looprl:
@@ -24,11 +25,14 @@ from looprl.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from looprl.sandbox.bwrap import BwrapSandbox, SandboxLimits
+    from looprl.sandbox.mounts import Mount
     from looprl.sandbox.workspace import Snapshot
 
 # Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, _exports = lazy_exports(__name__, {
     "bwrap": ["BwrapSandbox", "SandboxLimits", "check_bwrap", "sandbox_from"],
+    "container": ["ContainerSandbox", "check_engine"],
+    "mounts": ["Mount"],
     "pool": ["PoolMetrics", "SandboxPool"],
     "server": ["RemoteSandbox"],
     "workspace": ["Snapshot", "Workspace", "create_workspace", "fork", "janitor"],
@@ -37,14 +41,18 @@ __getattr__, __dir__, _exports = lazy_exports(__name__, {
 
 async def create_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
                          limits: SandboxLimits | None = None,
-                         snapshot: Snapshot | None = None) -> BwrapSandbox:
-    """A fresh sandbox over ``base_dir`` (or over ``snapshot``), commands under bubblewrap.
+                         snapshot: Snapshot | None = None, workdir: str | None = None,
+                         mounts: tuple[Mount, ...] = ()) -> BwrapSandbox:
+    """A fresh sandbox over ``base_dir`` (or over ``snapshot``), commands under bubblewrap;
+    ``workdir``: where its commands see the workspace (default: ``base_dir``'s own path);
+    ``mounts``: extra host directories they see (``Mount(source, target, readonly)``).
 
     Raises ``SandboxUnavailableError`` (with the fix) when bubblewrap cannot run here.
     """
     from looprl.sandbox.bwrap import new_sandbox
 
-    return await new_sandbox(base_dir, venv, limits=limits, snapshot=snapshot)
+    return await new_sandbox(base_dir, venv, limits=limits, snapshot=snapshot, workdir=workdir,
+                             mounts=mounts)
 
 
 __all__ = sorted([*_exports, "create_sandbox"])

@@ -53,10 +53,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import os
-import posixpath
 import re
 import resource
 import shutil
@@ -67,13 +65,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TypeVar
 
-from looprl.errors import PathEscapeError, SandboxError, SandboxUnavailableError, ToolError
-from looprl.sandbox.beneath import Root
+from looprl.errors import SandboxError, SandboxUnavailableError
 from looprl.sandbox.cgroups import Cgroup, cgroup_janitor
-from looprl.sandbox.idmap import FIRST_UID, UID_POOL, as_fsuid
+from looprl.sandbox.files import WorkspaceFiles
+from looprl.sandbox.idmap import FIRST_UID, UID_POOL
 from looprl.sandbox.launch import (
     Capped,
     LaunchStatus,
@@ -88,11 +86,16 @@ from looprl.sandbox.launch import (
     pump,
     tool_chain,
 )
-from looprl.sandbox.mounts import TOOLS_DIR, bind_args, system_binds, venv_paths  # noqa: F401
+from looprl.sandbox.mounts import (  # noqa: F401
+    TOOLS_DIR,
+    Mount,
+    bind_args,
+    system_binds,
+    venv_paths,
+)
 from looprl.sandbox.root import LAUNCH, SandboxRoot, rootable
 from looprl.sandbox.seccomp import filter_fd
 from looprl.sandbox.workspace import (
-    IGNORED_NAMES,
     Snapshot,
     Workspace,
     _overlay_ok,
@@ -102,7 +105,7 @@ from looprl.sandbox.workspace import (
     overlay_capable,
     stage_workspace,
 )
-from looprl.types import ExecResult, FileEntry
+from looprl.types import ExecResult
 
 T = TypeVar("T")
 
@@ -525,7 +528,7 @@ class _Gate:
                 self._cond.notify_all()
 
 
-class BwrapSandbox:
+class BwrapSandbox(WorkspaceFiles):
     """``looprl.protocols.Sandbox`` over a copy-on-write workspace, commands under bubblewrap.
 
     File operations act on the workspace on the host and refuse any path that leaves it
@@ -536,12 +539,14 @@ class BwrapSandbox:
 
     def __init__(self, workspace: Workspace, venv: str | None = None,
                  limits: SandboxLimits | None = None, workdir: str | None = None,
-                 root: SandboxRoot | None = None):
+                 root: SandboxRoot | None = None, mounts: tuple[Mount, ...] = ()):
         self.workspace = workspace
         self.venv = str(Path(venv).absolute()) if venv else None
         self.limits = limits or SandboxLimits()
         self.workdir = workdir or str(workspace.base)
         self.root = root
+        self.mounts = mounts
+        """Extra host directories the commands see (``mounts.Mount``), e.g. a verifier's."""
         self._bwrap = check_bwrap()
         self._gate = _Gate()
         self._root = str(workspace.path)  # real as made: under the resolved sandbox_root()
@@ -559,6 +564,8 @@ class BwrapSandbox:
         self.root.attach(self.workspace.path, self.workdir, readonly=False)
         for p in venv_paths(self.venv) if venv else ():
             self.root.attach(p, p, readonly=True)
+        for m in self.mounts:
+            self.root.attach(m.source, m.target, readonly=m.readonly)
 
     def _venv_fits(self, attached: str) -> bool:
         """Whether a venv attached before the workspace serves this sandbox: the same venv, and
@@ -623,7 +630,7 @@ class BwrapSandbox:
                                      command_argv(cmd, self.venv, env, lookup=False))
         else:
             binds = bind_args(self.workspace.path, self.workdir, self.venv,
-                              staged=uid is not None)
+                              staged=uid is not None, mounts=self.mounts)
 
             def build(seccomp_fd: int | None, status_fd: int) -> list[str]:
                 return build_argv(self._bwrap, self.workdir, binds, cmd, venv=self.venv,
@@ -659,91 +666,6 @@ class BwrapSandbox:
             if not (self.workspace.closed or self._closing):
                 self._schedule_prime()
 
-    def _check_path(self, path: str) -> str:
-        """``path`` normalised, or the model's ``ToolError`` for one no lookup may take; the
-        lookup itself (``beneath.Root``) is what keeps every access inside the workspace."""
-        self._check_open()
-        if not isinstance(path, str) or not path or "\0" in path:
-            raise ToolError(f"invalid path {path!r}: give a workspace-relative path like 'src/a.py'")
-        try:
-            os.fsencode(path)
-        except UnicodeEncodeError:  # a lone surrogate no file name can hold
-            raise ToolError(f"invalid path {ascii(path)[:100]}: not valid Unicode text") from None
-        p = PurePosixPath(path)
-        if p.is_absolute():
-            raise PathEscapeError(f"path {path!r} is absolute; use a path relative to the workspace root")
-        if ".." in p.parts:
-            raise PathEscapeError(f"path {path!r} contains '..'; paths must stay inside the workspace")
-        return str(p)
-
-    def _os_error(self, ws: Root, path: str, e: OSError) -> ToolError:
-        if e.errno == errno.ENOENT:
-            return ToolError(f"file not found: {path}")
-        if e.errno == errno.ELOOP:
-            link = ws.link_on_path(path)
-            if link is None:  # (gone again: a command is swapping it)
-                return PathEscapeError(f"path {path!r} goes through a symlink; the file tools "
-                                       "do not follow symlinks")
-            name, target = link
-            # where it leads, as commands see it (the workspace is mounted at ``workdir``)
-            inner = posixpath.join(self.workdir, posixpath.dirname(name), target,
-                                   path[len(name) + 1:])
-            where = posixpath.relpath(posixpath.normpath(inner), self.workdir)
-            hint = ("it leads outside the workspace" if where == ".." or where.startswith("../")
-                    else f"use the path it points to ({where!r})")
-            what = "is a symlink" if name == path else f"goes through the symlink {name!r}"
-            return PathEscapeError(f"path {path!r} {what} (-> {target!r}); the file tools do not "
-                                   f"follow symlinks: {hint}")
-        if e.errno == errno.EXDEV:
-            return PathEscapeError(f"path {path!r} resolves outside the workspace")
-        if e.errno == errno.EISDIR:
-            return ToolError(f"{path} is a directory, not a regular file")
-        if e.errno == errno.EINVAL:
-            return ToolError(f"{path} is not a regular file")
-        return ToolError(f"cannot access {path}: {e.strerror}")
-
-    async def read(self, path: str) -> bytes:
-        rel = self._check_path(path)
-        with Root(self._root) as ws:
-            try:
-                return ws.read(rel)
-            except OSError as e:
-                raise self._os_error(ws, path, e) from None
-
-    async def write(self, path: str, data: bytes) -> None:
-        rel = self._check_path(path)
-        if rel == ".":
-            raise ToolError("cannot write to the workspace root; name a file")
-        await asyncio.to_thread(self._write_as_owner, path, rel, data)
-
-    def _write_as_owner(self, path: str, rel: str, data: bytes) -> None:
-        with as_fsuid(self.workspace.uid), Root(self._root) as ws:  # new files: the sandbox's
-            try:
-                ws.write(rel, data)
-            except OSError as e:
-                raise self._os_error(ws, path, e) from None
-
-    async def walk(self, under: str = ".", *, max_entries: int = 100_000) -> list[FileEntry]:
-        rel = self._check_path(under)
-        out: list[FileEntry] = []
-        with Root(self._root) as ws:
-            try:
-                for d, _, entries in ws.walk(rel):
-                    entries[:] = [e for e in entries if e[0] not in IGNORED_NAMES
-                                  or not stat.S_ISDIR(e[1].st_mode)]
-                    for name, st in entries:
-                        kind = ("link" if stat.S_ISLNK(st.st_mode) else
-                                "dir" if stat.S_ISDIR(st.st_mode) else "file")
-                        out.append(FileEntry(name if d == "." else f"{d}/{name}", kind,
-                                             st.st_size if kind == "file" else 0))
-                        if len(out) >= max_entries:
-                            return sorted(out, key=lambda e: e.path)
-            except OSError as e:
-                if e.errno in (errno.ENOENT, errno.ENOTDIR):
-                    raise ToolError(f"{under} is not a directory in the workspace") from None
-                raise self._os_error(ws, under, e) from None
-        return sorted(out, key=lambda e: e.path)
-
     async def diff(self) -> str:
         self._check_open()
         return await asyncio.to_thread(self.workspace.diff)
@@ -765,7 +687,8 @@ class BwrapSandbox:
         snap = await self.snapshot()
         try:
             return [await sandbox_from(snap, venv=self.venv, limits=self.limits,
-                                       workdir=self.workdir) for _ in range(n)]
+                                       workdir=self.workdir, mounts=self.mounts)
+                    for _ in range(n)]
         finally:
             snap.release()
 
@@ -893,23 +816,25 @@ async def make_blank(limits: SandboxLimits | None = None, venv: str | None = Non
 async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
                       limits: SandboxLimits | None = None, snapshot: Snapshot | None = None,
                       workdir: str | None = None, blank: Blank | None = None,
-                      resolved: bool = False) -> BwrapSandbox:
+                      resolved: bool = False, mounts: tuple[Mount, ...] = ()) -> BwrapSandbox:
     """A new sandbox over ``base_dir`` (or starting at ``snapshot``), with its own host uid.
+    ``workdir``: where its commands see the workspace (default: the base's own path).
     ``blank``: a pre-started ``Blank`` to build it from (taken over; closed if it cannot serve).
-    ``resolved``: ``base_dir`` is ``os.path.realpath``'d already (a pool's key)."""
+    ``resolved``: ``base_dir`` is ``os.path.realpath``'d already (a pool's key).
+    ``mounts``: extra host directories its commands see (``mounts.Mount``)."""
     check_bwrap()
     _janitor_once()
     limits = limits or SandboxLimits()
     # once: the calls below take it as resolved
     base = os.fspath(base_dir) if resolved else os.path.realpath(base_dir)
-    mounts = [workdir or base, *venv_paths(venv)]
-    if blank is not None and not (blank.limits == limits and blank.usable() and can_root(mounts)):
+    targets = [workdir or base, *venv_paths(venv), *(m.target for m in mounts)]
+    if blank is not None and not (blank.limits == limits and blank.usable() and can_root(targets)):
         await asyncio.to_thread(blank.close)
         blank = None
-    if blank is None and can_root(mounts):
+    if blank is None and can_root(targets):
         blank = await make_blank(limits, venv)  # its bwrap starts while the workspace is mounted
     if blank is not None:
-        return await _from_blank(blank, base, venv, limits, snapshot, workdir)
+        return await _from_blank(blank, base, venv, limits, snapshot, workdir, mounts)
     uid = UID_POOL.take() if os.geteuid() == 0 else None
     # the first command's launcher is spawned while the workspace is being mounted
     ready = asyncio.ensure_future(prepare(limits, uid))
@@ -921,7 +846,7 @@ async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None,
         if uid is not None:
             UID_POOL.give(uid)
         raise
-    sb = BwrapSandbox(ws, venv, limits, workdir)
+    sb = BwrapSandbox(ws, venv, limits, workdir, mounts=mounts)
     try:
         sb._ready = await ready
     except SandboxError:
@@ -930,7 +855,8 @@ async def new_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None,
 
 
 async def _from_blank(blank: Blank, base: str, venv: str | None, limits: SandboxLimits,
-                      snapshot: Snapshot | None, workdir: str | None) -> BwrapSandbox:
+                      snapshot: Snapshot | None, workdir: str | None,
+                      mounts: tuple[Mount, ...] = ()) -> BwrapSandbox:
     """``base``: resolved (``realpath``)."""
     staged, blank.staged = blank.staged, None
     try:
@@ -947,7 +873,7 @@ async def _from_blank(blank: Blank, base: str, venv: str | None, limits: Sandbox
     except BaseException:
         await asyncio.to_thread(blank.close)
         raise
-    sb = BwrapSandbox(ws, venv, limits, workdir, root=blank.root)
+    sb = BwrapSandbox(ws, venv, limits, workdir, root=blank.root, mounts=mounts)
     try:
         fits = blank.venv is not None and sb._venv_fits(blank.venv)
         if blank.venv is not None and not fits:
@@ -971,8 +897,8 @@ async def _drop_prepared(fut: asyncio.Future[Prepared | None]) -> None:
 
 
 async def sandbox_from(snapshot: Snapshot, *, venv: str | None = None,
-                       limits: SandboxLimits | None = None,
-                       workdir: str | None = None) -> BwrapSandbox:
+                       limits: SandboxLimits | None = None, workdir: str | None = None,
+                       mounts: tuple[Mount, ...] = ()) -> BwrapSandbox:
     """A new sandbox whose workspace starts at ``snapshot``."""
     return await new_sandbox(snapshot.base, venv, limits=limits, snapshot=snapshot,
-                             workdir=workdir)
+                             workdir=workdir, mounts=mounts)

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from looprl.errors import SandboxError
@@ -132,14 +133,29 @@ def tool_binds(staged: bool) -> list[str]:
     return args
 
 
-def bind_args(host_dir: Path, workdir: str, venv: str | None, staged: bool) -> list[str]:
+@dataclass(frozen=True)
+class Mount:
+    """A host directory a sandbox's commands also see, at ``target`` (absolute), e.g. a
+    verifier's pristine tests read-only at /tests or its output directory at /logs. The host
+    reads what a command left in a writable one only through ``beneath.Root``."""
+
+    source: str
+    target: str
+    readonly: bool = True
+
+
+def bind_args(host_dir: Path, workdir: str, venv: str | None, staged: bool,
+              mounts: tuple[Mount, ...] = ()) -> list[str]:
     """bwrap bind arguments: the workspace read-write, the venv and its prefix read-only, the
-    harness's programs (``tool_binds``). ``staged``: the bwrap runs unprivileged, so read-only
-    sources are first bind-mounted under the sandbox root, where it can reach them (e.g. a venv
-    under a 0700 /root)."""
+    extra ``mounts``, the harness's programs (``tool_binds``). ``staged``: the bwrap runs
+    unprivileged, so sources are first bind-mounted under the sandbox root, where it can reach
+    them (e.g. a venv under a 0700 /root)."""
     args = ["--bind", str(host_dir), workdir]
     for p in venv_paths(venv):
         args += ["--ro-bind", _staged(p) if staged else p, p]
+    for m in mounts:
+        args += ["--ro-bind" if m.readonly else "--bind",
+                 _staged(m.source) if staged else m.source, m.target]
     return [*args, *tool_binds(staged)]
 
 

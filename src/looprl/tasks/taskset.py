@@ -69,7 +69,10 @@ def parse_task(d: object, where: str) -> Task:
         v = g.get(name, [])
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise TaskError(f"{where}: field 'grader.{name}' must be a list of strings")
-    if not g.get("fail_to_pass") and not g.get("pass_to_pass"):
+    v = g.get("verifier")
+    if v is not None:
+        _check_verifier(v, where)
+    elif not g.get("fail_to_pass") and not g.get("pass_to_pass"):
         raise TaskError(f"{where}: field 'grader.fail_to_pass' is empty: a task needs tests")
     if d.get("metadata") is not None and not isinstance(d["metadata"], dict):
         raise TaskError(f"{where}: field 'metadata' must be an object")
@@ -79,15 +82,34 @@ def parse_task(d: object, where: str) -> Task:
         raise TaskError(f"{where}: malformed task: {e}") from None
 
 
+def _check_verifier(v: object, where: str) -> None:
+    """``grader.verifier``: an object with a ``tests_dir`` string, string env values."""
+    if not isinstance(v, dict):
+        raise TaskError(f"{where}: field 'grader.verifier' must be an object or null")
+    if not isinstance(v.get("tests_dir"), str) or not v["tests_dir"]:
+        raise TaskError(f"{where}: field 'grader.verifier.tests_dir' must be a non-empty string "
+                        "(the directory holding the verifier's test.sh)")
+    for name in ("workdir", "venv"):
+        if v.get(name) is not None and not isinstance(v[name], str):
+            raise TaskError(f"{where}: field 'grader.verifier.{name}' must be a string")
+    env = v.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(x, str) for x in env.values()):
+        raise TaskError(f"{where}: field 'grader.verifier.env' must map names to strings")
+
+
 def _relative_to(t: Task, base: Path) -> Task:
-    """``t`` with a relative ``repo`` or ``venv`` taken relative to ``base`` (the task file's
-    directory), so a task file can sit beside the repositories it names."""
+    """``t`` with a relative ``repo``, ``venv`` or verifier path taken relative to ``base`` (the
+    task file's directory), so a task file can sit beside the repositories it names."""
     def fix(p: str | None) -> str | None:
         if p is None or "://" in p or Path(p).is_absolute():
             return p
         return str((base / p).resolve())
 
-    return replace(t, repo=fix(t.repo) or t.repo, venv=fix(t.venv))
+    v = t.grader.verifier
+    if v is not None:
+        v = replace(v, tests_dir=fix(v.tests_dir) or v.tests_dir, venv=fix(v.venv))
+    return replace(t, repo=fix(t.repo) or t.repo, venv=fix(t.venv),
+                   grader=replace(t.grader, verifier=v))
 
 
 def load_tasks(path: str | Path) -> list[Task]:
