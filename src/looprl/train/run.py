@@ -136,7 +136,7 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
     model_dir = stages.init_model(cfg, run_dir)
     tok = load_model(model_dir).tokenizer
     demos, val = stages.split_validation(stages.make_demos(sets.train, tok, cfg),
-                                         cfg.demos.validation, cfg.seed)
+                                         cfg.demos.experimental.validation, cfg.seed)
     stages.pretrain_model(cfg, model_dir, demos, tok,
                           sets.train + sets.heldout + sets.heldout_packages)
     demos = stages.rename_demos(demos, tok, cfg)  # for SFT: pretraining reads the real code
@@ -147,7 +147,8 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
         from looprl.trainer.sft import sft
 
         console.print(f"[bold]SFT[/] on {len(demos)} demos ({len(val)} kept for validation)")
-        res = sft(model, demos, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
+        res = sft(model, demos, dataclasses.replace(cfg.sft, experimental=dataclasses.replace(
+            cfg.sft.experimental, pad_id=tok.pad_token_id)))
         if val:
             acc = turn_accuracy(model, tok, val)
             turns["sft"] = acc.to_json()
@@ -217,7 +218,7 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
         console.quiet = True  # rank 0 reports
     device = ddp.rank_device(stages.resolve_device(cfg.model.device), dist)
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.model.threads)
+    torch.set_num_threads(cfg.model.experimental.threads)
     t_start = time.monotonic()
 
     if dist.is_main:
