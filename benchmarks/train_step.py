@@ -81,7 +81,7 @@ def main() -> None:
                     "model_start/, config.json); default runs/quickstart")
     ap.add_argument("--steps", type=int, default=12, help="steps with something to train")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the quickstart's "
-                    "trainer runs on model.rl_threads = 1)")
+                    "trainer runs on model.experimental.rl_threads = 1)")
     args = ap.parse_args()
     for need in ("trajectories/train.jsonl", "model_start/config.json", "config.json"):
         if not (args.run / need).is_file():

@@ -283,7 +283,7 @@ def _moved(cls: type, key: str) -> str | None:
         hints = typing.get_type_hints(c)
         for f in dataclasses.fields(c):  # type: ignore[arg-type]
             sections = [t for t in (hints[f.name], *typing.get_args(hints[f.name]))
-                        if dataclasses.is_dataclass(t)]
+                        if isinstance(t, type) and dataclasses.is_dataclass(t)]
             if prefix and f.name == key:
                 found.append(prefix + f.name)
             for t in sections:

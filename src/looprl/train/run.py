@@ -22,7 +22,7 @@ The run's saved ``config.json`` must match the config given, except for the loop
 Several trainer processes (``looprl train --nproc N``, or ``torchrun ... -m looprl.cli train``
 across machines): rank 0 runs stages 1-4 alone while the others wait, then every rank runs async
 GRPO on its share of the train tasks with its own rollout engine, on ``cuda:LOCAL_RANK`` on a
-GPU machine, the step wrapped as ``grpo.parallel`` says (DDP or FSDP2, ``trainer.ddp``); rank 0
+GPU machine, the step wrapped as ``grpo.experimental.parallel`` says (DDP or FSDP2, ``trainer.ddp``); rank 0
 publishes, checkpoints and logs, and runs stages 6-7 alone.
 """
 

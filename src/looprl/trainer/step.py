@@ -178,7 +178,11 @@ def gather_logprobs(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor) -> to
 
 
 def shared_prefix_len(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor) -> int:
-    """Leading positions where every row has the same real token (0 for a single row)."""
+    """Leading positions where every row has the same real token (0 for a single row).
+
+    >>> t = torch.tensor([[1, 2, 3, 0], [1, 2, 4, 5]]); shared_prefix_len(t, (t > 0).long())
+    2
+    """
     if tokens_B_T.shape[0] < 2:
         return 0
     same_T = (tokens_B_T == tokens_B_T[:1]).all(0) & (attention_mask_B_T == 1).all(0)
