@@ -95,7 +95,10 @@ class TasksSection:
                               "tasks build`), tasks.train_packages (NAME==VERSION specs) or "
                               "tasks.sources (task source plugins)")
         for name in self.sources:
-            find("task_sources", name, {})
+            try:
+                find("task_sources", name, {})
+            except ConfigError as e:
+                raise FieldError("sources", f"has {e}") from None
         if self.train_file and self.train_packages:
             raise ConfigError("set tasks.train_file or tasks.train_packages, not both")
         both = {spec_name(s) for s in self.experimental.train_only_packages} & {
