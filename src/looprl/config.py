@@ -20,6 +20,10 @@ problem)`` (``check_choice`` for named choices); the loader names the field by t
 the user wrote, whatever section the dataclass sits in:
 ``rollout.group_size must be in [1, 4096], got 0``.
 
+To give a config its ranges, annotate its numeric fields (and, where empty is wrong, its
+strings and lists) and drop the hand checks of its ``__post_init__`` that only checked ranges;
+``tests/test_config.py`` fuzzes every field of the root configs it lists (``ROOTS``).
+
 Sections named ``experimental`` hold a component's research switches and tuning knobs: each
 default is the measured choice, and a newcomer trains without reading them.
 """
@@ -94,8 +98,8 @@ def _show(value: Any) -> str:
 @dataclass(frozen=True)
 class Range:
     """The valid values of a numeric config field, ``lo <= x <= hi``; ``lo_open`` / ``hi_open``
-    exclude a bound. A float field admits inf only where ``hi`` is a closed inf (``-inf`` the
-    same for ``lo``); NaN never.
+    exclude a bound; ``hint`` ends the error (what to do instead). A float field admits inf only
+    where ``hi`` is a closed inf (``-inf`` the same for ``lo``); NaN never.
 
     >>> Range(1, 4096).problem(0)
     'must be in [1, 4096], got 0'
@@ -107,6 +111,7 @@ class Range:
     hi: float
     lo_open: bool = False
     hi_open: bool = False
+    hint: str = ""
 
     def __post_init__(self) -> None:
         assert self.lo <= self.hi, f"empty range {self}"
@@ -124,7 +129,7 @@ class Range:
             return None
         span = (f"{'(' if self.lo_open else '['}{_num(self.lo)}, "
                 f"{_num(self.hi)}{')' if self.hi_open else ']'}")
-        return f"must be in {span}, got {_show(x)}"
+        return f"must be in {span}, got {_show(x)}" + (f"; {self.hint}" if self.hint else "")
 
 
 @dataclass(frozen=True)
@@ -150,8 +155,8 @@ Seed = Annotated[int, Range(0, 2**32 - 1)]
 Share = Annotated[float, Range(0.0, 1.0)]
 """A fraction in [0, 1]."""
 Tokens = Annotated[int, Range(1, 2**30)]
-"""A positive token count: 2^30 is far beyond any context window and below what overflows the
-int32 offsets of a packed batch."""
+"""A positive token count; 2^30 is far beyond any context window, so a slip such as 10^26 is
+refused."""
 
 
 def _checks(tp: Any) -> tuple[Any, list[Range | Length]]:

@@ -97,5 +97,5 @@ def find(kind: str, name: str, builtins: Mapping[str, T]) -> T:
     raise ConfigError(f"unknown {KINDS[kind]} {name!r}"
                       + (f" (did you mean {near}?)" if near else "")
                       + (f": choose one of {', '.join(known)}, or" if known else
-                         f": none is installed;") + " name your own as module:attr "
+                         ": none is installed;") + " name your own as module:attr "
                       "(see docs/extending.md)")

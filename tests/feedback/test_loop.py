@@ -149,6 +149,7 @@ inject_bad_cycle = 2
 window_timeout_min = 5
 [grpo]
 lr = 1e-3
+[grpo.experimental.credit]
 skip_groups_without_pass = false
 [users]
 simulate = false

@@ -48,9 +48,9 @@ class LengthConfig:
     """Cost per assistant turn: each one is a full generation request (prefill + decode)."""
     coef: Annotated[float, Range(0.0, 1000.0)] = 1e-3
     """λ: the slope of the penalty at C = 0 (reward lost per unit of effort for the first units)."""
-    k: Annotated[float, Range(0.0, 1e6, lo_open=True)] = 1e-2
-    """Scale at which the curve bends: effort well below 1/k is penalised almost linearly (for
-    a linear penalty set q = 0)."""
+    k: Annotated[float, Range(0.0, 1e6, lo_open=True,
+                              hint="for a linear penalty set q=0 instead")] = 1e-2
+    """Scale at which the curve bends: effort well below 1/k is penalised almost linearly."""
     q: Annotated[float, Range(0.0, 1000.0)] = 1.0
     """Curvature: 0 linear, 1 logarithmic (default), >1 saturating."""
     max_penalty: Annotated[float, Range(0.0, 1e6)] | None = 0.9

@@ -6,6 +6,12 @@ One section per stage: ``tasks`` (where tasks come from and how they split), ``m
 model, on which device), ``demos`` + ``sft`` (the optional supervised warm start), ``grpo`` +
 ``loop`` + ``rollout`` + ``reward`` (async GRPO), ``eval`` (held-out evaluation and the gate),
 ``fleet`` (where rollouts run: in-process, or on a Ray cluster).
+
+The fields a user sets sit at the top of each section (38 in all, ``tests/test_configs.py``
+keeps them at most 40); each section's ``experimental`` sub-section holds the component's
+research switches and tuning knobs, with the measured defaults: ``-o
+grpo.experimental.credit.negative_advantage_scale=0``. Every numeric field declares its range
+(``looprl.config.Range``), checked at load.
 """
 
 from __future__ import annotations
@@ -251,10 +257,7 @@ class EvalSection:
 @dataclass(frozen=True)
 class TrainConfig:
     """RL of a coding agent, end to end: tasks -> model -> (SFT) -> async GRPO -> eval -> report.
-
-    A newcomer sets the fields at the top of each section (``tests/test_configs.py`` keeps
-    them at most 40 in all); each section's ``experimental`` holds its research switches and
-    tuning knobs, whose defaults (and the presets' values) ``docs/experiments.md`` supports."""
+    A newcomer sets the fields at the top of each section (module docstring)."""
 
     name: Annotated[str, Length(1, 200)] = "train"
     """Run directory name under the runs root (``--runs``, default ``runs/``): one path
