@@ -8,7 +8,7 @@ The same code serves the tiny embedded default and a real checkpoint (e.g. a Qwe
 
 Only local paths are accepted (no hub access here); weights are read from safetensors. MTP heads
 saved beside the weights (``mtp_heads.safetensors`` + ``mtp_config.json``, ``looprl.models.mtp``)
-are attached to the model as ``model.experimental.mtp_heads``. The tokenizer's fingerprint is recorded on the
+are attached to the model as ``model.mtp_heads``. The tokenizer's fingerprint is recorded on the
 model's config (``looprl.models.fingerprint``), so a saved model carries it in ``config.json``.
 """
 

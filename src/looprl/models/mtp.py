@@ -138,7 +138,7 @@ def heads_of(model: nn.Module) -> MTPHeads | None:
 
 
 def attach_heads(model: nn.Module, heads: MTPHeads) -> MTPHeads:
-    """Make ``heads`` the submodule ``model.experimental.mtp_heads`` (kept out of ``save_pretrained``'s file)."""
+    """Make ``heads`` the submodule ``model.mtp_heads`` (kept out of ``save_pretrained``'s file)."""
     H = model.get_output_embeddings().weight.shape[1]
     if heads.config.hidden_size != H:
         raise ConfigError(f"MTP heads of hidden size {heads.config.hidden_size} do not fit a model of "

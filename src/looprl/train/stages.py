@@ -67,7 +67,7 @@ def fit_precision(cfg: TrainConfig, device: torch.device) -> TrainConfig:
     it slows training down instead of speeding it up (docs/experiments.md, row D9), so a preset
     that asks for it runs well on every machine."""
     sft, grpo = cfg.sft.experimental, cfg.grpo.experimental
-    if native_bf16(device) or not (sft.experimental.autocast_bf16 or grpo.experimental.autocast_bf16):
+    if native_bf16(device) or not (sft.autocast_bf16 or grpo.autocast_bf16):
         return cfg
     console.print(f"bf16 autocast off: {device} has no native bf16 (AMX or AVX-512 BF16), where "
                   "fp32 is much faster")
@@ -177,7 +177,8 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
 
 
 def rename_demos(demos: list[Trajectory], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
-    """``demos`` with a ``demos.experimental.renamed`` share of them renamed (``tasks.drills.renamed_demos``)."""
+    """``demos`` with a ``demos.experimental.renamed`` share of them renamed
+    (``tasks.drills.renamed_demos``)."""
     if not cfg.demos.experimental.renamed or not demos:
         return demos
     from looprl.tasks.drills import renamed_demos

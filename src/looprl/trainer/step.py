@@ -8,8 +8,9 @@
     metrics = train_step(model, ref_model, opt, batch, cfg)      # or GRPOStep(...).on_groups(groups)
 
 A step: for every micro-batch, forward, logprobs of the taken tokens, loss from ``LOSSES`` (plus
-the auxiliary ``losses.mtp_distillation`` when the model has MTP heads), backward (gradients accumulate; under DDP only the last micro-batch all-reduces); then gradient
-clipping and one optimizer step. Each batch is stepped once (single epoch). With
+the auxiliary ``losses.mtp_distillation`` when the model has MTP heads), backward (gradients
+accumulate; under DDP only the last micro-batch all-reduces); then gradient clipping and one
+optimizer step. Each batch is stepped once (single epoch). With
 ``mini_batches > 1`` the batch is split into that many consecutive updates, and the policy at the
 start of the step is the PPO "proximal" policy the ratio is clipped against.
 
