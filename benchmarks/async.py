@@ -49,8 +49,9 @@ from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.trainer.batch import Credit
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental, LoopStats, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental, LoopStats
 from looprl.trainer.losses import LossParams
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep, StepMetrics
 from looprl.types import Group, Task
 

@@ -1,5 +1,5 @@
 """Typed configs: TOML + dotted overrides, clear errors on bad input; every numeric field's range
-checked at load, and a fuzz test over every field of ``TrainConfig``."""
+checked at load, and a fuzz test over every field of ``TrainConfig`` and ``RealtimeConfig``."""
 
 import doctest
 import json
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from looprl import config
 from looprl.config import FieldError, Length, Range, check_choice, from_dict, load_config
 from looprl.errors import ConfigError
+from looprl.feedback.realtime_config import RealtimeConfig
 from looprl.train.config import TrainConfig
 from tests.config_leaves import Leaf, leaves
 
@@ -203,11 +204,16 @@ def test_a_long_value_is_cut_to_one_line():
     assert "\n" not in str(e.value) and len(str(e.value)) < 120
 
 
-# -- every field of TrainConfig ---------------------------------------------------------------
+# -- every field of TrainConfig and RealtimeConfig ---------------------------------------------
 
-ROOTS = [TrainConfig]
-"""The configs whose every field is fuzzed: a new field, section or root is covered as it is
-added (``RealtimeConfig`` joins once its fields declare their ranges)."""
+BASE: dict[type, dict[str, Any]] = {
+    TrainConfig: {"tasks": {"train_packages": ["inflection==0.5.1"]}},
+    RealtimeConfig: {"model": "runs/quickstart/model_start",
+                     "users": {"tasks": "runs/quickstart/tasks/heldout.jsonl"}}}
+"""The configs whose every field is fuzzed (a new field or section is covered as it is added),
+each with what it needs to be valid: a ``[tasks]`` table names its tasks; the real-time loop
+names the policy it serves and the tasks its simulated users send."""
+ROOTS = list(BASE)
 FIELDS = [(root, leaf) for root in ROOTS for leaf in leaves(root)]
 PLUGIN_OPTIONS = {"model.engine_options"}
 """Free-form keyword options of a plugin engine: numbers there have no range of ours."""
@@ -225,13 +231,9 @@ def _plain(tp: Any) -> tuple[Any, list[Any], bool]:
     return tp, checks, optional
 
 
-BASE = {"tasks": {"train_packages": ["inflection==0.5.1"]}}
-"""What a section given in part needs to stay valid: a ``[tasks]`` table names its tasks."""
-
-
-def _nested(leaf: Leaf, value: Any) -> dict[str, Any]:
+def _nested(root: type, leaf: Leaf, value: Any) -> dict[str, Any]:
     """A valid config dict (``BASE``, defaults elsewhere) with ``leaf`` set to ``value``."""
-    data = json.loads(json.dumps(BASE))
+    data = json.loads(json.dumps(BASE[root]))
     node = data
     *parents, last = leaf.key.split(".")
     for p in parents:
@@ -241,7 +243,9 @@ def _nested(leaf: Leaf, value: Any) -> dict[str, Any]:
 
 
 def test_the_base_of_the_fuzz_is_a_valid_config():
-    assert from_dict(TrainConfig, BASE) == TrainConfig()
+    assert from_dict(TrainConfig, BASE[TrainConfig]) == TrainConfig()
+    cfg = from_dict(RealtimeConfig, BASE[RealtimeConfig])
+    assert cfg.grpo.experimental.objective.norm_tokens == 1024 and cfg.window == 64
 
 
 def _get(cfg: Any, key: str) -> Any:
@@ -297,7 +301,7 @@ def _bad_values(leaf: Leaf) -> list[Any]:
 
 def _assert_refused(root: type, leaf: Leaf, value: Any) -> None:
     with pytest.raises(ConfigError) as e:
-        from_dict(root, _nested(leaf, value))
+        from_dict(root, _nested(root, leaf, value))
     message = str(e.value)
     assert "\n" not in message, message
     assert leaf.key in message, (value, message)
@@ -315,10 +319,11 @@ def test_every_numeric_field_declares_its_range():
                     and leaf.key not in PLUGIN_OPTIONS:
                 missing.append(f"{root.__name__}.{leaf.key}")
     assert not missing, missing
-    assert len(FIELDS) > 150  # every section was walked
+    walked = {root: sum(r is root for r, _ in FIELDS) for root in ROOTS}
+    assert walked[TrainConfig] > 150 and walked[RealtimeConfig] > 60, walked  # every section
 
 
-@pytest.mark.parametrize("root,leaf", FIELDS, ids=[leaf.key for _, leaf in FIELDS])
+@pytest.mark.parametrize("root,leaf", FIELDS, ids=[f"{root.__name__}.{leaf.key}" for root, leaf in FIELDS])
 def test_every_field_refuses_bad_values_with_one_line_naming_it(root, leaf):
     for value in _bad_values(leaf):
         _assert_refused(root, leaf, value)
@@ -347,7 +352,7 @@ def _in_range(value: Any, checks: list[Any]) -> bool:
     return True
 
 
-@pytest.mark.parametrize("root,leaf", FIELDS, ids=[leaf.key for _, leaf in FIELDS])
+@pytest.mark.parametrize("root,leaf", FIELDS, ids=[f"{root.__name__}.{leaf.key}" for root, leaf in FIELDS])
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=ANY_VALUE)
 def test_any_value_of_any_field_loads_valid_or_is_refused_in_one_line(root, leaf, value):
@@ -356,7 +361,7 @@ def test_any_value_of_any_field_loads_valid_or_is_refused_in_one_line(root, leaf
     exception and never an invalid value loaded."""
     for written in (value, json.dumps(value) if not isinstance(value, str) else value):
         try:
-            cfg = from_dict(root, _nested(leaf, written))
+            cfg = from_dict(root, _nested(root, leaf, written))
         except ConfigError as e:
             assert "\n" not in str(e) and leaf.key.split(".")[-1] in str(e), str(e)
             continue

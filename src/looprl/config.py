@@ -20,6 +20,12 @@ problem)`` (``check_choice`` for named choices); the loader names the field by t
 the user wrote, whatever section the dataclass sits in:
 ``rollout.group_size must be in [1, 4096], got 0``.
 
+A config that code or CLI flags build directly (not through ``from_dict``) calls
+``check_ranges(self)`` in its ``__post_init__``, so the one declaration is checked either way.
+A key a config no longer has but older files may hold is named in the dataclass's ``RETIRED``
+(``ClassVar``: key -> what to do instead); a key that moved into a nested section is found
+there by name, and the error says where it is now.
+
 To give a config its ranges, annotate its numeric fields (and, where empty is wrong, its
 strings and lists) and drop the hand checks of its ``__post_init__`` that only checked ranges;
 ``tests/test_config.py`` fuzzes every field of the root configs it lists (``ROOTS``).
@@ -286,13 +292,13 @@ def _moved(cls: type, key: str) -> str | None:
 
     def walk(c: type, prefix: str) -> None:
         hints = typing.get_type_hints(c)
-        for f in dataclasses.fields(c):  # type: ignore[arg-type]
+        for f in dataclasses.fields(c):
             sections = [t for t in (hints[f.name], *typing.get_args(hints[f.name]))
                         if isinstance(t, type) and dataclasses.is_dataclass(t)]
             if prefix and f.name == key:
                 found.append(prefix + f.name)
             for t in sections:
-                walk(t, f"{prefix}{f.name}.")  # type: ignore[arg-type]
+                walk(t, f"{prefix}{f.name}.")
 
     walk(cls, "")
     return found[0] if len(found) == 1 else None
@@ -303,6 +309,10 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str = "") -> C:
     hints = typing.get_type_hints(cls, include_extras=True)
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     unknown = [k for k in data if k not in names]
+    retired = getattr(cls, "RETIRED", {})
+    for k in unknown:
+        if k in retired:
+            raise ConfigError(f"config key {where}{k} was removed: {retired[k]}")
     if unknown:
         near = [f"{where}{n}" for n in (_moved(cls, k) or nearest(k, names) for k in unknown) if n]
         raise ConfigError(f"unknown config key(s) {[f'{where}{k}' for k in unknown]}"
@@ -321,6 +331,29 @@ def from_dict(cls: type[C], data: dict[str, Any], where: str = "") -> C:
         if not where:
             raise
         raise FieldError(where + e.key, e.problem) from None
+
+
+def check_ranges(cfg: Any) -> None:
+    """Raise ``FieldError`` for a field of ``cfg`` (a config dataclass) outside its declared
+    ``Range`` / ``Length``: for the ``__post_init__`` of a config that code or a CLI's flags
+    build directly, not only ``from_dict`` (which checks every value it reads already).
+
+    >>> @dataclass(frozen=True)
+    ... class Users:
+    ...     population: Annotated[int, Range(1, 10_000)] = 10
+    ...     def __post_init__(self) -> None: check_ranges(self)
+    >>> Users(population=0)
+    Traceback (most recent call last):
+    looprl.config.FieldError: population must be in [1, 10000], got 0
+    """
+    hints = typing.get_type_hints(type(cfg), include_extras=True)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        _, checks = _checks(hints[f.name])
+        for c in checks:
+            problem = None if value is None else c.problem(value)
+            if problem:
+                raise FieldError(f.name, problem)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -68,3 +68,9 @@ class ContextFullError(LooprlError):
     long): the harness should summarize or stop with ``StopReason.CONTEXT_FULL``."""
 
     is_infra = False
+
+
+class DiffError(LooprlError):
+    """A diff is malformed, or a patch does not apply to the text it is applied to. Raised by
+    ``looprl.diffs``; a caller with a boundary re-raises it as its own (a task's gold patch that
+    does not apply is a ``TaskError``)."""

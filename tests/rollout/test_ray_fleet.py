@@ -27,8 +27,9 @@ from looprl.rewards.composite import RewardConfig, reward_metrics
 from looprl.rewards.tests import pytest_command
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.trainer.batch import Credit
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
 from looprl.trainer.losses import LossParams
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from looprl.weights.store import LocalWeightStore

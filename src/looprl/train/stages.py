@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from looprl.errors import ConfigError
 from looprl.progress import Bar
 from looprl.rewards.composite import reward_metrics
+from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
 from looprl.trainer.ddp import ONE_PROCESS, DistInfo
 from looprl.types import Task, Trajectory
@@ -104,7 +105,7 @@ def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
         return path
     with console.status(f"the default model ({cfg.model.size}) and its tokenizer"):
         cache = default_model_dir(cfg.model.size, cfg.seed)
-    dest = run_dir / "model_init"
+    dest = RunDir(run_dir).model_init
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(cache, dest)
     return dest
@@ -284,7 +285,8 @@ def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: lis
 def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
               run_dir: Path, resume: bool, dist: DistInfo) -> tuple[RLSummary, Any]:
     from looprl.inference import TorchEngine, make_engine
-    from looprl.trainer.grpo import GRPOLoop, TaskSampler
+    from looprl.trainer.grpo import GRPOLoop
+    from looprl.trainer.sampler import TaskSampler
     from looprl.trainer.step import GRPOStep
     from looprl.weights.store import FsspecWeightStore
 
@@ -298,7 +300,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
         with only_gpu(next(model.parameters()).device):
             engine = make_engine(cfg.model.engine, model_path=str(start_dir),
                                  **cfg.model.engine_options)
-    weights_url = cfg.fleet.experimental.weights_url or str(run_dir / "weights")
+    weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights)
     store = FsspecWeightStore(weights_url) if dist.is_main else None
     # KL is measured against the model RL starts from (the SFT checkpoint), frozen
     ref = copy.deepcopy(model).eval() if cfg.grpo.experimental.objective.kl_coef else None
@@ -355,7 +357,7 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
 
         fleet = await RayFleet.start(cfg.fleet, MemberSpec(
             str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine),
-            snapshot=run_dir / "fleet.json")
+            snapshot=RunDir(run_dir).fleet)
         return RolloutRunner.over(fleet, cfg.rollout), fleet, fleet.close
     from looprl.chat import ChatFormat
     from looprl.sandbox import SandboxPool
