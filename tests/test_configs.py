@@ -52,6 +52,38 @@ def test_a_key_that_moved_into_a_section_names_where_it_is_now(old, new):
         load_config(TrainConfig, None, [f"{old}=1"])
 
 
+def test_a_retired_key_says_what_to_do_instead():
+    with pytest.raises(ConfigError, match=r"^config key loop.seed was removed: .*top-level `seed`"):
+        load_config(TrainConfig, None, ["loop.seed=3"])
+
+
+def test_an_old_real_time_config_names_where_its_keys_are_now(tmp_path):
+    from looprl.feedback.realtime_config import RealtimeConfig
+
+    old = tmp_path / "old.toml"  # the [grpo] table of realtime.toml before the sections
+    old.write_text('model = "m"\n[users]\ntasks = "t.jsonl"\n[grpo]\nlr = 3e-4\n'
+                   "negative_advantage_scale = 0.0\n")
+    with pytest.raises(ConfigError, match=r"grpo.negative_advantage_scale.*did you mean "
+                                          r"grpo.experimental.credit.negative_advantage_scale\?"):
+        load_config(RealtimeConfig, old)
+
+
+def test_configs_built_from_cli_flags_check_the_same_ranges():
+    """``looprl feedback simulate`` and ``feedback cycle`` build their configs from flags, not
+    through ``from_dict``: the declared ranges hold there too."""
+    from looprl.config import FieldError
+    from looprl.feedback.cycle import CycleConfig
+    from looprl.feedback.simulate import SimConfig
+
+    with pytest.raises(FieldError, match=r"^keep_wrong must be in \[0, 1\], got 1.5$"):
+        SimConfig(keep_wrong=1.5)
+    with pytest.raises(FieldError, match=r"^rate_per_min must be in \(0, "):
+        SimConfig(rate_per_min=0.0)
+    with pytest.raises(FieldError, match=r"^min_sessions must be in \[1, "):
+        CycleConfig(min_sessions=0)
+    assert CycleConfig(min_sessions=8).grpo().experimental.objective.norm_tokens == 1024
+
+
 NEWCOMER_FIELDS = 40
 """At most this many fields outside the ``experimental`` sections (issue 52): what a newcomer
 reads to run training of their own."""
