@@ -48,9 +48,11 @@ from looprl.models.tiny import default_model_dir
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopStats
+from looprl.trainer.batch import Credit
+from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental, LoopStats
+from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOStep, StepMetrics
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep, StepMetrics
 from looprl.types import Group, Task
 
 
@@ -110,9 +112,10 @@ async def run_mode(args: argparse.Namespace, sync: bool, tasks: list[Task]) -> M
     agent = AgentConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                         max_total_new_tokens=args.max_new_tokens * args.max_turns,
                         context_window=args.context)
-    step = ThreadedStep(lm.model.train(), GRPOConfig(
-        lr=1e-5, norm_tokens=args.max_new_tokens * args.max_turns, skip_zero_variance=False,
-        micro_batch_tokens=args.micro_batch_tokens), pad_id=tok.pad_token_id,
+    step = ThreadedStep(lm.model.train(), GRPOConfig(lr=1e-5, experimental=GRPOExperimental(
+        micro_batch_tokens=args.micro_batch_tokens,
+        objective=LossParams(norm_tokens=args.max_new_tokens * args.max_turns),
+        credit=Credit(skip_zero_variance=False))), pad_id=tok.pad_token_id,
         threads=args.trainer_threads)
     pool = SandboxPool(max_running=args.max_in_flight)
     try:
@@ -120,8 +123,9 @@ async def run_mode(args: argparse.Namespace, sync: bool, tasks: list[Task]) -> M
             group_size=args.group_size, max_in_flight=args.max_in_flight, agent=agent,
             tools=tuple(args.tools.split(","))))
         loop = GRPOLoop(step, engine, runner, TaskSampler(tasks, seed=args.seed), LoopConfig(
-            groups_per_step=args.groups_per_step, max_staleness=args.max_staleness,
-            queue_size=args.queue_size, max_steps=args.steps, sync=sync, max_minutes=10.0))
+            groups_per_step=args.groups_per_step, max_steps=args.steps, max_minutes=10.0,
+            experimental=LoopExperimental(max_staleness=args.max_staleness,
+                                          queue_size=args.queue_size, sync=sync)))
         t0 = time.monotonic()
         stats = await loop.run(progress=lambda s: print(
             f"  [{'sync' if sync else 'async'}] step {s.steps} t={time.monotonic() - t0:.1f}s "

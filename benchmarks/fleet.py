@@ -9,7 +9,7 @@ group size, through ``RolloutRunner`` — what ``GRPOLoop`` consumes — and ``m
 (hidden tests in sandboxes + the shaped reward):
 
 - ``inprocess``: ``TorchEngine`` + ``SandboxPool`` in this process (``fleet.backend =
-  "inprocess"``), torch on ``--threads`` threads as ``looprl train`` sets ``model.rl_threads``.
+  "inprocess"``), torch on ``--threads`` threads as ``looprl train`` sets ``model.experimental.rl_threads``.
 - ``ray_1node``: ``RayFleet`` on a one-node Ray this process starts (``ray.init``, as ``looprl
   train -o fleet.backend=ray`` does without an address): one engine replica (``--threads``
   threads) and one environment server in their own processes, this process the driver.
@@ -47,7 +47,7 @@ import torch
 from sandbox import cpu_model  # benchmarks/sandbox.py: the host CPU named in the summary
 
 from looprl.chat import ChatFormat
-from looprl.fleet.config import FleetConfig
+from looprl.fleet.config import FleetConfig, FleetExperimental
 from looprl.fleet.ray_fleet import MemberSpec, RayFleet
 from looprl.harness.agent import AgentConfig
 from looprl.inference import TorchEngine
@@ -122,9 +122,9 @@ async def run_inprocess(args: argparse.Namespace, model_dir: Path, tasks: list[T
 
 
 def fleet_cfg(args: argparse.Namespace, address: str, nodes: int) -> FleetConfig:
-    return FleetConfig(backend="ray", address=address, node_ip=IP, min_nodes=nodes,
-                       engine_threads=args.threads, sandboxes_per_node=args.max_in_flight,
-                       poll_s=1.0)
+    return FleetConfig(backend="ray", address=address, experimental=FleetExperimental(
+        node_ip=IP, min_nodes=nodes, engine_threads=args.threads,
+        sandboxes_per_node=args.max_in_flight, poll_s=1.0))
 
 
 async def run_fleet(args: argparse.Namespace, name: str, cfg: FleetConfig, spec: MemberSpec,

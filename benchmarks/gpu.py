@@ -11,7 +11,7 @@ Without a CUDA device it says so and exits 0. On one:
    copied to the CPU and to CUDA, one batch of groups (fixed random tokens): the logprobs of the
    batch's tokens on each device (max |difference|), then one GRPO step on each from the same
    weights (loss difference, and the cosine between the two weight updates). CUDA runs it twice:
-   in fp32, and in bf16 autocast over fp32 master weights (``grpo.autocast_bf16``, the GPU
+   in fp32, and in bf16 autocast over fp32 master weights (``grpo.experimental.autocast_bf16``, the GPU
    setting).
 2. **A short GRPO run** of ``--steps`` synchronous steps on that model: ``--prompts`` prompts x
    ``--group-size`` completions a step, sampled by the engine at temperature 1, rewarded by a toy
@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from looprl.trainer.step import GRPOConfig, GRPOStep, token_logprobs
+from looprl.trainer.losses import LossParams
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep, token_logprobs
 from looprl.types import (
     Counters,
     Group,
@@ -149,7 +150,7 @@ def compare_step(model: nn.Module, groups: Sequence[Group], cfg_a: GRPOConfig, c
     with torch.no_grad():
         for mb in batch.micro_batches:
             lps = [token_logprobs(m, mb.tokens_B_T.to(d), mb.attention_mask_B_T.to(d),
-                                 autocast_bf16=c.autocast_bf16).float().cpu()
+                                 autocast_bf16=c.experimental.autocast_bf16).float().cpu()
                    for m, d, c in ((a, device_a, cfg_a), (b, device_b, cfg_b))]
             mask = mb.loss_mask_B_T > 0
             worst = max(worst, float((lps[0] - lps[1])[mask].abs().max()))
@@ -213,8 +214,9 @@ def grpo_run(model: nn.Module, tok: object, engine: object, device: torch.device
              args: argparse.Namespace) -> RunResult:
     """``args.steps`` synchronous GRPO steps of ``model`` (moved to ``device``) with ``engine``
     sampling; see the module docstring."""
-    cfg = GRPOConfig(lr=args.lr, norm_tokens=args.max_new_tokens, autocast_bf16=device.type == "cuda",
-                     micro_batch_tokens=args.micro_batch_tokens)
+    cfg = GRPOConfig(lr=args.lr, experimental=GRPOExperimental(
+        autocast_bf16=device.type == "cuda", micro_batch_tokens=args.micro_batch_tokens,
+        objective=LossParams(norm_tokens=args.max_new_tokens)))
     step = GRPOStep(model.to(device).train(), cfg, pad_id=tok.pad_token_id)
     g = torch.Generator().manual_seed(args.seed)
     prompts = [torch.randint(3, len(tok), (args.prompt_tokens,), generator=g).tolist()
@@ -387,11 +389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("1. one GRPO step, same weights and batch, CPU vs CUDA", flush=True)
     groups = fixed_groups(len(tok), args.check_groups, args.group_size, args.prompt_tokens // 2,
                           args.max_new_tokens // 2, args.seed)
-    base = dict(lr=1e-5, norm_tokens=args.max_new_tokens, micro_batch_tokens=args.micro_batch_tokens)
+    def cfg(bf16: bool) -> GRPOConfig:
+        return GRPOConfig(lr=1e-5, experimental=GRPOExperimental(
+            autocast_bf16=bf16, micro_batch_tokens=args.micro_batch_tokens,
+            objective=LossParams(norm_tokens=args.max_new_tokens)))
+
     diffs: list[StepDiff] = []
     for label, bf16 in (("cuda fp32", False), ("cuda bf16 autocast", True)):
         d = attempt(failures, f"cpu vs {label}", lambda bf16=bf16, label=label: compare_step(
-            model, groups, GRPOConfig(**base), GRPOConfig(**base, autocast_bf16=bf16), cpu, cuda,
+            model, groups, cfg(False), cfg(bf16), cpu, cuda,
             f"cpu fp32 vs {label}", tok.pad_token_id))
         if d is not None:
             print_diff(d)

@@ -82,7 +82,7 @@ def main() -> None:
                     "model_start/, config.json); default runs/quickstart")
     ap.add_argument("--steps", type=int, default=12, help="steps with something to train")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the quickstart's "
-                    "trainer runs on model.rl_threads = 1)")
+                    "trainer runs on model.experimental.rl_threads = 1)")
     args = ap.parse_args()
     rd = RunDir(args.run)
     for need in (rd.train_trajectories, rd.model_start / "config.json", rd.config):

@@ -40,7 +40,8 @@ import torch
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
 from looprl.models.tiny import default_model_dir
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.losses import LossParams
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import (
     Counters,
     Group,
@@ -109,8 +110,9 @@ def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Cu
     longest = max(len(tok.encode(p.text, add_special_tokens=False)) for p in prompts)
     engine = TorchEngine(copy.deepcopy(lm.model), tok, max_len=longest + args.max_new_tokens + 8,
                          seed=args.seed)
-    step = GRPOStep(lm.model.train(), GRPOConfig(lr=args.lr, loss="dr_grpo", std_norm="never",
-                                                 norm_tokens=args.max_new_tokens),
+    step = GRPOStep(lm.model.train(), GRPOConfig(
+        lr=args.lr, loss="dr_grpo", std_norm="never",
+        experimental=GRPOExperimental(objective=LossParams(norm_tokens=args.max_new_tokens))),
                     pad_id=tok.pad_token_id)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
     curve, t0 = Curve(), time.monotonic()

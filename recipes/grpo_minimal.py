@@ -122,7 +122,7 @@ async def rollout_one(task: Task, engine: TorchEngine, fmt: ChatFormat, cfg: Con
     """One trajectory: a fresh sandbox, the agent loop until it stops, then the hidden tests."""
     agent = AgentConfig(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
                         max_total_new_tokens=cfg.max_turns * cfg.max_new_tokens,
-                        context_window=cfg.context, temperature=1.0)  # 1.0: logprobs stay on-policy
+                        context_window=cfg.context)  # sampled at temperature 1: on-policy logprobs
     tools = make_tools(list(cfg.tools), test_command=task.grader.test_command)
     sandbox = await create_sandbox(task.repo, venv=task.venv)
     try:

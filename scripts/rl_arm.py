@@ -10,10 +10,10 @@ RL, the RL evaluation and the report. Overrides may change RL (``grpo``, ``loop`
 ``reward``, ``trainer``, ...), not what the arm copies: the tasks, the start model and how it was
 made, or the evaluation (``tasks``, ``model``, ``demos``, ``sft``, ``eval``, ``seed``); those need
 a run of their own (or ``scripts/sft_probe.py`` for an SFT change). One exception: more packages
-in ``tasks.train_only_packages`` add their tasks to the arm's train tasks (RL only: the start
+in ``tasks.experimental.train_only_packages`` add their tasks to the arm's train tasks (RL only: the start
 model, its demos and the held-out sets stay the base's). Where and how the model
-runs (``model.threads``, ``model.rl_threads``, ``model.device``, ``model.speculative``,
-``model.lookup``) may change.
+runs (``model.device``, ``model.experimental.threads``, ``.rl_threads``, ``.speculative``,
+``.lookup``) may change.
 
 Last lines: the arm's report line, then the arm's RL model against ``RUN``'s, paired over the
 same held-out tasks (when ``RUN`` has its RL evaluation):
@@ -45,9 +45,10 @@ def copied(rd: RunDir) -> tuple[Path, ...]:
 
 FIXED = ("tasks", "model", "demos", "sft", "eval", "seed")
 """Config sections an arm may not override: they made (or measure) what it copies."""
-RUNTIME = ("model.threads", "model.rl_threads", "model.device", "model.speculative", "model.lookup")
+RUNTIME = ("model.device", "model.experimental.threads", "model.experimental.rl_threads",
+           "model.experimental.speculative", "model.experimental.lookup")
 """Fields of those sections that say where and how the copied model runs, not what it is: free."""
-MORE_TRAIN = "tasks.train_only_packages"
+MORE_TRAIN = "tasks.experimental.train_only_packages"
 """Packages whose tasks RL trains on too: added to the copied train tasks, the start unchanged."""
 
 
@@ -90,7 +91,8 @@ def main() -> None:
             shutil.copytree(src, dest)
         elif src.is_file():
             shutil.copy2(src, dest)
-    added = set(cfg.tasks.train_only_packages) - set(base.tasks.train_only_packages)
+    added = (set(cfg.tasks.experimental.train_only_packages)
+             - set(base.tasks.experimental.train_only_packages))
     if added:
         sets = TaskSets.load(arm)
         assert sets is not None, "the base's tasks were checked above"

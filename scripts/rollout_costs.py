@@ -1,11 +1,11 @@
 """Where a run's RL rollout time went: passing against failing trajectories (turns, model tokens,
 wall seconds, the longest turn of a pass), and how many groups had no pass (the rollouts that
-trained nothing when ``grpo.skip_groups_without_pass``), from ``trajectories/train.jsonl``.
+trained nothing when ``grpo.experimental.credit.skip_groups_without_pass``), from ``trajectories/train.jsonl``.
 
     .venv/bin/python scripts/rollout_costs.py runs/quickstart [runs/OTHER ...]
 
 What it is for: choosing the RL rollout budget (``rollout.agent.max_turns``,
-``max_new_tokens``) and the difficulty screen (``rollout.screen``) from what passes actually
+``max_new_tokens``) and the difficulty screen (``rollout.experimental.screen``) from what passes actually
 need and what failures cost.
 """
 

@@ -1,12 +1,12 @@
 """One SFT arm on the pretrained model of a finished ``looprl train`` run: how good a start does
 this SFT give, on the run's own demos, seed and held-out tasks?
 
-    .venv/bin/python scripts/sft_probe.py runs/q37s1 --name cosine -o sft.schedule=cosine [--no-eval]
+    .venv/bin/python scripts/sft_probe.py runs/q37s1 --name cosine -o sft.experimental.schedule=cosine [--no-eval]
 
 The run's ``config.json`` gives the demos, the SFT config and the evaluation (``-o`` overrides any
 of them); its ``model_init/`` (the pretrained default model) is what SFT starts from, so an arm
 differs from the run's own SFT only in what ``-o`` changes. The demos are rebuilt as the run built
-them and cached in ``RUN/probe/demos_slips<demos.slips>.jsonl``. Output under ``RUN/probe/NAME``: the SFT model and
+them and cached in ``RUN/probe/demos_slips<demos.experimental.slips>.jsonl``. Output under ``RUN/probe/NAME``: the SFT model and
 ``result.json``. Measured:
 
 - teacher-forced turn accuracy (``looprl.bench.turns``) on the run's validation demos and on the
@@ -70,18 +70,20 @@ def main() -> None:
     out = args.run / "probe" / args.name
     out.mkdir(parents=True, exist_ok=True)
     tok = load_model(rd.model_init).tokenizer
-    demos = _cached(args.run / "probe" / f"demos_slips{cfg.demos.slips:g}.jsonl",
+    demos = _cached(args.run / "probe" / f"demos_slips{cfg.demos.experimental.slips:g}.jsonl",
                     lambda: stages.make_demos(sets.train, tok, cfg))
-    train, val = stages.split_validation(demos, cfg.demos.validation, cfg.seed)
+    train, val = stages.split_validation(demos, cfg.demos.experimental.validation, cfg.seed)
     train = stages.rename_demos(train, tok, cfg)
     held = _cached(args.run / "probe" / "heldout_demos.jsonl", lambda: asyncio.run(oracle_demos(
-        [(t, None) for t in sets.heldout], tok, tools=cfg.rollout.tools, workers=cfg.demos.workers)))
+        [(t, None) for t in sets.heldout], tok, tools=cfg.rollout.tools,
+        workers=cfg.demos.experimental.workers)))
 
-    torch.set_num_threads(cfg.model.threads)
+    torch.set_num_threads(cfg.model.experimental.threads)
     model = load_model(rd.model_init).model
     cfg = stages.fit_precision(cfg, stages.resolve_device("cpu"))
     t0 = time.perf_counter()
-    res = sft(model, train, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
+    res = sft(model, train, dataclasses.replace(cfg.sft, experimental=dataclasses.replace(
+        cfg.sft.experimental, pad_id=tok.pad_token_id)))
     sft_minutes = (time.perf_counter() - t0) / 60
     start = RunDir(out).model_start  # the probe's start model, named as a run names it
     stages.save_model(model, tok, start)

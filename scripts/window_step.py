@@ -3,7 +3,7 @@ loop run stored; the candidate is benched on the users' own requests beside the 
 served them, with the server's settings. How big a step can a window take, with which objective?
 
     .venv/bin/python scripts/window_step.py runs/rt32b --sessions 64 \
-        -o grpo.lr=3e-4 -o grpo.negative_advantage_scale=0 [--k 5] [--name lr3e-4]
+        -o grpo.lr=3e-4 -o grpo.experimental.credit.negative_advantage_scale=0 [--k 5] [--name lr3e-4]
 
 The run's ``config.json`` gives the users' tasks, the server's settings, the signal and the GRPO
 config (``-o`` overrides any of them). The window is the first ``--sessions`` scored sessions of

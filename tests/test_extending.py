@@ -40,11 +40,11 @@ def test_the_extending_example_trains_with_its_own_tool_reward_and_tasks(tmp_pat
     # the start stages taken as they are.
     script = EXAMPLE.parent.parent / "scripts" / "rl_arm.py"
     refused = subprocess.run([sys.executable, str(script), str(run), "--name", "arm",
-                              "-o", "sft.max_steps=5"], cwd=EXAMPLE, capture_output=True, text=True)
+                              "-o", "sft.experimental.max_steps=5"], cwd=EXAMPLE, capture_output=True, text=True)
     assert refused.returncode != 0 and "may not change" in refused.stderr
     assert not (tmp_path / "arm").exists()
     out = subprocess.run([sys.executable, str(script), str(run), "--name", "arm",
-                          "-o", "grpo.lr=2e-4", "-o", "loop.max_steps=1", "-o", "model.threads=1"],
+                          "-o", "grpo.lr=2e-4", "-o", "loop.max_steps=1", "-o", "model.experimental.threads=1"],
                          cwd=EXAMPLE, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     arm = tmp_path / "arm"

@@ -49,12 +49,14 @@ def test_the_model_is_qwen2_shaped_near_the_size_asked(gpu):
 def test_step_comparison_finds_bf16_and_nothing_between_equals(gpu):
     model, tok = gpu.build_model(default_model_dir("tiny"), 1.0, 256, seed=0, width=SMALL)
     groups = gpu.fixed_groups(len(tok), 2, 2, 12, 8, seed=0)
-    cfg = gpu.GRPOConfig(lr=1e-3, norm_tokens=8)
+    cfg = gpu.GRPOConfig(lr=1e-3, experimental=gpu.GRPOExperimental(
+        objective=gpu.LossParams(norm_tokens=8)))
     cpu = torch.device("cpu")
     same = gpu.compare_step(model, groups, cfg, cfg, cpu, cpu, "same", tok.pad_token_id)
     assert same.logprob_max_abs == 0.0 and same.loss_a == same.loss_b != 0.0
     assert same.update_cosine == pytest.approx(1.0, abs=1e-6)
-    bf16 = gpu.GRPOConfig(lr=1e-3, norm_tokens=8, autocast_bf16=True)
+    bf16 = gpu.GRPOConfig(lr=1e-3, experimental=gpu.GRPOExperimental(
+        objective=gpu.LossParams(norm_tokens=8), autocast_bf16=True))
     low = gpu.compare_step(model, groups, cfg, bf16, cpu, cpu, "bf16", tok.pad_token_id)
     assert 1e-4 < low.logprob_max_abs < 0.5 and low.loss_a != low.loss_b
     assert 0.5 < low.update_cosine < 1.0

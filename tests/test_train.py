@@ -10,7 +10,7 @@ from looprl.errors import ConfigError
 from looprl.harness.oracle import oracle_turns
 from looprl.train import plots, stages
 from looprl.train import tasks as train_tasks
-from looprl.train.config import TasksSection, TrainConfig
+from looprl.train.config import TasksExperimental, TasksSection, TrainConfig
 from looprl.train.report import loss_ends
 from looprl.train.tasks import select_code
 from looprl.types import Grader, Task
@@ -67,8 +67,10 @@ def test_train_only_packages_add_train_tasks_and_leave_the_held_out_split_alone(
                     for f in range(3) for i in range(4)] for s in specs}
 
     monkeypatch.setattr(train_tasks, "package_tasks", built)
-    base = TasksSection(train_packages=["a==1", "b==1"], heldout_fraction=0.5, max_heldout=8)
-    more = dataclasses.replace(base, train_only_packages=["c==1", "d==1"])
+    base = TasksSection(train_packages=["a==1", "b==1"],
+                        experimental=TasksExperimental(heldout_fraction=0.5, max_heldout=8))
+    more = dataclasses.replace(base, experimental=dataclasses.replace(
+        base.experimental, train_only_packages=["c==1", "d==1"]))
     before, after = train_tasks.build_tasks(base), train_tasks.build_tasks(more)
     assert [t.id for t in after.heldout] == [t.id for t in before.heldout] and before.heldout
     extra = [t for t in after.train if t.metadata["package"] in ("c", "d")]
@@ -77,7 +79,8 @@ def test_train_only_packages_add_train_tasks_and_leave_the_held_out_split_alone(
     # never pretraining text or synthetic demos, like every task package
     assert stages.task_packages(TrainConfig(tasks=more), []) == ["a", "b", "c", "d"]
     with pytest.raises(ConfigError, match="b_c is also in train_packages"):
-        TasksSection(train_packages=["a==1", "b-c==1"], train_only_packages=["B_c==2"])
+        TasksSection(train_packages=["a==1", "b-c==1"],
+                     experimental=TasksExperimental(train_only_packages=["B_c==2"]))
 
 
 def test_bf16_autocast_is_kept_only_where_bf16_is_native(monkeypatch):
@@ -85,13 +88,15 @@ def test_bf16_autocast_is_kept_only_where_bf16_is_native(monkeypatch):
 
     from looprl.config import load_config
 
-    cfg = load_config(TrainConfig, None, ["sft.autocast_bf16=true", "grpo.autocast_bf16=true"])
+    cfg = load_config(TrainConfig, None, ["sft.experimental.autocast_bf16=true",
+                                          "grpo.experimental.autocast_bf16=true"])
     cpu = torch.device("cpu")
     monkeypatch.setattr(stages, "native_bf16", lambda device: True)
     assert stages.fit_precision(cfg, cpu) is cfg
     monkeypatch.setattr(stages, "native_bf16", lambda device: False)
     fitted = stages.fit_precision(cfg, cpu)
-    assert (fitted.sft.autocast_bf16, fitted.grpo.autocast_bf16) == (False, False)
+    assert (fitted.sft.experimental.autocast_bf16,
+            fitted.grpo.experimental.autocast_bf16) == (False, False)
     assert (fitted.sft.lr, fitted.grpo.lr) == (cfg.sft.lr, cfg.grpo.lr)  # nothing else changes
 
 

@@ -29,19 +29,24 @@ name = "ranks"
 train_file = "{TASKS}"
 [model]
 size = "tiny"
+[model.experimental]
 threads = 1
 [demos]
 oracle = true
+[demos.experimental]
 validation = 0
 [sft]
-max_steps = 10
 lr = 3e-3
+[sft.experimental]
+max_steps = 10
 [grpo]
 lr = 1e-3
+[grpo.experimental]
 parallel = "fsdp"
 [loop]
 groups_per_step = 2
 max_steps = 2
+[loop.experimental]
 checkpoint_every = 1
 [rollout]
 group_size = 2

@@ -96,5 +96,6 @@ def find(kind: str, name: str, builtins: Mapping[str, T]) -> T:
     near = nearest(name, known)
     raise ConfigError(f"unknown {KINDS[kind]} {name!r}"
                       + (f" (did you mean {near}?)" if near else "")
-                      + f": choose one of {', '.join(known)}, or name your own as module:attr "
+                      + (f": choose one of {', '.join(known)}, or" if known else
+                         ": none is installed;") + " name your own as module:attr "
                       "(see docs/extending.md)")

@@ -119,7 +119,7 @@ class RunDir:
 
     @property
     def weights(self) -> Path:
-        """The default weight store (``fleet.weights_url`` empty): every published version."""
+        """The default weight store (``fleet.experimental.weights_url`` empty): every published version."""
         return self.root / "weights"
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from looprl.bench.turns import turn_accuracy
 from looprl.models.tokenizer import build_tokenizer
-from looprl.trainer.sft import SFTConfig, sft
+from looprl.trainer.sft import SFTConfig, SFTExperimental, sft
 from looprl.types import Segment
 from tests.trainer.helpers import tiny_llama, trajectory
 
@@ -35,7 +35,8 @@ def test_a_model_fitted_to_the_demo_reproduces_every_turn():
     tok = build_tokenizer(None)
     model = tiny_llama(vocab=len(tok))
     demos = [trajectory([demo(tok)], None)]
-    sft(model, demos, SFTConfig(lr=1e-2, max_steps=150, progress=False, pad_id=tok.pad_token_id))
+    sft(model, demos, SFTConfig(lr=1e-2, experimental=SFTExperimental(
+        max_steps=150, progress=False, pad_id=tok.pad_token_id)))
     acc = turn_accuracy(model, tok, demos)
     assert acc.exact_rate("grep") == 1.0 and acc.exact_rate("finish") == 1.0
     assert acc.total.token_accuracy == 1.0

@@ -38,8 +38,9 @@ from looprl.rollout.score import make_scorer
 from looprl.train.config import TrainConfig
 from looprl.train.plots import plot_curves
 from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from tests.feedback.conftest import make_traj
 from tests.harness.dir_sandbox import DirSandbox
@@ -78,7 +79,8 @@ def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = N
     groups are hand-made."""
     tok = build_tokenizer(None)
     model = tiny_llama()
-    step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=8), pad_id=0)
+    step = GRPOStep(model, GRPOConfig(lr=1e-3, experimental=GRPOExperimental(
+        objective=LossParams(norm_tokens=8))), pad_id=0)
     runner = RolloutRunner(RecordingEngine(), ChatFormat(tok), None, make_scorer())
     loop = GRPOLoop(step, RecordingEngine(), runner, TaskSampler([]),
                     cfg or LoopConfig(groups_per_step=2), run_dir=run_dir,

@@ -122,7 +122,7 @@ def test_the_gate_may_share_the_users_file_only_past_the_tasks_they_send(tmp_pat
         gate(**{"gate.skip": "3"})
     with pytest.raises(ConfigError, match="no tasks after skipping 10"):
         gate(**{"gate.skip": "10"})
-    with pytest.raises(ConfigError, match="gate.skip.*>= 0"):
+    with pytest.raises(ConfigError, match=r"gate.skip must be in \[0, "):
         gate(**{"gate.skip": "-5"})
 
 
@@ -151,6 +151,7 @@ inject_bad_cycle = 2
 window_timeout_min = 5
 [grpo]
 lr = 1e-3
+[grpo.experimental.credit]
 skip_groups_without_pass = false
 [users]
 simulate = false
@@ -295,14 +296,15 @@ def test_windows_continue_one_adam_state(tmp_path, store):
     from looprl.feedback.window import window
     from looprl.models.loading import load_model
     from looprl.trainer.checkpoint import save_checkpoint
-    from looprl.trainer.step import GRPOConfig, make_optimizer
+    from looprl.trainer.losses import LossParams
+    from looprl.trainer.step import GRPOConfig, GRPOExperimental, make_optimizer
 
     from .test_cycle import feedback, save_tiny
 
     start = save_tiny(tmp_path / "start")
     feedback(store, 4)
     groups = window_groups(window(store, 0, "edit_outcome"), {}, "c1")
-    grpo = GRPOConfig(lr=3e-4, skip_groups_without_pass=False, norm_tokens=64)
+    grpo = GRPOConfig(lr=3e-4, experimental=GRPOExperimental(objective=LossParams(norm_tokens=64)))
     # the run that trained the start model: two checkpoints, the newest with 7 Adam steps
     model = load_model(start, dtype="float32").model
     opt = make_optimizer(model, GRPOConfig(lr=1e-2))
@@ -336,7 +338,8 @@ def test_windows_continue_one_adam_state(tmp_path, store):
         assert torch.equal(st["exp_avg_sq"], with_run["exp_avg_sq"])
         assert torch.count_nonzero(run[i]["exp_avg"]) > 0
         torch.testing.assert_close(st["exp_avg"],
-                                   with_run["exp_avg"] - grpo.adam_beta1 * run[i]["exp_avg"])
+                                   with_run["exp_avg"]
+                                   - grpo.experimental.adam_beta1 * run[i]["exp_avg"])
 
     # the loop's choice per window: the start model's run's state, its momentum as the config
     # says; a candidate's own state, always with its momentum

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from looprl.diffs import unified_diff
+from looprl.errors import ConfigError
 from looprl.feedback import simulate as sim_mod
 from looprl.feedback.sentiment import follow_up_sentiment, load_follow_ups
 from looprl.feedback.signals import session_reward
@@ -332,7 +333,7 @@ def test_same_seed_same_plan_and_noise_validated(tasks):
     assert a != plan_sessions(tasks, SimConfig(sessions=20, seed=2))
     gaps = [b.arrival_s - x.arrival_s for x, b in zip(a, a[1:], strict=False)]
     assert all(g > 0 for g in gaps)
-    with pytest.raises(Exception, match="probability"):
+    with pytest.raises(ConfigError, match=r"keep_wrong must be in \[0, 1\], got 1.5"):
         SimConfig(keep_wrong=1.5)
 
 

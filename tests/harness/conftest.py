@@ -5,6 +5,7 @@ own."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from looprl.chat import ChatFormat
 from looprl.errors import ContextFullError
+from looprl.harness.run_state import AgentConfig, AgentExperimental
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import ToolContext
 from looprl.models.tokenizer import build_tokenizer
@@ -28,6 +30,14 @@ TEST_CALC = ("from pkg.calc import add, sub\n\n\ndef test_add():\n    assert add
 
 def call(name: str, **arguments: object) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def agent_config(**fields: object) -> AgentConfig:
+    """An ``AgentConfig`` from flat keywords: those of ``AgentExperimental`` go to its section."""
+    inner = {f.name for f in dataclasses.fields(AgentExperimental)}
+    return AgentConfig(**{k: v for k, v in fields.items() if k not in inner},  # type: ignore[arg-type]
+                       experimental=AgentExperimental(**{k: v for k, v in fields.items()  # type: ignore[arg-type]
+                                                         if k in inner}))
 
 
 class WindowedPolicy(ScriptedPolicy):

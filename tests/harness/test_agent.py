@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from looprl.config import load_config
 from looprl.errors import ConfigError, SandboxError
 from looprl.harness.agent import AgentConfig, AgentRun, run_agent
 from looprl.harness.scripted import ScriptedPolicy
@@ -17,13 +18,13 @@ from looprl.harness.tools import make_tools, tool_schemas
 from looprl.harness.tools.base import obj_schema
 from looprl.types import StopReason, Trajectory
 
-from .conftest import call
+from .conftest import agent_config, call
 
 
 def agent(task, sandbox, fmt, tok, turns, tools=None, **cfg):
     policy = ScriptedPolicy(tok, turns)
     traj = asyncio.run(run_agent(task, sandbox, policy, fmt, tools or make_tools(),
-                                 AgentConfig(**cfg), group_id="g", trajectory_id="g/0"))
+                                 agent_config(**cfg), group_id="g", trajectory_id="g/0"))
     return traj, policy
 
 
@@ -271,8 +272,8 @@ def test_calls_past_the_per_turn_cap_are_broken_calls(task, dsandbox, fmt, tok):
     assert all(o.startswith("Invalid tool call: this turn made 7 calls and at most 5 run")
                for o in outs[5:7])
     assert (traj.counters.tool_calls, traj.counters.broken_tool_calls) == (8, 2)
-    with pytest.raises(ConfigError, match="max_calls_per_turn must be >= 1"):
-        AgentConfig(max_calls_per_turn=0)
+    with pytest.raises(ConfigError, match=r"experimental.max_calls_per_turn must be in \[1, "):
+        load_config(AgentConfig, None, ["experimental.max_calls_per_turn=0"])
 
 
 class Crashing(ScriptedPolicy):

@@ -15,6 +15,7 @@ import pytest
 
 from looprl.chat import ChatFormat, parse_turn
 from looprl.harness.agent import AgentConfig, run_agent
+from looprl.harness.run_state import AgentExperimental
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 
@@ -77,7 +78,7 @@ def test_fuzzed_turns_through_the_agent_loop_are_counted_and_saved(task, dsandbo
     rng = random.Random(4321)
     tools = make_tools(AGENT_TOOLS)
     cfg = AgentConfig(max_turns=15, context_window=10**8, max_total_new_tokens=10**8,
-                      max_new_tokens=10**7, max_calls_per_turn=128)
+                      max_new_tokens=10**7, experimental=AgentExperimental(max_calls_per_turn=128))
     seen = 0
     for episode in range(20):
         turns = [fuzz_turn(rng, big=5_000, many=rng.randint(129, 160) if rng.random() < 0.03 else 0)
@@ -85,6 +86,6 @@ def test_fuzzed_turns_through_the_agent_loop_are_counted_and_saved(task, dsandbo
         policy = ScriptedPolicy(tok, [t.text for t in turns])
         traj = asyncio.run(run_agent(task, dsandbox, policy, fmt, tools, cfg, group_id="fuzz",
                                      trajectory_id=f"fuzz/{episode}"))
-        check_trajectory(traj, turns, fmt, cfg.max_calls_per_turn)
+        check_trajectory(traj, turns, fmt, cfg.experimental.max_calls_per_turn)
         seen += len(turns)
     assert seen == 300

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from looprl.config import load_config
 from looprl.errors import ConfigError
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.scripted import ScriptedPolicy
@@ -16,7 +17,7 @@ from looprl.harness.tools import make_tools, tool_schemas
 from looprl.trainer.batch import build_batch
 from looprl.types import Group, RewardBreakdown, StopReason, Trajectory
 
-from .conftest import WindowedPolicy, call
+from .conftest import WindowedPolicy, agent_config, call
 
 READ = call("read_file", path="notes.txt")
 SUM1 = "S1: notes.txt read twice; calc.add subtracts. Next: fix add."
@@ -39,7 +40,7 @@ def run(task, sandbox, fmt, tok, turns, **cfg):
     policy = ScriptedPolicy(tok, turns)
     p = prompt_len(task, fmt)
     cfg = {"summarize_at_tokens": p + 700, "context_window": p + 1600, "max_summaries": 3} | cfg
-    traj = asyncio.run(run_agent(task, sandbox, policy, fmt, make_tools(), AgentConfig(**cfg),
+    traj = asyncio.run(run_agent(task, sandbox, policy, fmt, make_tools(), agent_config(**cfg),
                                  group_id="g", trajectory_id="g/0"))
     return traj, policy
 
@@ -151,7 +152,7 @@ def test_the_engines_window_filling_during_a_summary_is_context_full(long_task, 
     as CONTEXT_FULL (the trajectory's own doing, scored), never as an error out of the loop."""
     p = prompt_len(long_task, fmt)
     policy = WindowedPolicy(tok, [READ, READ, SUM1, FINISH], window=p + 780)
-    cfg = AgentConfig(summarize_at_tokens=p + 700, context_window=p + 1600, max_summaries=3)
+    cfg = agent_config(summarize_at_tokens=p + 700, context_window=p + 1600, max_summaries=3)
     traj = asyncio.run(run_agent(long_task, dsandbox, policy, fmt, make_tools(), cfg,
                                  group_id="g", trajectory_id="g/0"))
     assert traj.stop_reason == StopReason.CONTEXT_FULL and traj.error is None
@@ -163,15 +164,16 @@ def test_the_engines_window_filling_during_a_summary_is_context_full(long_task, 
 
 def test_default_trigger_and_off_switch(long_task, dsandbox, fmt, tok):
     p = prompt_len(long_task, fmt)
-    cfg = AgentConfig(context_window=4 * (p + 700) // 3, max_summaries=1)
+    cfg = agent_config(context_window=4 * (p + 700) // 3, max_summaries=1)
     from looprl.harness.agent import summarize_at
 
     assert summarize_at(cfg) == cfg.context_window * 3 // 4
-    assert summarize_at(dataclasses.replace(cfg, max_summaries=0)) == cfg.context_window - 31
+    assert summarize_at(agent_config(context_window=cfg.context_window, max_summaries=0)
+                        ) == cfg.context_window - 31
     traj, _ = run(long_task, dsandbox, fmt, tok, [READ, READ, READ, READ, FINISH], max_summaries=0)
     assert traj.counters.summaries == 0 and len(traj.segments) == 1
-    with pytest.raises(ConfigError, match="max_summaries"):
-        AgentConfig(max_summaries=-1)
+    with pytest.raises(ConfigError, match=r"experimental.max_summaries must be in \[0, "):
+        load_config(AgentConfig, None, ["experimental.max_summaries=-1"])
 
 
 def test_every_segment_of_the_chain_gets_the_chain_advantage(long_task, dsandbox, fmt, tok):

@@ -9,6 +9,7 @@ import random
 
 from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig, run_agent
+from looprl.harness.run_state import AgentExperimental
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.inference.openai_chat import ReplyStream, conversation_ids, parse_reply
@@ -31,7 +32,8 @@ def test_a_conversation_from_an_openai_client_renders_to_the_harness_tokens(tmp_
     tools = make_tools(["read_file", "grep"])
     task = Task(id="t", repo=str(tmp_path), prompt="What does this repo do?", grader=Grader("true"))
     traj = asyncio.run(run_agent(task, DirSandbox(tmp_path), ScriptedPolicy(TOK, turns), FMT,
-                                 tools, AgentConfig(system_prompt="Be brief."), group_id="g",
+                                 tools, AgentConfig(experimental=AgentExperimental(
+                                     system_prompt="Be brief.")), group_id="g",
                                  trajectory_id="t0"))
     assert traj.counters.turns == 2 and traj.counters.tool_calls == 1
     harness_ids = list(traj.segments[0].token_ids_T)

@@ -81,13 +81,13 @@ def test_sft_refuses_byte_ids_for_a_bpe_model(tmp_path):
     bpe_model = save_model_dir(tmp_path / "bpe", build_tokenizer(CODE, 300))
     runner = CliRunner()
     r = runner.invoke(looprl_app, ["trainer", "sft", str(bpe_model), str(data), "--out",
-                                   str(tmp_path / "out"), "-o", "progress=false"])
+                                   str(tmp_path / "out"), "-o", "experimental.progress=false"])
     assert r.exit_code == 2, r.output
     assert "was tokenized by tokenizer sha256:" in r.output and "model's tokenizer is" in r.output
     assert not (tmp_path / "out").exists()
     byte_model = save_model_dir(tmp_path / "byte", build_tokenizer(None))
     r = runner.invoke(looprl_app, ["trainer", "sft", str(byte_model), str(data), "--out",
-                                   str(tmp_path / "out"), "-o", "progress=false"])
+                                   str(tmp_path / "out"), "-o", "experimental.progress=false"])
     assert r.exit_code == 0, r.output
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     assert saved["looprl_tokenizer"] == tokenizer_fingerprint(build_tokenizer(None))

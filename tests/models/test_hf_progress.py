@@ -43,7 +43,7 @@ def test_a_command_that_loads_and_saves_a_model_prints_no_bars_unless_debugging(
     def sft(*flags: str) -> str:
         r = subprocess.run([sys.executable, "-c", "from looprl.cli import app; app()", *flags,
                             "trainer", "sft", str(model), str(data), "--out", str(tmp_path / "o"),
-                            "-o", "progress=false"], capture_output=True, text=True, env=env,
+                            "-o", "experimental.progress=false"], capture_output=True, text=True, env=env,
                            timeout=300)
         assert r.returncode == 0, r.stderr
         return r.stdout + r.stderr

@@ -14,11 +14,11 @@ TEST_EDIT = "--- a/tests/test_m.py\n+++ b/tests/test_m.py\n@@ -1 +1 @@\n-assert 
 
 
 def test_curve_applies_overrides():
-    out = runner.invoke(app, ["curve", "--effort", "300", "-o", "length.q=0", "-o",
-                              "length.max_penalty=none"])
+    out = runner.invoke(app, ["curve", "--effort", "300", "-o", "experimental.length.q=0", "-o",
+                              "experimental.length.max_penalty=none"])
     assert out.exit_code == 0, out.output
     assert "penalty=-0.300000" in out.output
-    bad = runner.invoke(looprl, ["rewards", "curve", "-o", "length.k=0"])
+    bad = runner.invoke(looprl, ["rewards", "curve", "-o", "experimental.length.k=0"])
     assert bad.exit_code == 2 and "q=0" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 

@@ -9,6 +9,7 @@ import pytest
 from looprl.config import load_config
 from looprl.errors import ConfigError
 from looprl.rewards import RewardConfig, compute_reward, reward_metrics
+from looprl.rewards.composite import RewardExperimental
 from looprl.rewards.length import LengthConfig
 from looprl.types import Counters, Grader, StopReason, Task, Trajectory
 
@@ -65,7 +66,7 @@ def test_broken_call_gives_negative_reward_on_a_kept_trajectory(task):
 def test_editing_tests_scores_below_an_honest_failure(task, grade):
     rb = compute_reward(task, _traj(FIX + TEST_EDIT, turns=1), grade)
     failed = compute_reward(task, _traj(FIX + TEST_EDIT, turns=1), 0.0, RewardConfig(
-        penalize_grader_attacks=False))
+        experimental=RewardExperimental(penalize_grader_attacks=False)))
     assert rb is not None and failed is not None
     assert rb.total == pytest.approx(failed.total - 1.0)  # the failure's shaping, minus 1
     assert rb.components["tests"] == 1.0  # still explainable: what it would have got
@@ -78,7 +79,7 @@ def test_grader_reported_test_edit_also_zeroes(task):
     rb = compute_reward(task, _traj(), FakeGrade(1.0, edited_tests=True), ONLY_TESTS)
     assert rb is not None and rb.total == -1.0 and rb.flags == ("edited_tests",)
     assert rb.components["grader_attack"] == -2.0  # cancels the tests' 1.0 and costs 1.0
-    off = RewardConfig(terms=(), penalize_grader_attacks=False)
+    off = RewardConfig(terms=(), experimental=RewardExperimental(penalize_grader_attacks=False))
     assert compute_reward(task, _traj(), FakeGrade(1.0, edited_tests=True), off).total == 1.0
 
 
@@ -94,13 +95,15 @@ def test_clarifying_question_penalised_only_if_configured(task):
     rb = compute_reward(task, traj, 0.0, cfg)
     assert rb.total == pytest.approx(-0.2) and rb.flags == ("clarifying_question",)
     no = load_config(RewardConfig, None, ["terms=clarifying_question",
-                                          "hacking.penalize_clarifying_questions=false"])
+                                          "experimental.hacking.penalize_clarifying_questions=false"])
     assert compute_reward(task, traj, 0.0, no).total == 0.0
 
 
 def test_terms_and_weights_from_config(task):
-    cfg = load_config(RewardConfig, None, ["terms=length", "tests_weight=2", "length.q=0",
-                                           "length.turn_weight=0", "length.output_token_weight=1"])
+    x = "experimental."
+    cfg = load_config(RewardConfig, None, ["terms=length", f"{x}tests_weight=2", f"{x}length.q=0",
+                                           f"{x}length.turn_weight=0",
+                                           f"{x}length.output_token_weight=1"])
     rb = compute_reward(task, _traj(output_tokens=100), 0.5, cfg)
     assert rb.components == pytest.approx({"tests": 1.0, "length": -0.1})  # linear: -λ·C
     with pytest.raises(ConfigError, match=r"terms has unknown reward term 'lenght' \(did you mean length\?\)"):
@@ -121,8 +124,8 @@ def test_bad_grade_types_say_what_to_pass(task):
 
 
 def test_reward_metrics_hand_computed(task):
-    cfg = RewardConfig(terms=("length", "broken_calls"),
-                       length=LengthConfig(q=0, turn_weight=0, tool_call_weight=0))
+    cfg = RewardConfig(terms=("length", "broken_calls"), experimental=RewardExperimental(
+        length=LengthConfig(q=0, turn_weight=0, tool_call_weight=0)))
     good = _traj(tool_calls=2, output_tokens=100, summaries=2)
     broken = _traj(tool_calls=2, broken_tool_calls=1, output_tokens=300)
     hacked = _traj(FIX + TEST_EDIT, tool_calls=4)

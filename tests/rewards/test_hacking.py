@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from looprl.config import load_config
 from looprl.errors import ConfigError
 from looprl.rewards.hacking import (
     DETECTORS,
@@ -150,8 +151,8 @@ def test_broken_calls_negative_per_call_flat_and_capped():
 def test_config_errors():
     with pytest.raises(ConfigError, match="per_call"):
         HackingConfig(broken_call_mode="sometimes")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=">= 0"):
-        HackingConfig(broken_call_penalty=-0.1)
+    with pytest.raises(ConfigError, match=r"broken_call_penalty must be in \[0, 1000\]"):
+        load_config(HackingConfig, None, ["broken_call_penalty=-0.1"])
 
 
 def test_monitor_stats_rates_over_a_batch():

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from looprl.config import load_config
 from looprl.errors import ConfigError
 from looprl.rewards.length import (
     LengthConfig,
@@ -72,11 +73,15 @@ def test_cap_and_trajectory_term():
     assert length_penalty(TASK, _traj(Counters(turns=9), StopReason.INFRA_ERROR)) is None
 
 
-@pytest.mark.parametrize("kwargs", [{"k": 0.0}, {"q": -1.0}, {"coef": float("nan")},
-                                    {"turn_weight": -1.0}])
-def test_bad_config_says_what_to_fix(kwargs):
-    with pytest.raises(ConfigError, match="rewards.length"):
-        LengthConfig(**kwargs)
+@pytest.mark.parametrize("override,says", [
+    ("k=0", "k must be in (0, 1000000], got 0.0; for a linear penalty set q=0 instead"),
+    ("q=-1", "q must be in [0, 1000], got -1.0"),
+    ("coef=nan", "coef: expected a finite number, got 'nan'"),
+    ("turn_weight=-1", "turn_weight must be in [0, 1000000], got -1.0")])
+def test_bad_config_says_what_to_fix(override, says):
+    with pytest.raises(ConfigError) as e:
+        load_config(LengthConfig, None, [override])
+    assert str(e.value) == says
 
 
 def test_plot_script_writes_a_png(tmp_path):

@@ -4,6 +4,7 @@ import difflib
 
 import pytest
 
+from looprl.config import load_config
 from looprl.errors import ConfigError, RewardError
 from looprl.rewards.style import (
     StyleConfig,
@@ -107,7 +108,7 @@ def test_diff_size_against_gold(repo):
 
 
 def test_bad_config():
-    with pytest.raises(ConfigError, match="lint_rules"):
-        StyleConfig(lint_rules=())
-    with pytest.raises(ConfigError, match="max_lint_penalty"):
-        StyleConfig(max_lint_penalty=-1.0)
+    with pytest.raises(ConfigError, match="lint_rules must have 1 to 256 entries, got 0"):
+        load_config(StyleConfig, None, ["lint_rules="])
+    with pytest.raises(ConfigError, match=r"max_lint_penalty must be in \[0, 1000\]"):
+        load_config(StyleConfig, None, ["max_lint_penalty=-1"])

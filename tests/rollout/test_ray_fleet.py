@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.dashboard.app import DashboardConfig, create_app
-from looprl.fleet.config import FleetConfig
+from looprl.fleet.config import FleetConfig, FleetExperimental
 from looprl.fleet.ray_fleet import MemberSpec, RayFleet
 from looprl.harness.agent import AgentConfig
 from looprl.models.loading import save_model
@@ -26,9 +26,11 @@ from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import RewardConfig, reward_metrics
 from looprl.rewards.tests import pytest_command
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
-from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.batch import Credit
+from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
+from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from looprl.weights.store import LocalWeightStore
 
@@ -80,7 +82,8 @@ def test_training_on_the_fleet_survives_a_node_kill_and_takes_a_joining_node(clu
     run_dir, weights = tmp_path / "run", tmp_path / "weights"
     tasks = _tasks(tmp_path, 10)
     workers = {n.node_id: n for n in cluster.worker_nodes}
-    cfg = FleetConfig(backend="ray", address=cluster.address, node_ip=IP, min_nodes=2, poll_s=0.5)
+    cfg = FleetConfig(backend="ray", address=cluster.address, experimental=FleetExperimental(
+        node_ip=IP, min_nodes=2, poll_s=0.5))
     spec = MemberSpec(str(tmp_path / "model"), tok, str(weights), ROLLOUT, RewardConfig())
     kill: dict[str, object] = {}
 
@@ -104,23 +107,25 @@ def test_training_on_the_fleet_survives_a_node_kill_and_takes_a_joining_node(clu
         fleet = await RayFleet.start(cfg, spec, snapshot=run_dir / "fleet.json")
         try:
             assert len(fleet.members) == 2, "each worker hosts a member; the 0-CPU head none"
-            step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=32, skip_zero_variance=False),
+            step = GRPOStep(model, GRPOConfig(lr=1e-3, experimental=GRPOExperimental(
+                objective=LossParams(norm_tokens=32), credit=Credit(skip_zero_variance=False))),
                             pad_id=tok.pad_token_id)
             loop = GRPOLoop(step, fleet, RolloutRunner.over(fleet, ROLLOUT), TaskSampler(tasks),
-                            LoopConfig(groups_per_step=2, max_staleness=100, queue_size=2),
+                            LoopConfig(groups_per_step=2, experimental=LoopExperimental(
+                                max_staleness=100, queue_size=2)),
                             store=LocalWeightStore(str(weights)), run_dir=run_dir,
                             batch_metrics=reward_metrics)
             run = asyncio.create_task(loop.run())
             await kill_then_join(fleet, loop, run)
             stats = await run
             # the node that joined mid-run comes up and takes new groups
-            deadline = time.monotonic() + cfg.start_timeout_s
+            deadline = time.monotonic() + cfg.experimental.start_timeout_s
             while "joined" in kill and kill["joined"] not in {m.node_id for m in fleet._live()}:
                 assert time.monotonic() < deadline, list(fleet.stats.events)
                 await asyncio.sleep(0.2)
             extra = [r async for r in RolloutRunner.over(fleet, ROLLOUT).run(
                 _tasks(tmp_path, 4, prefix="more"))]
-            await asyncio.sleep(2 * cfg.poll_s)  # one more snapshot of the fleet as it is now
+            await asyncio.sleep(2 * cfg.experimental.poll_s)  # one more snapshot of the fleet as it is now
             return stats, loop.version, fleet.view(), list(fleet.stats.lost_attempts), extra
         finally:
             await fleet.close()

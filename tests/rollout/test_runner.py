@@ -14,7 +14,7 @@ from looprl.harness.oracle import OracleAgent
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.runner import RolloutConfig, RolloutExperimental, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.types import Grader, GroupResult, StopReason, Task
@@ -47,9 +47,9 @@ def tok():
     return build_tokenizer(None)
 
 
-def _runner(policy, tok, pool, g=3, **kw) -> RolloutRunner:
-    cfg = RolloutConfig(group_size=g, max_in_flight=kw.pop("max_in_flight", 4),
-                        agent=AgentConfig(max_turns=6), **kw)
+def _runner(policy, tok, pool, g=3, max_in_flight=4, **experimental) -> RolloutRunner:
+    cfg = RolloutConfig(group_size=g, max_in_flight=max_in_flight, agent=AgentConfig(max_turns=6),
+                        experimental=RolloutExperimental(**experimental))
     return RolloutRunner(policy, ChatFormat(tok), pool, make_scorer(), cfg)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from looprl.chat import ChatFormat
-from looprl.harness.agent import AgentConfig
+from looprl.harness.run_state import AgentConfig, AgentExperimental
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.models.tokenizer import build_tokenizer
@@ -66,7 +66,7 @@ def test_fuzzed_policies_never_stop_the_runner(repo: Path) -> None:
     fmt = ChatFormat(tok)
     rng = random.Random(77)
     agent = AgentConfig(max_turns=10, context_window=10**8, max_total_new_tokens=10**8,
-                        max_new_tokens=10**7, max_calls_per_turn=128)
+                        max_new_tokens=10**7, experimental=AgentExperimental(max_calls_per_turn=128))
     scripts = {f"fuzz-{k}": [fuzz_turn(rng, big=5_000,
                                        many=rng.randint(129, 160) if rng.random() < 0.03 else 0)
                              for _ in range(agent.max_turns)] for k in range(10)}
@@ -82,7 +82,7 @@ def test_fuzzed_policies_never_stop_the_runner(repo: Path) -> None:
     for r in results:
         assert r.group is not None and len(r.group.trajectories) == 2
         for traj in r.group.trajectories:
-            check_trajectory(traj, scripts[r.task.id], fmt, agent.max_calls_per_turn)
+            check_trajectory(traj, scripts[r.task.id], fmt, agent.experimental.max_calls_per_turn)
             assert traj.reward is not None
             turns += traj.counters.turns
     assert turns == 200
@@ -97,7 +97,8 @@ def test_the_engines_window_filling_in_a_summary_is_scored_not_a_crash(repo: Pat
     p = len(fmt.prompt_ids([{"role": "user", "content": "read the notes"}],
                            tool_schemas(make_tools(tools))))
     read = call("read_file", path="notes.txt")
-    agent = AgentConfig(summarize_at_tokens=p + 700, context_window=p + 1600, max_summaries=3)
+    agent = AgentConfig(context_window=p + 1600, experimental=AgentExperimental(
+        summarize_at_tokens=p + 700, max_summaries=3))
     runner = RolloutRunner(lambda t: WindowedPolicy(tok, [read, read, "summary", call("finish")],
                                                     window=p + 780),
                            fmt, DirPool(), score,

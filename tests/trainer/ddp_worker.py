@@ -21,7 +21,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.trainer import ddp
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.losses import LossParams
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import Counters, Group, RewardBreakdown, Segment, StopReason, Trajectory
 
 
@@ -59,8 +60,9 @@ def main() -> None:
     out, parallel = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     dist = ddp.init_from_env()
-    cfg = GRPOConfig(micro_batch_tokens=16, max_grad_norm=1e9, norm_tokens=8, parallel=parallel,
-                     activation_checkpointing="ac" in sys.argv[3:])
+    cfg = GRPOConfig(experimental=GRPOExperimental(
+        micro_batch_tokens=16, max_grad_norm=1e9, objective=LossParams(norm_tokens=8),
+        parallel=parallel, activation_checkpointing="ac" in sys.argv[3:]))
     first = model(0)
     if dist.is_main:
         safetensors.torch.save_model(first, out + ".init.safetensors")

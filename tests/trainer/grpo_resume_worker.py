@@ -42,9 +42,10 @@ from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.sandbox import SandboxPool
-from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
+from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import RewardBreakdown, Task, Trajectory
 from looprl.weights.store import LocalWeightStore
 from tests.trainer.test_grpo_loop import _model, _tasks
@@ -164,11 +165,13 @@ class Run:
             runner = RolloutRunner(engine, ChatFormat(tok), pool, score, RolloutConfig(
                 group_size=2, max_in_flight=2, tools=("finish",),  # one tool: a short prompt
                 agent=AgentConfig(max_turns=1, max_new_tokens=8, context_window=2048)))
-            step = GRPOStep(model, GRPOConfig(lr=1e-2, norm_tokens=16), pad_id=tok.pad_token_id)
+            step = GRPOStep(model, GRPOConfig(lr=1e-2, experimental=GRPOExperimental(
+                objective=LossParams(norm_tokens=16))), pad_id=tok.pad_token_id)
             store = LocalWeightStore(str(self.dir / "weights"))
             loop = GRPOLoop(step, engine, runner, TaskSampler(_tasks(self.dir / "tasks", self.n)),
-                            LoopConfig(groups_per_step=1, queue_size=2, checkpoint_every=2,
-                                       max_staleness=10**6), store=store, run_dir=self.dir,
+                            LoopConfig(groups_per_step=1, experimental=LoopExperimental(
+                                queue_size=2, checkpoint_every=2, max_staleness=10**6)),
+                            store=store, run_dir=self.dir,
                             batch_metrics=reward_metrics)
             self.install(loop, engine, store)
             before = store.versions()

@@ -48,7 +48,7 @@ def test_groups_without_a_pass_are_counted_and_skipped_only_when_asked():
     g2 = group([trajectory([segment([1], [5])], -0.2), trajectory([segment([1], [6])], -0.8)], "g2")
     kept = build_batch([g1, g2])
     assert kept.no_pass_groups == 1 and kept.num_sequences == 4
-    b = build_batch([g1, g2], Credit(skip_without_pass=True))
+    b = build_batch([g1, g2], Credit(skip_groups_without_pass=True))
     assert b.no_pass_groups == 1 and b.num_sequences == 2 and b.zero_variance_groups == 0
     assert sorted(float(a) for mb in b.micro_batches for a in mb.advantages_B) == [-0.5, 0.5]
 
@@ -73,16 +73,16 @@ def test_flat_failures_give_a_groups_failures_one_reward():
 
 
 def test_negative_scale_shrinks_only_negative_advantages():
+    from looprl.config import from_dict
     from looprl.errors import ConfigError
-    from looprl.trainer.step import GRPOConfig
 
     g = group([trajectory([segment([1], [2])], 1.0), trajectory([segment([1], [3])], -0.2),
                trajectory([segment([1], [4])], -0.8)], "g")
 
-    assert _advantages(build_batch([g], Credit(negative_scale=0.5))) == [-0.4, -0.1, 1.0]
-    assert _advantages(build_batch([g], Credit(negative_scale=0.0))) == [0.0, 0.0, 1.0]
-    with pytest.raises(ConfigError, match="negative_advantage_scale"):
-        GRPOConfig(negative_advantage_scale=1.5)
+    assert _advantages(build_batch([g], Credit(negative_advantage_scale=0.5))) == [-0.4, -0.1, 1.0]
+    assert _advantages(build_batch([g], Credit(negative_advantage_scale=0.0))) == [0.0, 0.0, 1.0]
+    with pytest.raises(ConfigError, match=r"negative_advantage_scale must be in \[0, 1\], got 1.5"):
+        from_dict(Credit, {"negative_advantage_scale": 1.5})
 
 
 def test_balanced_negatives_push_down_no_more_token_mass_than_passes_push_up():

@@ -16,7 +16,7 @@ def test_sft_command_trains_and_saves(tmp_path):
     lines = [trajectory([segment([1, 2, 3], [40 + s, 41, 42, 43])], 1.0).to_json() for s in range(4)]
     data.write_text("\n".join(lines) + "\n")
     res = CliRunner().invoke(app, ["sft", str(model_dir), str(data), "--out", str(out),
-                                   "-o", "epochs=3", "-o", "lr=1e-2", "-o", "progress=false"])
+                                   "-o", "epochs=3", "-o", "lr=1e-2", "-o", "experimental.progress=false"])
     assert res.exit_code == 0, res.output
     losses = json.loads((out / "sft_losses.json").read_text())
     assert len(losses) == 3 and losses[-1] < losses[0]

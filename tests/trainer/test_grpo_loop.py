@@ -19,14 +19,17 @@ from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import reward_metrics
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.runner import RolloutConfig, RolloutExperimental, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
-from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
+from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import Grader, Task
 from looprl.weights.store import LocalWeightStore
+
+GRPO_CFG = GRPOConfig(lr=1e-3, experimental=GRPOExperimental(objective=LossParams(norm_tokens=48)))
 
 pytestmark = [pytest.mark.needs_bwrap, pytest.mark.slow]
 VENV = str(Path(sys.executable).parent.parent)
@@ -65,9 +68,10 @@ def _run(tmp_path, tok, policy, model, engine, store, sync, tasks=4, max_new_tok
             runner = RolloutRunner(policy, ChatFormat(tok), pool, make_scorer(), RolloutConfig(
                 group_size=2, max_in_flight=4,
                 agent=AgentConfig(max_turns=4, max_new_tokens=max_new_tokens, context_window=16384)))
-            step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=48), pad_id=tok.pad_token_id)
+            step = GRPOStep(model, GRPO_CFG, pad_id=tok.pad_token_id)
             loop = GRPOLoop(step, engine, runner, TaskSampler(_tasks(tmp_path, tasks)),
-                            LoopConfig(groups_per_step=2, max_steps=2, sync=sync),
+                            LoopConfig(groups_per_step=2, max_steps=2,
+                                       experimental=LoopExperimental(sync=sync)),
                             store=store, run_dir=tmp_path / "run", batch_metrics=reward_metrics)
             return await loop.run()
         finally:
@@ -165,10 +169,10 @@ def test_screened_out_tasks_are_tried_again_then_given_up(tmp_path):
         pool = SandboxPool(max_running=4)
         try:
             runner = RolloutRunner(policy_for, ChatFormat(tok), pool, make_scorer(), RolloutConfig(
-                group_size=3, screen=1, max_in_flight=4,
+                group_size=3, max_in_flight=4, experimental=RolloutExperimental(screen=1),
                 agent=AgentConfig(max_turns=4, context_window=16384)))
             model = _model(tok)
-            step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=48), pad_id=tok.pad_token_id)
+            step = GRPOStep(model, GRPO_CFG, pad_id=tok.pad_token_id)
             loop = GRPOLoop(step, ScriptedPolicy(tok, []), runner,
                             TaskSampler(tasks, max_screens=2),
                             LoopConfig(groups_per_step=2, max_steps=10), run_dir=tmp_path / "run")

@@ -8,9 +8,10 @@ import copy
 import torch
 
 from looprl.models.mtp import attach_heads, capture_hidden, distill_loss, heads_of, new_heads
-from looprl.trainer.batch import MIN_SHARED_PREFIX, build_batch
-from looprl.trainer.sft import SFTConfig, sft
-from looprl.trainer.step import GRPOConfig, make_optimizer, train_step
+from looprl.trainer.batch import MIN_SHARED_PREFIX, Credit, build_batch
+from looprl.trainer.losses import LossParams
+from looprl.trainer.sft import SFTConfig, SFTExperimental, sft
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, make_optimizer, train_step
 from looprl.types import Segment
 
 from .helpers import VOCAB, group, tiny_llama, trajectory
@@ -69,8 +70,10 @@ def test_grpo_step_distills_heads_and_leaves_the_policy_update_unchanged():
         plain = tiny_llama()
         with_heads = copy.deepcopy(plain)
         attach_heads(with_heads, new_heads(with_heads, 2))
-        cfg = GRPOConfig(lr=1e-3, mtp_lr=1e-2, norm_tokens=12)
-        batch = build_batch(groups(shared, repeat), cfg.credit(), micro_batch_tokens=cfg.micro_batch_tokens)
+        cfg = GRPOConfig(lr=1e-3, experimental=GRPOExperimental(
+            mtp_lr=1e-2, objective=LossParams(norm_tokens=12)))
+        batch = build_batch(groups(shared, repeat), cfg.experimental.credit,
+                            micro_batch_tokens=cfg.experimental.micro_batch_tokens)
         opt_plain, opt_heads = make_optimizer(plain, cfg), make_optimizer(with_heads, cfg)
         assert [g["lr"] for g in opt_heads.param_groups] == [1e-3, 1e-2]
         metrics = []
@@ -90,8 +93,9 @@ def test_sft_distills_heads_and_leaves_the_policy_update_unchanged():
     plain = tiny_llama()
     with_heads = copy.deepcopy(plain)
     attach_heads(with_heads, new_heads(with_heads, 2))
-    batch = build_batch(groups(False), GRPOConfig().credit(), micro_batch_tokens=4096)
-    cfg = SFTConfig(lr=1e-2, max_steps=10, batch_sequences=3, progress=False)
+    batch = build_batch(groups(False), Credit(), micro_batch_tokens=4096)
+    cfg = SFTConfig(lr=1e-2, experimental=SFTExperimental(max_steps=10, batch_sequences=3,
+                                                          progress=False))
     a, b = sft(plain, trajs, cfg), sft(with_heads, trajs, cfg)
     assert a.losses == b.losses  # the reported NLL is the policy's alone
     assert torch.equal(policy_params(plain), policy_params(with_heads))

@@ -2,12 +2,14 @@
 step; a bad ``parallel`` is refused at load (torchrun runs: ``test_resume_ddp.py``)."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from looprl.config import FieldError
-from looprl.trainer.step import GRPOConfig, GRPOStep, shares_prefixes
+from looprl.trainer.losses import LossParams
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep, shares_prefixes
 
 from .helpers import group, segment, tiny_llama, trajectory
 
@@ -20,9 +22,10 @@ def _groups():
 
 def test_activation_checkpointing_gives_the_same_step():
     plain, ckpt = tiny_llama(), tiny_llama()
-    cfg = GRPOConfig(lr=1e-2, norm_tokens=4)
+    cfg = GRPOConfig(lr=1e-2, experimental=GRPOExperimental(objective=LossParams(norm_tokens=4)))
     a = GRPOStep(plain, cfg)
-    b = GRPOStep(ckpt, GRPOConfig(lr=1e-2, norm_tokens=4, activation_checkpointing=True))
+    b = GRPOStep(ckpt, dataclasses.replace(cfg, experimental=dataclasses.replace(
+        cfg.experimental, activation_checkpointing=True)))
     assert shares_prefixes(a.model) and not shares_prefixes(b.model)  # no KV cache when recomputing
     before = copy.deepcopy(plain.state_dict())
     ma, mb = a.on_groups(_groups()), b.on_groups(_groups())
@@ -35,4 +38,4 @@ def test_activation_checkpointing_gives_the_same_step():
 
 def test_an_unknown_parallel_mode_is_refused_at_load():
     with pytest.raises(FieldError, match=r"parallel must be one of ddp, fsdp; got 'fdsp' \(did you mean fsdp\?\)"):
-        GRPOConfig(parallel="fdsp")
+        GRPOExperimental(parallel="fdsp")

@@ -51,7 +51,10 @@ class Zygote:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.trainer.grpo_resume_worker"], cwd=ROOT, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            # the caller's path too: the worker imports the looprl the test does
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(ROOT), os.environ.get("PYTHONPATH", "")])},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def start(self, run_dir: Path, run: int, kill_at: str | None, max_train: int | None = 3) -> int:
         req = {"run_dir": str(run_dir), "tasks": N_TASKS, "run": run, "kill_at": kill_at,

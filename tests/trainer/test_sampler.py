@@ -3,7 +3,7 @@ trained on) handed out once more; a trained task never comes back within a pass.
 
 import dataclasses
 
-from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
 from looprl.trainer.sampler import TaskSampler
 from looprl.types import Grader, Group, GroupResult, StopReason, Task
 
@@ -28,7 +28,8 @@ def test_the_sampler_walks_the_tasks_once_in_a_seeded_order():
 
 def test_a_stale_group_is_dropped_and_its_task_handed_out_once_more():
     sampler = TaskSampler(_tasks(4))
-    loop = GRPOLoop(None, None, None, sampler, LoopConfig(max_staleness=2))  # type: ignore[arg-type]
+    loop = GRPOLoop(None, None, None, sampler,  # type: ignore[arg-type]
+                    LoopConfig(experimental=LoopExperimental(max_staleness=2)))
     loop.version = 5
     it = iter(sampler)
     first, second = next(it), next(it)
@@ -71,9 +72,9 @@ def test_passes_walk_the_tasks_again_each_in_its_own_order_and_resume_within_a_p
 def test_passes_must_be_positive():
     import pytest
 
-    from looprl.config import ConfigError
-    with pytest.raises(ConfigError, match="passes must be at least 1"):
-        LoopConfig(passes=0)
+    from looprl.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=r"experimental.passes must be in \[1, 10000\], got 0"):
+        load_config(LoopConfig, None, ["experimental.passes=0"])
 
 
 

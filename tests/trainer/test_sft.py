@@ -1,13 +1,17 @@
+import functools
+
 import pytest
 import torch
 
 from looprl.config import FieldError
 from looprl.errors import ConfigError
-from looprl.trainer.sft import SFTConfig, sft
+from looprl.trainer.sft import SFTConfig, SFTExperimental, sft
 from looprl.trainer.step import token_logprobs
 from looprl.types import Segment, StopReason
 
 from .helpers import tiny_llama, trajectory
+
+QUIET = functools.partial(SFTExperimental, progress=False)
 
 # prompt, model tokens, tool output (masked), model tokens again: one harness segment
 TOKENS = [1, 2, 3, 10, 11, 12, 40, 41, 42, 43, 20, 21]
@@ -25,7 +29,7 @@ def test_first_loss_is_the_nll_of_model_tokens_only():
     with torch.no_grad():
         lp = token_logprobs(model, ids, torch.ones_like(ids))[0]
     want = -float(sum(lp[i] for i, m in enumerate(MASK) if m)) / sum(MASK)
-    res = sft(model, [trajectory([seg()], None)], SFTConfig(lr=1e-3, max_steps=1, progress=False))
+    res = sft(model, [trajectory([seg()], None)], SFTConfig(lr=1e-3, experimental=QUIET(max_steps=1)))
     assert res.losses[0] == pytest.approx(want, rel=1e-5)
     assert res.tokens == sum(MASK)
 
@@ -34,10 +38,10 @@ def test_sft_learns_the_model_tokens_and_counts_steps():
     model = tiny_llama()
     trajs = [trajectory([seg(s)], None) for s in (0, 1, 2, 3, 4)]
     trajs.append(trajectory([seg()], None, stop=StopReason.INFRA_ERROR))
-    res = sft(model, trajs, SFTConfig(lr=1e-2, epochs=4, batch_sequences=2, progress=False))
+    res = sft(model, trajs, SFTConfig(lr=1e-2, epochs=4, experimental=QUIET(batch_sequences=2)))
     assert res.steps == 4 * 3 and res.skipped_trajectories == 1
     assert res.losses[-1] < 0.6 * res.losses[0]
-    capped = sft(tiny_llama(), trajs, SFTConfig(max_steps=5, batch_sequences=2, progress=False))
+    capped = sft(tiny_llama(), trajs, SFTConfig(experimental=QUIET(max_steps=5, batch_sequences=2)))
     assert capped.steps == 5 and len(capped.losses) == 5
 
 
@@ -63,8 +67,8 @@ def test_the_schedule_sets_every_steps_learning_rate(schedule: str):
     model = tiny_llama()
     opt = _RecordingAdamW(model.parameters(), lr=1e-2)
     trajs = [trajectory([seg(s)], None) for s in range(4)]
-    sft(model, trajs, SFTConfig(lr=1e-2, max_steps=40, batch_sequences=2, schedule=schedule,
-                                progress=False), optimizer=opt)
+    sft(model, trajs, SFTConfig(lr=1e-2, experimental=QUIET(
+        max_steps=40, batch_sequences=2, schedule=schedule)), optimizer=opt)
     assert len(opt.lrs) == 40
     if schedule == "constant":
         assert opt.lrs == [1e-2] * 40
@@ -76,4 +80,4 @@ def test_the_schedule_sets_every_steps_learning_rate(schedule: str):
 
 def test_an_unknown_schedule_is_a_clear_error():
     with pytest.raises(FieldError, match="schedule must be one of constant, cosine"):
-        SFTConfig(schedule="linear")
+        SFTExperimental(schedule="linear")

@@ -3,10 +3,11 @@ import copy
 import pytest
 import torch
 
-from looprl.trainer.batch import build_batch
+from looprl.trainer.batch import Credit, build_batch
 from looprl.trainer.losses import LossInputs, LossParams, dr_grpo
 from looprl.trainer.step import (
     GRPOConfig,
+    GRPOExperimental,
     GRPOStep,
     _cache_kw,
     gather_logprobs,
@@ -63,8 +64,8 @@ def test_step_makes_positive_advantage_tokens_likelier_and_lowers_the_surrogate(
     model = tiny_llama()
     groups = fixed_groups(model)
     before_good, before_bad = completion_logprob(model, GOOD), completion_logprob(model, BAD)
-    cfg = GRPOConfig(lr=3e-3, norm_tokens=4)
-    batch = build_batch(groups, micro_batch_tokens=cfg.micro_batch_tokens)
+    cfg = GRPOConfig(lr=3e-3, experimental=GRPOExperimental(objective=LossParams(norm_tokens=4)))
+    batch = build_batch(groups, micro_batch_tokens=cfg.experimental.micro_batch_tokens)
     mb = batch.micro_batches[0]
     surrogate = []
     step = GRPOStep(model, cfg)
@@ -90,7 +91,8 @@ def test_micro_batching_gives_the_same_update_as_one_big_batch():
     for budget in (1000, 8):
         model = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        cfg = GRPOConfig(micro_batch_tokens=budget, max_grad_norm=1e9)
+        cfg = GRPOConfig(experimental=GRPOExperimental(micro_batch_tokens=budget,
+                                                       max_grad_norm=1e9))
         batch = build_batch(groups, micro_batch_tokens=budget)
         m = train_step(model, None, opt, batch, cfg)
         assert m.micro_batches == (1 if budget == 1000 else 3)
@@ -102,7 +104,8 @@ def test_micro_batching_gives_the_same_update_as_one_big_batch():
 def test_kl_to_reference_starts_at_zero_and_grows():
     model = tiny_llama()
     ref = copy.deepcopy(model)
-    step = GRPOStep(model, GRPOConfig(lr=1e-2, kl_coef=0.1), ref_model=ref)
+    cfg = GRPOConfig(lr=1e-2, experimental=GRPOExperimental(objective=LossParams(kl_coef=0.1)))
+    step = GRPOStep(model, cfg, ref_model=ref)
     batch = step.batch(fixed_groups(model))
     first = step.on_batch(batch)
     second = step.on_batch(batch)
@@ -115,8 +118,9 @@ def test_mini_batches_update_several_times_and_clip_against_the_step_start():
     model = tiny_llama()
     groups = [group([trajectory([on_policy(model, PROMPT, GOOD)], 1.0),
                      trajectory([on_policy(model, PROMPT, BAD)], 0.0)]) for _ in range(2)]
-    cfg = GRPOConfig(lr=5e-2, mini_batches=2, micro_batch_tokens=16, clip_eps_high=0.01,
-                     clip_eps_low=0.01, norm_tokens=4)
+    cfg = GRPOConfig(lr=5e-2, experimental=GRPOExperimental(
+        mini_batches=2, micro_batch_tokens=16,
+        objective=LossParams(clip_eps_high=0.01, clip_eps_low=0.01, norm_tokens=4)))
     m = GRPOStep(model, cfg).on_groups(groups, current_version=2)
     assert m.updates == 2 and m.micro_batches == 2
     assert m.clip_fraction > 0.0  # the second update saw a moved policy
@@ -221,12 +225,13 @@ def test_silent_rows_left_out_give_the_full_batchs_update():
                      trajectory([on_policy(base, PROMPT, GOOD + [13])], 1.0),
                      trajectory([on_policy(base, PROMPT, BAD + [13, 14, 15])], 0.0),
                      trajectory([on_policy(base, PROMPT, BAD + [16, 17])], 0.0)])]
-    cfg = GRPOConfig(lr=1e-2, negative_advantage_scale=0.0, max_grad_norm=1e-3)
+    no_push = Credit(negative_advantage_scale=0.0)
+    cfg = GRPOConfig(lr=1e-2, experimental=GRPOExperimental(credit=no_push, max_grad_norm=1e-3))
     params, metrics = [], []
     for drop in (False, True):
         model = copy.deepcopy(base)
         step = GRPOStep(model, cfg)
-        batch = build_batch(groups, cfg.credit(), drop_silent=drop)
+        batch = build_batch(groups, no_push, drop_silent=drop)
         metrics.append(step.on_batch(batch))
         params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     full, dropped = metrics
@@ -237,5 +242,7 @@ def test_silent_rows_left_out_give_the_full_batchs_update():
     assert not torch.equal(params[0], torch.cat([p.flatten() for p in base.parameters()]))
     torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
     assert GRPOStep(copy.deepcopy(base), cfg).batch(groups).silent_rows == 2
-    assert GRPOStep(copy.deepcopy(base), GRPOConfig(negative_advantage_scale=0.0, kl_coef=0.1)
+    with_kl = GRPOConfig(experimental=GRPOExperimental(credit=no_push,
+                                                       objective=LossParams(kl_coef=0.1)))
+    assert GRPOStep(copy.deepcopy(base), with_kl
                     ).batch(groups).silent_rows == 0  # the KL term reads every row

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from looprl.config import Share
 from looprl.errors import ConfigError
 
 METRICS = ("pass@1", "output_tokens", "tool_calls", "turns", "wall_s", "broken_tool_calls")
@@ -36,10 +37,10 @@ HIGHER_IS_BETTER = {"pass@1": True, "output_tokens": False, "tool_calls": False,
 class GateSettings:
     """When a candidate checkpoint passes (``compare``'s ``max_drop`` and ``min_gain``)."""
 
-    max_drop: float = 0.02
+    max_drop: Share = 0.02
     """The candidate fails when its pass@1 may be worse by more than this: the 95% CI's lower
     bound of (candidate - base) below ``-max_drop`` (non-inferiority)."""
-    min_gain: float = 0.0
+    min_gain: Share = 0.0
     """With > 0, the CI's lower bound must also exceed this (superiority)."""
 
 
@@ -229,7 +230,7 @@ def _bootstrap(a: list[float], b: list[float], n_boot: int, rng: random.Random
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 2000, seed: int = 0,
-            max_drop: float = 0.02, min_gain: float = 0.0) -> Comparison:
+            max_drop: Share = 0.02, min_gain: float = 0.0) -> Comparison:
     common = sorted(set(a["per_task"]) & set(b["per_task"]))
     if not common:
         raise ConfigError("the two reports share no task ids; run both on the same task file")

@@ -145,16 +145,16 @@ POLICIES: dict[str, Callable[[str, Task | None, Any], Engine]] = {
 
 
 def agent_config(factory: PolicyFactory, st: BenchSettings) -> Any:
-    from looprl.harness.agent import AgentConfig
+    from looprl.harness.run_state import AgentConfig, AgentExperimental
 
     # scripted policies have no context limit (their bytes tokenizer makes files long)
     scripted = factory.kind not in ("model", "openai")
     return AgentConfig(max_turns=st.max_turns,
                        max_new_tokens=1 << 20 if scripted else st.max_new_tokens,
                        max_total_new_tokens=1 << 22 if scripted else st.max_total_new_tokens,
-                       wall_time_s=st.wall_time_s,
                        context_window=1 << 24 if scripted else st.context_window,
-                       temperature=st.temperature)
+                       experimental=AgentExperimental(wall_time_s=st.wall_time_s,
+                                                      temperature=st.temperature))
 
 
 def to_sample(task: Task, index: int, traj: Trajectory) -> Sample:
@@ -183,15 +183,16 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
     hidden tests alone. ``trajectories``: a JSONL file that receives every graded trajectory
     (messages, tokens, reward breakdown) as its group finishes."""
     from looprl.chat import ChatFormat
-    from looprl.rollout.runner import RolloutConfig, RolloutRunner
+    from looprl.rollout.runner import RolloutConfig, RolloutExperimental, RolloutRunner
     from looprl.rollout.score import make_tests_scorer
     from looprl.sandbox import SandboxPool
 
     st = settings or BenchSettings()
     factory = PolicyFactory(policy)
     pool = SandboxPool(max_running=st.concurrency)
-    cfg = RolloutConfig(group_size=k, min_group_size=1, max_in_flight=st.concurrency,
-                        agent=agent_config(factory, st))
+    cfg = RolloutConfig(group_size=k, max_in_flight=st.concurrency,
+                        agent=agent_config(factory, st),
+                        experimental=RolloutExperimental(min_group_size=1))
     if st.tools is not None:
         cfg = dataclasses.replace(cfg, tools=tuple(st.tools))
     by_task: dict[str, list[Sample]] = {}

@@ -25,13 +25,13 @@ def curve(
     effort: Annotated[list[float] | None, typer.Option(help="Effort values C (repeatable).")] = None,
     config: Annotated[Path | None, typer.Option(help="TOML file of a RewardConfig.")] = None,
     override: Annotated[list[str] | None, typer.Option(
-        "--override", "-o", help="Dotted override, e.g. length.q=2")] = None,
+        "--override", "-o", help="Dotted override, e.g. experimental.length.q=2")] = None,
 ) -> None:
     """Print the (capped) length penalty at each effort value."""
     from looprl.rewards.composite import RewardConfig
     from looprl.rewards.length import penalty_of_effort
 
-    cfg = load_config(RewardConfig, config, override or []).length
+    cfg = load_config(RewardConfig, config, override or []).experimental.length
     typer.echo(f"q={cfg.q:g} λ={cfg.coef:g} k={cfg.k:g} cap={cfg.max_penalty}")
     for c in effort or [10.0, 100.0, 1000.0, 10000.0]:
         typer.echo(f"C={c:>12g}  penalty={penalty_of_effort(c, cfg):+.6f}")

@@ -77,7 +77,7 @@ def train(
     resume: ResumeOption = False, fresh: FreshOption = False,
     nproc: Annotated[int, typer.Option(
         "--nproc", min=1, help="trainer processes on this machine (torchrun --standalone; "
-        "grpo.parallel picks DDP or FSDP); on several machines run torchrun -m looprl.cli "
+        "grpo.experimental.parallel picks DDP or FSDP); on several machines run torchrun -m looprl.cli "
         "train ... yourself")] = 1,
 ) -> None:
     """RL on your model and tasks: tasks -> model -> (SFT) -> async GRPO -> eval + gate -> report."""

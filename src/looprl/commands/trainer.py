@@ -10,6 +10,7 @@ resolved config plus the per-step losses next to it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
@@ -58,8 +59,9 @@ def sft_cmd(
         console.print(f"[yellow]warning: {unstamped} of {len(trajectories)} trajectories record no "
                       "tokenizer (older files): make sure this model's tokenizer made them[/]")
     pad = lm.tokenizer.pad_token_id
-    if pad is not None and pad != cfg.pad_id:
-        cfg = SFTConfig(**{**cfg.__dict__, "pad_id": int(pad)})
+    if pad is not None and pad != cfg.experimental.pad_id:
+        cfg = dataclasses.replace(cfg, experimental=dataclasses.replace(cfg.experimental,
+                                                                        pad_id=int(pad)))
     res = sft(lm.model, trajectories, cfg)
     out.mkdir(parents=True, exist_ok=True)
     lm.model.save_pretrained(out)

@@ -1,6 +1,6 @@
 """The Ray fleet view (``/fleet``): every node of a run's fleet, its environment server and engine
 replicas — sandboxes busy/idle/queued, rollouts in flight, requests and tokens in flight and
-tokens/s per replica — from the ``fleet.json`` the run's driver rewrites every ``fleet.poll_s``
+tokens/s per replica — from the ``fleet.json`` the run's driver rewrites every ``fleet.experimental.poll_s``
 (``looprl.fleet.snapshot``). A run without one (``fleet.backend = "inprocess"``) is not listed.
 
     html = fleet_page(dash)      # the page body for the app's /fleet route

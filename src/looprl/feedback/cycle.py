@@ -33,9 +33,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from looprl.config import FieldError, check_choice
+from looprl.config import Range, Share, Tokens, check_choice, check_ranges
 from looprl.feedback.gate import gate
 from looprl.feedback.policies import POINTER, PolicyRef, current_policy, next_version, promote
 from looprl.feedback.signals import SIGNALS
@@ -43,7 +43,9 @@ from looprl.feedback.store import FeedbackStore
 from looprl.feedback.update import make_candidate
 from looprl.feedback.window import window, window_group
 from looprl.trainer.advantages import is_zero_variance
-from looprl.trainer.step import GRPOConfig
+from looprl.trainer.batch import Credit
+from looprl.trainer.losses import LossParams
+from looprl.trainer.step import GRPOConfig, GRPOExperimental
 from looprl.types import Task
 
 
@@ -53,36 +55,36 @@ class CycleConfig:
 
     signal: str = "edit_outcome"
     """Reward signal (``feedback.signals.SIGNALS``)."""
-    min_sessions: int = 32
+    min_sessions: Annotated[int, Range(1, 10**7)] = 32
     """Scored sessions the window needs before a step (a batch baseline needs a batch)."""
-    lr: float = 1e-6
+    lr: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 1e-6
     """One step on live data: small, as RL on a pretrained policy is."""
     loss: str = "dr_grpo"
-    norm_tokens: int = 1024
-    micro_batch_tokens: int = 4096
-    max_grad_norm: float = 1.0
+    norm_tokens: Tokens = 1024
+    micro_batch_tokens: Tokens = 4096
+    max_grad_norm: Annotated[float, Range(0.0, math.inf, lo_open=True)] = 1.0
     promote_ungated: bool = False
     """Without held-out tasks, promote anyway (else the candidate waits for an A/B test)."""
-    bench_k: int = 1
-    bench_max_turns: int = 8
-    bench_max_new_tokens: int = 256
-    bench_context_window: int = 4096
-    max_drop: float = 0.02
+    bench_k: Annotated[int, Range(1, 10_000)] = 1
+    bench_max_turns: Annotated[int, Range(1, 100_000)] = 8
+    bench_max_new_tokens: Tokens = 256
+    bench_context_window: Tokens = 4096
+    max_drop: Share = 0.02
     """Gate: largest pass@1 drop tolerated at the CI's lower bound (``bench.gate.compare``)."""
-    min_gain: float = 0.0
+    min_gain: Share = 0.0
 
     def __post_init__(self) -> None:
         check_choice("signal", self.signal, SIGNALS)
-        if self.min_sessions < 1:
-            raise FieldError("min_sessions", f"must be >= 1, got {self.min_sessions}")
-        if not 0.0 < self.lr < math.inf:
-            raise FieldError("lr", f"must be a finite number > 0, got {self.lr!r}")
+        check_ranges(self)  # the CLI builds it from its flags, not through from_dict
 
     def grpo(self) -> GRPOConfig:
         """The step's GRPO settings: the batch baseline, no std division."""
         return GRPOConfig(lr=self.lr, loss=self.loss, std_norm="never",
-                          norm_tokens=self.norm_tokens, micro_batch_tokens=self.micro_batch_tokens,
-                          max_grad_norm=self.max_grad_norm, skip_zero_variance=True)
+                          experimental=GRPOExperimental(
+                              micro_batch_tokens=self.micro_batch_tokens,
+                              max_grad_norm=self.max_grad_norm,
+                              objective=LossParams(norm_tokens=self.norm_tokens),
+                              credit=Credit(skip_zero_variance=True)))
 
 
 @dataclass(frozen=True)

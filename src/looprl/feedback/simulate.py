@@ -41,10 +41,11 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 
+from looprl.config import Length, Range, Seed, Share, check_ranges
 from looprl.errors import ConfigError, RewardError
 from looprl.types import Task
 
@@ -93,38 +94,33 @@ def follow_up_texts(kind: str) -> list[str]:
 class SimConfig:
     """A simulated population and how its users behave."""
 
-    sessions: int = 20
+    sessions: Annotated[int, Range(0, 10**9)] = 20
     """Sessions planned in all (a run stopped early sends fewer: the rest are ``not_sent``)."""
-    rate_per_min: float = 6.0
+    rate_per_min: Annotated[float, Range(0.0, 1e6, lo_open=True)] = 6.0
     """Mean arrivals per minute (Poisson: exponential gaps)."""
-    population: int = 10
+    population: Annotated[int, Range(1, 10**7)] = 10
     """Distinct users (``sim-user-0`` ...); each session is by one drawn at random."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds every draw: the same seed sends the same users, prompts, noise and wording."""
-    keep_wrong: float = 0.0
+    keep_wrong: Share = 0.0
     """P(a user keeps an edit whose hidden tests fail)."""
-    revert_right: float = 0.0
+    revert_right: Share = 0.0
     """P(a user reverts an edit whose hidden tests pass)."""
-    silent: float = 0.0
+    silent: Share = 0.0
     """P(a user never answers: no edit event, no follow-up)."""
-    complain: float = 0.8
+    complain: Share = 0.8
     """P(a dissatisfied follow-up after a revert, or after no edit on a failing task)."""
-    thank: float = 0.3
+    thank: Share = 0.3
     """P(a thanks follow-up after a keep, or after no edit on a passing task); else silence."""
-    user_prefix: str = "sim-user"
+    user_prefix: Annotated[str, Length(1, 100)] = "sim-user"
     """Users are ``{user_prefix}-{k}``: a prefix per run keeps populations apart in one store."""
-    request_timeout_s: float = 900.0
+    request_timeout_s: Annotated[float, Range(0.0, 1e7, lo_open=True)] = 900.0
     """How long a user waits for a session (it may queue behind the server's slots)."""
-    grade_concurrency: int = 2
+    grade_concurrency: Annotated[int, Range(1, 4096)] = 2
     """Gradings at once (each runs the hidden tests in a sandbox)."""
 
     def __post_init__(self) -> None:
-        for name in ("keep_wrong", "revert_right", "silent", "complain", "thank"):
-            p = getattr(self, name)
-            if not 0.0 <= p <= 1.0:
-                raise ConfigError(f"SimConfig.{name}={p} is a probability: pass a value in [0, 1]")
-        if self.sessions < 0 or self.population < 1 or not self.rate_per_min > 0:
-            raise ConfigError("SimConfig needs sessions >= 0, population >= 1, rate_per_min > 0")
+        check_ranges(self)  # the CLI builds it from its flags, not through from_dict
 
     def cli_args(self) -> list[str]:
         """The ``looprl feedback simulate`` flags that rebuild this config (how a process that

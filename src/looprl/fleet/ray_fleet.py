@@ -7,8 +7,8 @@
     await loop.run()
     await fleet.close()
 
-Members: every node that has the resources (``FleetConfig``: CPUs/GPUs per engine, an optional
-custom resource) gets one *member*: ``engines_per_node`` engine replicas and one environment
+Members: every node that has the resources (``FleetConfig.experimental``: CPUs/GPUs per engine, an
+optional custom resource) gets one *member*: ``engines_per_node`` engine replicas and one environment
 server (``actors.py``), pinned to the node. A node that joins the cluster is found within
 ``poll_s`` and gets a member, which loads the starting checkpoint and pulls the current weight
 version from the store before it takes work.
@@ -153,19 +153,21 @@ class RayFleet:
     async def start(cls, cfg: FleetConfig, spec: MemberSpec,
                     snapshot: Path | None = None) -> RayFleet:
         """Join (or start) Ray, start a member on every node that qualifies, and return once
-        ``cfg.min_nodes`` are live; ``FleetError`` after ``start_timeout_s`` without them."""
+        ``min_nodes`` are live; ``FleetError`` after ``start_timeout_s`` without them."""
+        x = cfg.experimental
         fleet = cls(cfg, spec, snapshot)
         fleet._connect()
         fleet._watcher = asyncio.create_task(fleet._watch())
-        deadline = time.monotonic() + cfg.start_timeout_s
-        while len(fleet._live()) < cfg.min_nodes:
+        deadline = time.monotonic() + x.start_timeout_s
+        while len(fleet._live()) < x.min_nodes:
             if time.monotonic() > deadline:
                 await fleet.close()
                 raise FleetError(
-                    f"{len(fleet._live())} of fleet.min_nodes={cfg.min_nodes} nodes came up "
-                    f"within {cfg.start_timeout_s:.0f} s; last events: "
+                    f"{len(fleet._live())} of fleet.experimental.min_nodes={x.min_nodes} nodes "
+                    f"came up within {x.start_timeout_s:.0f} s; last events: "
                     f"{list(fleet.stats.events)[-3:] or ['none: no node qualifies']}. Start "
-                    "nodes with `ray start --address=HOST:PORT`, or lower fleet.min_nodes")
+                    "nodes with `ray start --address=HOST:PORT`, or lower "
+                    "fleet.experimental.min_nodes")
             await asyncio.sleep(0.05)
         return fleet
 
@@ -178,8 +180,8 @@ class RayFleet:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"address": self.cfg.address or None,
                                       "logging_level": logging.WARNING}
-            if self.cfg.node_ip:
-                kwargs["_node_ip_address"] = self.cfg.node_ip
+            if self.cfg.experimental.node_ip:
+                kwargs["_node_ip_address"] = self.cfg.experimental.node_ip
             try:
                 ray.init(**kwargs)
             except (ConnectionError, RuntimeError, ValueError) as e:
@@ -227,8 +229,9 @@ class RayFleet:
         lane = await self._lane_of(route)
         if lane is None:
             return infra_trajectory(task, group_id, traj_id, FleetError(
-                f"no fleet node was live for {self.cfg.wait_for_nodes_s:.0f} s "
-                "(fleet.wait_for_nodes_s); start one with `ray start --address=HOST:PORT`"))
+                f"no fleet node was live for {self.cfg.experimental.wait_for_nodes_s:.0f} s "
+                "(fleet.experimental.wait_for_nodes_s); start one with "
+                "`ray start --address=HOST:PORT`"))
         member = lane.member
         member.in_flight.add(traj_id)
         try:
@@ -254,7 +257,7 @@ class RayFleet:
     async def _lane_of(self, route: _Route) -> _Lane | None:
         """The group's lane, re-routed to the least-loaded live one if its member was lost;
         None when no member is live for ``wait_for_nodes_s``."""
-        deadline = time.monotonic() + self.cfg.wait_for_nodes_s
+        deadline = time.monotonic() + self.cfg.experimental.wait_for_nodes_s
         while route.lane is None or route.lane.member.state != "live":
             lane = self._least_loaded()
             if lane is not None:
@@ -307,7 +310,7 @@ class RayFleet:
                 raise
             except Exception:  # noqa: BLE001 — the watch must outlive a bad poll
                 log.exception("fleet watch: poll failed")
-            await asyncio.sleep(self.cfg.poll_s)
+            await asyncio.sleep(self.cfg.experimental.poll_s)
 
     async def _reconcile(self) -> None:
         import ray
@@ -330,7 +333,7 @@ class RayFleet:
         return task
 
     def _qualifies(self, node: dict[str, Any]) -> bool:
-        res, c = node.get("Resources", {}), self.cfg
+        res, c = node.get("Resources", {}), self.cfg.experimental
         return (res.get("CPU", 0.0) >= c.cpus_per_engine * c.engines_per_node
                 and res.get("GPU", 0.0) >= c.gpus_per_engine * c.engines_per_node
                 and (not c.node_resource or res.get(c.node_resource, 0.0) > 0))
@@ -339,7 +342,7 @@ class RayFleet:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        c, s = self.cfg, self.spec
+        c, s = self.cfg.experimental, self.spec
         on_node = NodeAffinitySchedulingStrategy(node_id, soft=False)
         replica = ray.remote(EngineReplica).options(
             num_cpus=c.cpus_per_engine, num_gpus=c.gpus_per_engine, scheduling_strategy=on_node)
@@ -367,7 +370,7 @@ class RayFleet:
             return got
 
         try:
-            got = await asyncio.wait_for(up(), timeout=self.cfg.start_timeout_s)
+            got = await asyncio.wait_for(up(), timeout=self.cfg.experimental.start_timeout_s)
         except (RayError, asyncio.TimeoutError) as e:
             why = "timed out" if isinstance(e, asyncio.TimeoutError) else \
                 f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"

@@ -1,6 +1,6 @@
 """The fleet's state as the dashboard reads it: a JSON snapshot the driver rewrites every poll.
 
-    write_snapshot(RunDir(run_dir).fleet, snap)      # RayFleet, every ``fleet.poll_s``
+    write_snapshot(RunDir(run_dir).fleet, snap)      # RayFleet, every ``fleet.experimental.poll_s``
     snap = read_snapshot(RunDir(run_dir).fleet)      # the dashboard's fleet view
 
 Written whole to a temporary name and renamed, so a reader never sees half of one. Importing

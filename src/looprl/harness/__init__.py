@@ -13,7 +13,7 @@ from looprl.lazy import lazy_exports
 # Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "agent": ["run_agent"],
-    "run_state": ["AgentConfig", "AgentRun", "ContextHook"],
+    "run_state": ["AgentConfig", "AgentExperimental", "AgentRun", "ContextHook"],
     "policies": ["OracleAgent", "ScriptedPolicy"],
     "tools": ["DEFAULT_TOOLS", "TOOLS", "ToolContext", "make_tools", "tool_schemas"],
 })

@@ -62,7 +62,8 @@ log = logging.getLogger(__name__)
 
 
 def initial_messages(task: Task, cfg: AgentConfig) -> list[Message]:
-    system: list[Message] = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    prompt = cfg.experimental.system_prompt
+    system: list[Message] = [{"role": "system", "content": prompt}] if prompt else []
     return system + [{"role": "user", "content": task.prompt}]
 
 
@@ -75,13 +76,14 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
     ctx = ToolContext(sandbox=sandbox)
     run = AgentRun(messages=initial_messages(task, cfg))
     run.add_context(fmt.prompt_ids(run.messages, tool_schemas(tools)))
-    if on_context_full is None and cfg.max_summaries > 0:
+    if on_context_full is None and cfg.experimental.max_summaries > 0:
         on_context_full = Summarizer(policy, fmt, cfg, list(run.messages), tool_schemas(tools),
-                                     deadline=t0 + cfg.wall_time_s, session_id=trajectory_id,
+                                     deadline=t0 + cfg.experimental.wall_time_s,
+                                     session_id=trajectory_id,
                                      group_id=group_id)
     error: str | None = None
     diff = ""
-    if cfg.context_window - len(run.token_ids) < cfg.min_turn_tokens:
+    if cfg.context_window - len(run.token_ids) < cfg.experimental.min_turn_tokens:
         # Not the model's doing: the task and tool schemas alone do not fit. Never scored.
         prompt_tokens = len(run.token_ids)
         await policy.release(trajectory_id)
@@ -91,7 +93,7 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
             messages=tuple(run.messages), counters=Counters(**run.counters),
             stop_reason=StopReason.INFRA_ERROR, id=trajectory_id, wall_s=time.monotonic() - t0,
             error=(f"the task prompt and tool schemas take {prompt_tokens} tokens, leaving "
-                   f"less than min_turn_tokens={cfg.min_turn_tokens} of context_window="
+                   f"less than min_turn_tokens={cfg.experimental.min_turn_tokens} of context_window="
                    f"{cfg.context_window}; raise agent.context_window or offer fewer tools"))
     try:
         stop, error = await _loop(run, ctx, policy, fmt, tools, cfg, t0, group_id, trajectory_id,
@@ -123,7 +125,7 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
                 trajectory_id: str, on_context_full: ContextHook | None,
                 ) -> tuple[StopReason, str | None]:
     by_name = {t.name: t for t in tools}
-    deadline = t0 + cfg.wall_time_s
+    deadline = t0 + cfg.experimental.wall_time_s
     while True:
         if run.counters["turns"] >= cfg.max_turns:
             return StopReason.MAX_TURNS, None
@@ -134,7 +136,8 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
             return run.stop or StopReason.CONTEXT_FULL, None
         params = SamplingParams(max_new_tokens=min(cfg.max_new_tokens, budget,
                                                    cfg.context_window - len(run.token_ids)),
-                                temperature=cfg.temperature, top_p=cfg.top_p)
+                                temperature=cfg.experimental.temperature,
+                                top_p=cfg.experimental.top_p)
         run.seen = len(run.token_ids)
         try:
             gen = await before(deadline, policy.generate(
@@ -157,7 +160,7 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
             return (StopReason.MAX_TOKENS if cut else StopReason.ANSWERED), None
         try:
             results = await before(deadline, execute_calls(
-                turn, by_name, ctx, call_prefix=prefix, max_calls=cfg.max_calls_per_turn))
+                turn, by_name, ctx, call_prefix=prefix, max_calls=cfg.experimental.max_calls_per_turn))
         except WallTime:
             return StopReason.WALL_TIME, None
         run.counters["tool_calls"] += len(results)
@@ -186,7 +189,8 @@ async def make_room(run: AgentRun, cfg: AgentConfig, on_context_full: ContextHoo
         return True
     if on_context_full is not None:
         await on_context_full(run)
-    return run.stop is None and cfg.context_window - len(run.token_ids) >= cfg.min_turn_tokens
+    free = cfg.context_window - len(run.token_ids)
+    return run.stop is None and free >= cfg.experimental.min_turn_tokens
 
 
 def broken_spans(turn: ParsedTurn, results: list[ToolResult], segment: int, start: int,

@@ -10,9 +10,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from looprl.config import FieldError
+from looprl.config import Range, Tokens
 from looprl.errors import PolicyError
 from looprl.types import (
     Generation,
@@ -28,48 +28,48 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class AgentConfig:
-    """Budgets and sampling of one agent run."""
+class AgentExperimental:
+    """Sampling, wall time, self-summarization and per-turn limits of one agent run: research
+    switches and tuning knobs (``experimental`` in ``looprl.config``)."""
 
-    max_turns: int = 30
-    """Model turns (generations) before the run stops with MAX_TURNS."""
-    max_total_new_tokens: int = 16_384
-    """Model-sampled tokens over the whole trajectory before MAX_TOKENS."""
-    max_new_tokens: int = 1_024
-    """Tokens one turn may sample; a turn cut here with no tool call ends with MAX_TOKENS."""
-    wall_time_s: float = 900.0
+    wall_time_s: Annotated[float, Range(0.0, 1e7, lo_open=True)] = 900.0
     """Wall-clock seconds for the whole run (generation and tools) before WALL_TIME."""
-    context_window: int = 8_192
-    """Tokens one segment may hold (prompt + turns + observations)."""
-    min_turn_tokens: int = 32
+    min_turn_tokens: Tokens = 32
     """A turn needs this much free context; below it the context is full (summarize or stop)."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Range(0.0, 100.0)] = 1.0
     """Sampling temperature (1.0 keeps logprobs on-policy for RL)."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 1.0
     """Nucleus sampling; 1.0 for RL."""
     system_prompt: str = ""
     """System message; empty keeps the chat template's own default."""
-    max_summaries: int = 0
+    max_summaries: Annotated[int, Range(0, 10_000)] = 0
     """Self-summarizations per trajectory (``summarize.py``); 0 = off, a full context ends the
     run with CONTEXT_FULL. Past the cap the run goes on until the window is full, then stops
     with CONTEXT_FULL."""
-    summarize_at_tokens: int = 0
+    summarize_at_tokens: Annotated[int, Range(0, 2**30)] = 0
     """Open-segment size (tokens) that triggers a summary; 0 = 3/4 of ``context_window`` (room
     left for the instruction and the summary). Capped at the point the context is full."""
-    summary_max_tokens: int = 512
+    summary_max_tokens: Tokens = 512
     """Tokens the summary turn may sample; a summary cut here ends the run with CONTEXT_FULL."""
-    max_calls_per_turn: int = 128
+    max_calls_per_turn: Annotated[int, Range(1, 100_000)] = 128
     """Tool calls one turn may run; each call past it is a broken call (the model is told to
     make it next turn). Bounds what one sampled turn can start at once (concurrent commands,
     observation size); an oracle's turn of edits stays well below it."""
 
-    def __post_init__(self) -> None:
-        for name in ("max_summaries", "summarize_at_tokens"):
-            if getattr(self, name) < 0:
-                raise FieldError(name, f"must be >= 0 (0 = default/off), got {getattr(self, name)}")
-        for name in ("summary_max_tokens", "max_calls_per_turn"):
-            if getattr(self, name) < 1:
-                raise FieldError(name, f"must be >= 1, got {getattr(self, name)}")
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Budgets of one agent run (sampling and the rest in ``experimental``)."""
+
+    max_turns: Annotated[int, Range(1, 100_000)] = 30
+    """Model turns (generations) before the run stops with MAX_TURNS."""
+    max_total_new_tokens: Tokens = 16_384
+    """Model-sampled tokens over the whole trajectory before MAX_TOKENS."""
+    max_new_tokens: Tokens = 1_024
+    """Tokens one turn may sample; a turn cut here with no tool call ends with MAX_TOKENS."""
+    context_window: Tokens = 8_192
+    """Tokens one segment may hold (prompt + turns + observations)."""
+    experimental: AgentExperimental = field(default_factory=AgentExperimental)
 
 
 @dataclass
@@ -139,10 +139,10 @@ class WallTime(Exception):
 def summarize_at(cfg: AgentConfig) -> int:
     """Open-segment size at which ``make_room`` calls the context hook: the summary trigger when
     summarization is on, else the point where less than ``min_turn_tokens`` are left."""
-    full = cfg.context_window - cfg.min_turn_tokens + 1
-    if cfg.max_summaries <= 0:
+    full = cfg.context_window - cfg.experimental.min_turn_tokens + 1
+    if cfg.experimental.max_summaries <= 0:
         return full
-    return min(full, cfg.summarize_at_tokens or cfg.context_window * 3 // 4)
+    return min(full, cfg.experimental.summarize_at_tokens or cfg.context_window * 3 // 4)
 
 
 async def before(deadline: float, aw: Awaitable[T]) -> T:

@@ -1,11 +1,12 @@
 """Self-summarization: when a segment's context grows past a trigger, the model summarizes its own
 work and the trajectory goes on in a fresh, shorter context — a new ``Segment`` of the same chain.
 
-    cfg = AgentConfig(max_summaries=3, summarize_at_tokens=6_000, summary_max_tokens=512)
+    cfg = AgentConfig(experimental=AgentExperimental(max_summaries=3, summarize_at_tokens=6_000,
+                                                     summary_max_tokens=512))
     traj = await run_agent(task, sandbox, engine, fmt, tools, cfg, ...)  # wires a Summarizer in
 
-``run_agent`` builds a ``Summarizer`` when ``cfg.max_summaries > 0`` and calls it from
-``make_room`` once the open segment holds ``summarize_at(cfg)`` tokens. One summary:
+``run_agent`` builds a ``Summarizer`` when ``cfg.experimental.max_summaries > 0`` and calls it
+from ``make_room`` once the open segment holds ``summarize_at(cfg)`` tokens. One summary:
 
 1. The observation the policy has not read yet (the latest tool results + the assistant header)
    is rendered again with ``SUMMARIZE_INSTRUCTION`` (a user message) after the tool results, so
@@ -15,7 +16,7 @@ work and the trajectory goes on in a fresh, shorter context — a new ``Segment`
 3. The segment is closed and a new one starts from a fresh context, rendered by
    ``ChatFormat.prompt_ids`` (token exact: these are the tokens the policy is prompted with next):
 
-       system (cfg.system_prompt or the template's default, + tool schemas)
+       system (cfg.experimental.system_prompt or the template's default, + tool schemas)
        user       task prompt
        user       SUMMARY_FRAME with the summary (thinking and tool-call blocks stripped)
        assistant  the latest action turn (its text and tool calls)
@@ -94,7 +95,8 @@ class Summarizer:
     group_id: str
 
     async def __call__(self, run: AgentRun) -> bool:
-        if run.counters["summaries"] >= self.cfg.max_summaries or 1 not in run.loss_mask:
+        if (run.counters["summaries"] >= self.cfg.experimental.max_summaries
+                or 1 not in run.loss_mask):
             return False  # capped, or nothing sampled in this context yet: nothing to summarize
         tokens_before, latest = len(run.token_ids), latest_turn(run.messages)
         if not self._ask(run, latest[1:]):
@@ -126,7 +128,8 @@ class Summarizer:
         obs = self.fmt.observation_ids(tool_msgs + [instruction])
         if cut_turn:  # as in the loop: close a cut turn before what follows it
             obs = [self.fmt.eot_id] + obs
-        if self.cfg.context_window - len(run.token_ids) - len(obs) < self.cfg.min_turn_tokens:
+        free = self.cfg.context_window - len(run.token_ids) - len(obs)
+        if free < self.cfg.experimental.min_turn_tokens:
             return False
         run.add_context(obs)
         run.messages.append(instruction)
@@ -135,11 +138,11 @@ class Summarizer:
     async def _write(self, run: AgentRun) -> tuple[str, int] | None:
         """Sample the summary into the current segment: (its text, its token count), or None
         (``run.stop`` set) if it was cut, the clock ran out or the engine's own window is full."""
-        cfg = self.cfg
+        cfg, x = self.cfg, self.cfg.experimental
         budget = cfg.max_total_new_tokens - run.counters["output_tokens"]
         params = SamplingParams(
-            max_new_tokens=min(cfg.summary_max_tokens, budget, cfg.context_window - len(run.token_ids)),
-            temperature=cfg.temperature, top_p=cfg.top_p)
+            max_new_tokens=min(x.summary_max_tokens, budget, cfg.context_window - len(run.token_ids)),
+            temperature=x.temperature, top_p=x.top_p)
         run.seen = len(run.token_ids)
         try:
             gen = await before(self.deadline, self.policy.generate(

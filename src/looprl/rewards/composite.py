@@ -22,9 +22,9 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import Annotated, Protocol
 
-from looprl.config import FieldError
+from looprl.config import FieldError, Range
 from looprl.errors import ConfigError
 from looprl.plugins import find
 from looprl.protocols import RewardFn
@@ -44,15 +44,12 @@ class GradeLike(Protocol):
 
 
 @dataclass(frozen=True)
-class RewardConfig:
-    """How a trajectory's reward is assembled (``rewards.*`` in a run config)."""
+class RewardExperimental:
+    """The weights of the reward's terms: research switches and tuning knobs (``experimental``
+    in ``looprl.config``)."""
 
-    tests_weight: float = 1.0
+    tests_weight: Annotated[float, Range(0.0, 1000.0)] = 1.0
     """Weight of the hidden-test score (in [0, 1]) — the reward's main term."""
-    terms: tuple[str, ...] = ("length", "broken_calls", "clarifying_question", "no_edit",
-                              "suspicious_tool_use", "style_lint", "style_diff_size")
-    """Shaping terms added to the test score, by name: built-ins (``TERMS``) or plugins
-    (``looprl.plugins``: an entry point of ``looprl.rewards`` or ``module:attr``)."""
     penalize_grader_attacks: bool = True
     """An edit to tests or grader config, or any other attempt on the test run (a flag of
     ``hacking.ATTACK_FLAGS``), cancels the tests' score and costs
@@ -64,26 +61,36 @@ class RewardConfig:
     style: StyleConfig = field(default_factory=StyleConfig)
     """Lint and diff-size terms."""
 
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How a trajectory's reward is assembled (``reward.*`` in a run config)."""
+
+    terms: tuple[str, ...] = ("length", "broken_calls", "clarifying_question", "no_edit",
+                              "suspicious_tool_use", "style_lint", "style_diff_size")
+    """Shaping terms added to the test score, by name: built-ins (``TERMS``) or plugins
+    (``looprl.plugins``: an entry point of ``looprl.rewards`` or ``module:attr``)."""
+    experimental: RewardExperimental = field(default_factory=RewardExperimental)
+
     def __post_init__(self) -> None:
         for t in self.terms:
             try:
                 term_fn(t, self)
             except ConfigError as e:
                 raise FieldError("terms", f"has {e}") from None
-        if not math.isfinite(self.tests_weight):
-            raise FieldError("tests_weight", f"must be finite, got {self.tests_weight!r}")
 
 
 TERMS: dict[str, Callable[[RewardConfig], RewardFn]] = {
-    "length": lambda cfg: partial(length.length_penalty, cfg=cfg.length),
-    "broken_calls": lambda cfg: partial(hacking.broken_calls_penalty, cfg=cfg.hacking),
+    "length": lambda cfg: partial(length.length_penalty, cfg=cfg.experimental.length),
+    "broken_calls": lambda cfg: partial(hacking.broken_calls_penalty,
+                                        cfg=cfg.experimental.hacking),
     "clarifying_question": lambda cfg: partial(hacking.clarifying_question_penalty,
-                                               cfg=cfg.hacking),
-    "no_edit": lambda cfg: partial(hacking.no_edit_penalty, cfg=cfg.hacking),
+                                               cfg=cfg.experimental.hacking),
+    "no_edit": lambda cfg: partial(hacking.no_edit_penalty, cfg=cfg.experimental.hacking),
     "suspicious_tool_use": lambda cfg: partial(hacking.suspicious_tool_use_penalty,
-                                               cfg=cfg.hacking),
-    "style_lint": lambda cfg: partial(style.style_lint_penalty, cfg=cfg.style),
-    "style_diff_size": lambda cfg: partial(style.diff_size_penalty, cfg=cfg.style),
+                                               cfg=cfg.experimental.hacking),
+    "style_lint": lambda cfg: partial(style.style_lint_penalty, cfg=cfg.experimental.style),
+    "style_diff_size": lambda cfg: partial(style.diff_size_penalty, cfg=cfg.experimental.style),
 }
 """The built-in shaping terms: name -> the ``RewardFn`` made with this config's knobs. Every
 term, built-in or plugin, is a ``RewardFn``: ``(task, trajectory) -> float | None`` (usually
@@ -122,10 +129,11 @@ def _read_grade(grade: GradeLike | float) -> tuple[float, tuple[str, ...]]:
 
 def _details(task: Task, trajectory: Trajectory, cfg: RewardConfig, score: float) -> Metadata:
     details: Metadata = {"tests_score": score,
-                         "effort": length.effort(trajectory.counters, cfg.length),
+                         "effort": length.effort(trajectory.counters, cfg.experimental.length),
                          "broken_tool_calls": trajectory.counters.broken_tool_calls}
     if "style_lint" in cfg.terms:  # cached: costs nothing after the term ran
-        details["new_lint_diagnostics"] = style.new_lint_diagnostics(task, trajectory, cfg.style)
+        details["new_lint_diagnostics"] = style.new_lint_diagnostics(task, trajectory,
+                                                                     cfg.experimental.style)
     details["diff_size_ratio"] = style.diff_size_ratio(task, trajectory)
     edited = hacking.edited_test_paths(task, trajectory.diff)
     if edited:
@@ -152,7 +160,7 @@ def compute_reward(task: Task, trajectory: Trajectory, grade: GradeLike | float 
     if trajectory.is_infra_error or grade is None:
         return None
     score, grader_flags = _read_grade(grade)
-    components = {"tests": cfg.tests_weight * score}
+    components = {"tests": cfg.experimental.tests_weight * score}
     for name in cfg.terms:
         value = term_fn(name, cfg)(task, trajectory)
         if value is not None:  # None: the term cannot judge this trajectory (e.g. no gold patch)
@@ -161,10 +169,10 @@ def compute_reward(task: Task, trajectory: Trajectory, grade: GradeLike | float 
     flags += tuple(f for f in dict.fromkeys(grader_flags) if f not in flags)
     details = _details(task, trajectory, cfg, score)
     attacks = [f for f in flags if f in hacking.ATTACK_FLAGS]
-    if cfg.penalize_grader_attacks and attacks:
+    if cfg.experimental.penalize_grader_attacks and attacks:
         # positive shaping cannot lift an attack either: at most what the failure would get
         shaping = min(sum(v for k, v in components.items() if k != "tests"), 0.0)
-        total = shaping - cfg.hacking.grader_attack_penalty
+        total = shaping - cfg.experimental.hacking.grader_attack_penalty
         components["grader_attack"] = total - sum(components.values())
         details["grader_attack"] = ",".join(attacks)
     return RewardBreakdown.of(components, flags, details)

@@ -47,10 +47,10 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
+from looprl.config import Range, check_choice
 from looprl.diffs import FilePatch, parse_diff
-from looprl.errors import ConfigError
 from looprl.rewards.isolation import (
     pytest_config_names,
     runner_config_paths,
@@ -63,6 +63,10 @@ from looprl.types import StopReason, Task, Trajectory
 Detector = Callable[[Task, Trajectory], bool]
 
 
+Penalty = Annotated[float, Range(0.0, 1000.0)]
+"""The size of a negative term (>= 0; the term is minus it)."""
+
+
 @dataclass(frozen=True)
 class HackingConfig:
     """Penalties attached to the monitors (flags are always reported, penalties only as set)."""
@@ -70,39 +74,31 @@ class HackingConfig:
     broken_call_mode: Literal["per_call", "flat"] = "per_call"
     """per_call: ``broken_call_penalty`` for each broken call (up to ``max_broken_call_penalty``);
     flat: ``broken_call_penalty`` once if any call was broken."""
-    broken_call_penalty: float = 0.1
+    broken_call_penalty: Penalty = 0.1
     """Size of the negative term per broken call (or once, in flat mode)."""
-    max_broken_call_penalty: float = 0.5
+    max_broken_call_penalty: Penalty = 0.5
     """Cap on the broken-call term's size in per_call mode."""
     penalize_clarifying_questions: bool = True
     """Penalise ending on a question with no edit when the task needed one. Turn off for tasks
     that are genuinely ambiguous, where asking is the right move."""
-    clarifying_question_penalty: float = 0.2
+    clarifying_question_penalty: Penalty = 0.2
     """Size of the negative term for a clarifying question."""
-    suspicious_tool_use_penalty: float = 0.0
+    suspicious_tool_use_penalty: Penalty = 0.0
     """Size of the negative term for suspicious tool use (0: monitored only; edits to tests already
     zero the reward through ``edited_tests``)."""
-    grader_attack_penalty: float = 1.0
+    grader_attack_penalty: Penalty = 1.0
     """Size of the negative term for an attempt on the grader (``ATTACK_FLAGS``), on top of
     losing the tests' score: with the shaping terms kept, an attempt always scores below the
     same trajectory without it (an honest failure). A reward of exactly 0 would rank a failed
     attack above an honest failure whose shaping terms are negative."""
-    no_edit_penalty: float = 0.0
+    no_edit_penalty: Penalty = 0.0
     """Size of the negative term for ending with no edit (finished, answered or out of turns) on
     a task that needed one: giving up. 0 leaves it to the tests term; set it when failed
     attempts cost more than giving up (broken calls, length), or RL learns to quit
     (``docs/experiments.md``, table B)."""
 
     def __post_init__(self) -> None:
-        if self.broken_call_mode not in ("per_call", "flat"):
-            raise ConfigError(f"rewards.hacking.broken_call_mode must be 'per_call' or 'flat', "
-                              f"got {self.broken_call_mode!r}")
-        for name in ("broken_call_penalty", "max_broken_call_penalty",
-                     "clarifying_question_penalty", "suspicious_tool_use_penalty",
-                     "no_edit_penalty", "grader_attack_penalty"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"rewards.hacking.{name} is the size of a penalty and must be "
-                                  f">= 0, got {getattr(self, name)!r}")
+        check_choice("broken_call_mode", self.broken_call_mode, ("per_call", "flat"))
 
 
 # --- paths the agent must not edit -------------------------------------------------------------

@@ -19,48 +19,43 @@ plots it (``scripts/plot_length_penalty.py``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Annotated
 
-from looprl.errors import ConfigError
+from looprl.config import Range
 from looprl.types import Counters, Task, Trajectory
+
+Weight = Annotated[float, Range(0.0, 1e6)]
+"""An effort weight: the cost of one token, call or turn (>= 0)."""
 
 
 @dataclass(frozen=True)
 class LengthConfig:
     """Weights of the effort sum and the shape of the penalty curve."""
 
-    thinking_token_weight: float = 0.5
+    thinking_token_weight: Weight = 0.5
     """Extra cost per thinking token, on top of ``output_token_weight`` (output tokens already
     include thinking): thinking is pure latency for the user."""
-    output_token_weight: float = 1.0
+    output_token_weight: Weight = 1.0
     """Cost per model-sampled token (the unit of effort)."""
-    tool_call_token_weight: float = 0.0
+    tool_call_token_weight: Weight = 0.0
     """Extra cost per token inside ``<tool_call>`` blocks (0: they are already output tokens)."""
-    tool_output_token_weight: float = 0.1
+    tool_output_token_weight: Weight = 0.1
     """Cost per token of tool results read back: cheap to prefill, but it fills the context."""
-    tool_call_weight: float = 20.0
+    tool_call_weight: Weight = 20.0
     """Cost per tool call: each one is a sandbox round trip the user waits for."""
-    turn_weight: float = 50.0
+    turn_weight: Weight = 50.0
     """Cost per assistant turn: each one is a full generation request (prefill + decode)."""
-    coef: float = 1e-3
+    coef: Annotated[float, Range(0.0, 1000.0)] = 1e-3
     """λ: the slope of the penalty at C = 0 (reward lost per unit of effort for the first units)."""
-    k: float = 1e-2
+    k: Annotated[float, Range(0.0, 1e6, lo_open=True,
+                              hint="for a linear penalty set q=0 instead")] = 1e-2
     """Scale at which the curve bends: effort well below 1/k is penalised almost linearly."""
-    q: float = 1.0
+    q: Annotated[float, Range(0.0, 1000.0)] = 1.0
     """Curvature: 0 linear, 1 logarithmic (default), >1 saturating."""
-    max_penalty: float | None = 0.9
+    max_penalty: Annotated[float, Range(0.0, 1e6)] | None = 0.9
     """Cap on the penalty's size (None: no cap). Below 1 so that a correct but long solution still
     beats a wrong one (the tests term is worth 1)."""
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None and (not math.isfinite(value) or value < 0):
-                raise ConfigError(f"rewards.length.{f.name} must be a finite number >= 0, "
-                                  f"got {value!r}")
-        if self.k <= 0:
-            raise ConfigError(f"rewards.length.k must be > 0 (the curve's scale), got {self.k!r}; "
-                              "for a linear penalty set q=0 instead")
 
 
 def effort(counters: Counters, cfg: LengthConfig = LengthConfig()) -> float:

@@ -21,16 +21,17 @@ from __future__ import annotations
 import errno
 import functools
 import json
-import math
 import os
 import subprocess
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+from looprl.config import Length, Range
 from looprl.diffs import SYMLINK, apply_patch, lines_changed, parse_diff
-from looprl.errors import ConfigError, DiffError, RewardError
+from looprl.errors import DiffError, RewardError
 from looprl.paths import installed_program
 from looprl.sandbox.beneath import Root
 from looprl.types import Task, Trajectory
@@ -40,31 +41,22 @@ from looprl.types import Task, Trajectory
 class StyleConfig:
     """Weights and limits of the two style terms."""
 
-    lint_rules: tuple[str, ...] = ("E4", "E7", "E9", "F", "B")
+    lint_rules: Annotated[tuple[str, ...], Length(1, 256)] = ("E4", "E7", "E9", "F", "B")
     """Ruff rule selectors, fixed so rewards do not depend on each repository's own config:
-    syntax errors, pyflakes (unused/undefined names) and bugbear (likely bugs)."""
-    lint_penalty_per_diagnostic: float = 0.02
+    syntax errors, pyflakes (unused/undefined names) and bugbear (likely bugs). To score no
+    lint, drop 'style_lint' from ``reward.terms``."""
+    lint_penalty_per_diagnostic: Annotated[float, Range(0.0, 1000.0)] = 0.02
     """Size of the penalty per new diagnostic."""
-    max_lint_penalty: float = 0.2
+    max_lint_penalty: Annotated[float, Range(0.0, 1000.0)] = 0.2
     """Cap on the lint term's size."""
-    diff_size_tolerance: float = 2.0
+    diff_size_tolerance: Annotated[float, Range(0.0, 1e6)] = 2.0
     """Ratio of lines changed (trajectory / gold patch) allowed before any penalty."""
-    diff_size_penalty_per_ratio: float = 0.02
+    diff_size_penalty_per_ratio: Annotated[float, Range(0.0, 1000.0)] = 0.02
     """Size of the penalty per unit of ratio beyond the tolerance."""
-    max_diff_size_penalty: float = 0.2
+    max_diff_size_penalty: Annotated[float, Range(0.0, 1000.0)] = 0.2
     """Cap on the diff-size term's size."""
-    ruff_timeout_s: float = 60.0
+    ruff_timeout_s: Annotated[float, Range(0.0, 86_400.0, lo_open=True)] = 60.0
     """Wall-clock limit of one ruff run."""
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and (not math.isfinite(value) or value < 0):
-                raise ConfigError(f"rewards.style.{f.name} must be a finite number >= 0, "
-                                  f"got {value!r}")
-        if not self.lint_rules:
-            raise ConfigError("rewards.style.lint_rules is empty; give ruff selectors such as "
-                              "'F,E9' or drop 'style_lint' from rewards.terms")
 
 
 def ruff_binary() -> str:

@@ -29,9 +29,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from looprl.chat import ChatFormat
+from looprl.config import FieldError, Length, Range
 from looprl.errors import LooprlError
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.tools import DEFAULT_TOOLS, make_tools
@@ -60,26 +61,40 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    """How rollouts are run."""
+class RolloutExperimental:
+    """The failure policy and the difficulty screen: research switches and tuning knobs
+    (``experimental`` in ``looprl.config``)."""
 
-    group_size: int = 8
-    """G: trajectories per task; advantages are computed within a group."""
-    max_in_flight: int = 16
-    """Trajectories running at once across all groups (keep above the engine's batch size)."""
-    max_infra_retries: int = 2
+    max_infra_retries: Annotated[int, Range(0, 1000)] = 2
     """Fresh-sandbox retries of a trajectory that failed for infrastructure reasons."""
-    min_group_size: int = 2
+    min_group_size: Annotated[int, Range(1, 4096)] = 2
     """A group with fewer scored trajectories than this is dropped (no advantage to compute)."""
-    screen: int = 0
+    screen: Annotated[int, Range(0, 4096)] = 0
     """Difficulty screen: a group runs this many trajectories first and stops there when none of
     them passed (``GroupResult.screened_out``), so a task the policy cannot solve yet costs
     ``screen`` rollouts instead of ``group_size``; otherwise the rest run and the group has all
     ``group_size``. 0 (or >= ``group_size``): every group runs whole."""
-    tools: tuple[str, ...] = DEFAULT_TOOLS
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How rollouts are run."""
+
+    group_size: Annotated[int, Range(1, 4096)] = 8
+    """G: trajectories per task; advantages are computed within a group."""
+    max_in_flight: Annotated[int, Range(1, 1_000_000)] = 16
+    """Trajectories running at once across all groups (keep above the engine's batch size)."""
+    tools: Annotated[tuple[str, ...], Length(1, 256)] = DEFAULT_TOOLS
     """Tool names from the harness registry offered to the model."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Budgets and sampling of each trajectory."""
+    experimental: RolloutExperimental = field(default_factory=RolloutExperimental)
+
+    def __post_init__(self) -> None:
+        if self.experimental.min_group_size > self.group_size:
+            raise FieldError("experimental.min_group_size", f"is "
+                             f"{self.experimental.min_group_size}, above group_size "
+                             f"{self.group_size}: every group would be dropped; lower it")
 
 
 @dataclass
@@ -187,7 +202,7 @@ class RolloutRunner:
         failures = 0
         while True:
             traj = await self._attempt(task, group_id, f"{group_id}/{index}.{failures}")
-            if not traj.is_infra_error or failures >= self.cfg.max_infra_retries:
+            if not traj.is_infra_error or failures >= self.cfg.experimental.max_infra_retries:
                 return traj, failures + int(traj.is_infra_error)
             failures += 1
             self._pending += 1
@@ -207,7 +222,7 @@ class RolloutRunner:
     @property
     def _first_stage(self) -> int:
         """Trajectories a group runs before it may stop: the screen's, or all of them."""
-        G, screen = self.cfg.group_size, self.cfg.screen
+        G, screen = self.cfg.group_size, self.cfg.experimental.screen
         return screen if 0 < screen < G else G
 
     async def run_group(self, task: Task) -> GroupResult:
@@ -238,7 +253,7 @@ class RolloutRunner:
         kept = tuple(t for t, _ in results if not t.is_infra_error)
         infra = self._count(results)
         wall = time.monotonic() - t0
-        if len(kept) < self.cfg.min_group_size:
+        if len(kept) < self.cfg.experimental.min_group_size:
             self.stats.groups_dropped += 1
             errors = sorted({t.error or "" for t, _ in results if t.is_infra_error})
             return GroupResult(task, None, infra, f"only {len(kept)} of {len(results)} trajectories "

@@ -568,15 +568,16 @@ def make_task(snap: PackageSnapshot, s: Screened, root: Path, originals: dict[st
 async def oracle_solves(task: Task) -> bool:
     """Replay the gold patch through the harness tools (``OracleAgent``), grade the final diff."""
     from looprl.chat import ChatFormat
-    from looprl.harness.agent import AgentConfig, run_agent
+    from looprl.harness.agent import run_agent
     from looprl.harness.oracle import OracleAgent
+    from looprl.harness.run_state import AgentConfig, AgentExperimental
     from looprl.harness.tools import make_tools
     from looprl.models.tokenizer import build_tokenizer
     from looprl.sandbox import create_sandbox
 
     tok = build_tokenizer(None)  # bytes only: the oracle needs no model; no context limit either
     cfg = AgentConfig(context_window=1 << 24, max_total_new_tokens=1 << 22,
-                      max_new_tokens=1 << 20, wall_time_s=600)
+                      max_new_tokens=1 << 20, experimental=AgentExperimental(wall_time_s=600))
     sb = await create_sandbox(task.repo, venv=task.venv)
     try:
         traj = await run_agent(task, sb, OracleAgent(task, tok), ChatFormat(tok),

@@ -6,19 +6,27 @@ One section per stage: ``tasks`` (where tasks come from and how they split), ``m
 model, on which device), ``demos`` + ``sft`` (the optional supervised warm start), ``grpo`` +
 ``loop`` + ``rollout`` + ``reward`` (async GRPO), ``eval`` (held-out evaluation and the gate),
 ``fleet`` (where rollouts run: in-process, or on a Ray cluster).
+
+The fields a user sets sit at the top of each section (38 in all, ``tests/test_configs.py``
+keeps them at most 40); each section's ``experimental`` sub-section holds the component's
+research switches and tuning knobs, with the measured defaults: ``-o
+grpo.experimental.credit.negative_advantage_scale=0``. Every numeric field declares its range
+(``looprl.config.Range``), checked at load.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from looprl.bench.gate import GateSettings
-from looprl.config import FieldError, check_choice
+from looprl.config import FieldError, Length, Range, Seed, Share, check_choice
 from looprl.errors import ConfigError
 from looprl.fleet.config import FleetConfig
 from looprl.harness.agent import AgentConfig
 from looprl.inference.spec import MODES as SPEC_MODES
+from looprl.models.mtp import MAX_HEADS
 from looprl.models.tiny import SIZES
 from looprl.plugins import find
 from looprl.pypi import spec_name
@@ -32,50 +40,60 @@ from looprl.trainer.step import GRPOConfig
 
 
 @dataclass(frozen=True)
+class TasksExperimental:
+    """How the tasks are built and split: research switches and tuning knobs (``experimental``
+    in ``looprl.config``); the defaults build the library's usual mix."""
+
+    train_only_packages: list[str] = field(default_factory=list)
+    """NAME==VERSION specs trained on whole: none of their functions is held out, so more of
+    them adds train tasks and leaves the held-out functions of ``train_packages`` as they were."""
+    seed: Seed = 0
+    """Seeds the task build, the held-out split and the held-out packages' sample: apart from
+    the run's seed, so runs with different seeds train and evaluate on the same tasks."""
+    max_tasks_per_package: Annotated[int, Range(1, 100_000)] = 60
+    heldout_fraction: Annotated[float, Range(0.0, 1.0, lo_open=True, hi_open=True)] = 0.3
+    """The share of functions held out for evaluation at most; functions stop being held out
+    once their tasks reach ``max_heldout`` (the rest train)."""
+    max_heldout: Annotated[int, Range(1, 1_000_000)] = 100
+    """Held-out tasks of the train packages (or of ``train_file``) at most."""
+    budget_s: Annotated[float, Range(0.0, 1e7, lo_open=True)] = 90.0
+    """Screening budget per package (seconds): with ``max_tries`` only a safety cap."""
+    max_tries: Annotated[int, Range(0, 10**8)] = 0
+    """Candidate bugs screened per package at most (``BuildConfig.max_tries``): the same config
+    then builds the same tasks on any machine; 0 = ``budget_s`` alone decides."""
+    kinds: Annotated[list[str], Length(1, 256)] = field(default_factory=lambda: list(SINGLE_KINDS))
+    """Mutation kinds (``looprl.tasks.mutate``); ``LOCAL_KINDS`` are the bugs whose fix can be
+    read off the mutated line, the ones a small model can learn."""
+    mix: Annotated[dict[str, Share], Length(1, 16)] = field(
+        default_factory=lambda: dict(BuildConfig().mix))
+    """Share of each source kind: mutation, multi_site, feature_deletion."""
+    selection: bool = False
+    """Prompts carry the user's editor selection: the buggy code with its path and lines, as
+    Cursor attaches selected code to a chat message (``prompts.with_selection``). It says where
+    the bug is, never what the fix is; the same for train, held-out and synthetic tasks."""
+
+
+@dataclass(frozen=True)
 class TasksSection:
     """Where tasks come from: a task file (``looprl tasks build`` writes one, or write your own
     in the ``Task`` schema) or real packages fetched from PyPI; and how they split."""
 
     train_file: str = ""
     """A task JSONL to train on. Empty = build tasks from ``train_packages``."""
-    seed: int = 0
-    """Seeds the task build, the held-out split and the held-out packages' sample: apart from
-    the run's seed, so runs with different seeds train and evaluate on the same tasks."""
-    heldout_file: str = ""
-    """A task JSONL to evaluate on. Empty = the held-out split of the train tasks: those whose
-    ``metadata.split`` is ``test`` if any are, else whole functions (``heldout_fraction``)."""
     train_packages: list[str] = field(default_factory=list)
     """NAME==VERSION specs whose tasks are trained on (fetched from PyPI, cached)."""
-    train_only_packages: list[str] = field(default_factory=list)
-    """NAME==VERSION specs trained on whole: none of their functions is held out, so more of
-    them adds train tasks and leaves the held-out functions of ``train_packages`` as they were."""
+    heldout_file: str = ""
+    """A task JSONL to evaluate on. Empty = the held-out split of the train tasks: those whose
+    ``metadata.split`` is ``test`` if any are, else whole functions
+    (``experimental.heldout_fraction``)."""
+    heldout_packages: list[str] = field(default_factory=list)
+    """Packages never trained on, evaluated beside the held-out functions of the train packages
+    (a seeded sample of ``experimental.max_heldout`` of their tasks at most)."""
     sources: list[str] = field(default_factory=list)
     """Task source plugins (``looprl.plugins``, kind ``task_sources``: an entry point or
     ``module:attr`` of a function ``(seed) -> list[Task]``) whose tasks join the train file's or
     packages' (and are held out by function like them)."""
-    heldout_packages: list[str] = field(default_factory=list)
-    """Packages never trained on, evaluated beside the held-out functions of the train packages
-    (a seeded sample of ``max_heldout`` of their tasks at most)."""
-    max_tasks_per_package: int = 60
-    heldout_fraction: float = 0.3
-    """The share of functions held out for evaluation at most; functions stop being held out
-    once their tasks reach ``max_heldout`` (the rest train)."""
-    max_heldout: int = 100
-    """Held-out tasks of the train packages (or of ``train_file``) at most."""
-    budget_s: float = 90.0
-    """Screening budget per package (seconds): with ``max_tries`` only a safety cap."""
-    max_tries: int = 0
-    """Candidate bugs screened per package at most (``BuildConfig.max_tries``): the same config
-    then builds the same tasks on any machine; 0 = ``budget_s`` alone decides."""
-    kinds: list[str] = field(default_factory=lambda: list(SINGLE_KINDS))
-    """Mutation kinds (``looprl.tasks.mutate``); ``LOCAL_KINDS`` are the bugs whose fix can be
-    read off the mutated line, the ones a small model can learn."""
-    mix: dict[str, float] = field(default_factory=lambda: dict(BuildConfig().mix))
-    """Share of each source kind: mutation, multi_site, feature_deletion."""
-    selection: bool = False
-    """Prompts carry the user's editor selection: the buggy code with its path and lines, as
-    Cursor attaches selected code to a chat message (``prompts.with_selection``). It says where
-    the bug is, never what the fix is; the same for train, held-out and synthetic tasks."""
+    experimental: TasksExperimental = field(default_factory=TasksExperimental)
 
     def __post_init__(self) -> None:
         if not (self.train_file or self.train_packages or self.sources):
@@ -83,25 +101,63 @@ class TasksSection:
                               "tasks build`), tasks.train_packages (NAME==VERSION specs) or "
                               "tasks.sources (task source plugins)")
         for name in self.sources:
-            find("task_sources", name, {})
+            try:
+                find("task_sources", name, {})
+            except ConfigError as e:
+                raise FieldError("sources", f"has {e}") from None
         if self.train_file and self.train_packages:
             raise ConfigError("set tasks.train_file or tasks.train_packages, not both")
-        both = {spec_name(s) for s in self.train_only_packages} & {
+        both = {spec_name(s) for s in self.experimental.train_only_packages} & {
             spec_name(s) for s in self.train_packages + self.heldout_packages}
         if both:
-            raise FieldError("train_only_packages", f"{sorted(both)[0]} is also in train_packages "
-                             "or heldout_packages; list each package once")
-        if not 0.0 < self.heldout_fraction < 1.0:
-            raise FieldError("heldout_fraction", f"must be in (0, 1), got {self.heldout_fraction}")
-        if self.max_heldout < 1:
-            raise FieldError("max_heldout", f"must be >= 1, got {self.max_heldout}")
+            raise FieldError("experimental.train_only_packages", f"{sorted(both)[0]} is also in "
+                             "train_packages or heldout_packages; list each package once")
         self.build_config(seed=0)  # kinds and mix are checked where they are used
 
     def build_config(self, seed: int) -> BuildConfig:
         """How ``looprl.tasks.build`` screens and validates each package's tasks."""
-        return BuildConfig(max_tasks=self.max_tasks_per_package, budget_s=self.budget_s,
-                           max_tries=self.max_tries, seed=seed, kinds=tuple(self.kinds),
-                           mix=dict(self.mix))
+        x = self.experimental
+        return BuildConfig(max_tasks=x.max_tasks_per_package, budget_s=x.budget_s,
+                           max_tries=x.max_tries, seed=seed, kinds=tuple(x.kinds), mix=dict(x.mix))
+
+
+@dataclass(frozen=True)
+class ModelExperimental:
+    """The default model's pretraining, speculative decoding and threads: research switches and
+    tuning knobs (``experimental`` in ``looprl.config``)."""
+
+    pretrain_steps: Annotated[int, Range(0, 10**8)] = 0
+    """Next-token pretraining steps on the pinned source corpus (``models.corpus``) before SFT
+    (default model only; 0 = skip)."""
+    mtp_heads: Annotated[int, Range(0, MAX_HEADS)] = 0
+    """Multi-token-prediction heads added to the default model and distilled from its own head
+    during pretraining (``looprl.models.mtp``; needs ``pretrain_steps``), then kept current by
+    the RL steps; the torch engine drafts with them (``speculative``). 0 = none."""
+    speculative: str = "auto"
+    """Speculative decoding in the torch engine when the model has MTP heads or ``lookup`` is
+    set: auto (per batch size, only where it measures faster), on, off
+    (``looprl.inference.spec``)."""
+    lookup: Annotated[int, Range(0, 1024)] = 0
+    """Tokens a decoding step may draft per rollout by prompt lookup (copied from what followed
+    the last earlier occurrence of the rollout's final tokens in its own context; exact, no
+    training) in the torch engine's RL rollouts. 0 = none."""
+    drills: Annotated[int, Range(0, 10_000)] = 0
+    """Copy drills (``looprl.tasks.drills``) per copying step of each SFT demo, added to the
+    pretraining text (0 = none; needs ``pretrain_steps``)."""
+    threads: Annotated[int, Range(1, 4096)] = 2
+    """torch's intra-op threads (tasks, pretraining, SFT, evaluation)."""
+    rl_threads: Annotated[int, Range(1, 4096)] = 1
+    """torch's threads during async RL, where decoding and a training step run at once in one
+    process (torch's thread count is per process). On 2 cores, 1 each beats 2 each contending."""
+
+    def __post_init__(self) -> None:
+        check_choice("speculative", self.speculative, SPEC_MODES)
+        if self.mtp_heads and not self.pretrain_steps:
+            raise FieldError("mtp_heads", "(MTP heads distilled during pretraining) needs "
+                             "model.experimental.pretrain_steps > 0; set both or mtp_heads=0")
+        if self.drills and not self.pretrain_steps:
+            raise FieldError("drills", "(copy drills per demo step, added to pretraining) needs "
+                             "model.experimental.pretrain_steps > 0; set both or drills=0")
 
 
 @dataclass(frozen=True)
@@ -119,29 +175,7 @@ class ModelSection:
     """Where the trainer and the torch engine run: auto (cuda when present), cpu, cuda, cuda:N."""
     size: str = "small"
     """A name in ``looprl.models.tiny.SIZES`` (default model only)."""
-    pretrain_steps: int = 0
-    """Next-token pretraining steps on the pinned source corpus (``models.corpus``) before SFT
-    (default model only; 0 = skip)."""
-    mtp_heads: int = 0
-    """Multi-token-prediction heads added to the default model and distilled from its own head
-    during pretraining (``looprl.models.mtp``; needs ``pretrain_steps``), then kept current by
-    the RL steps; the torch engine drafts with them (``speculative``). 0 = none."""
-    speculative: str = "auto"
-    """Speculative decoding in the torch engine when the model has MTP heads or ``lookup`` is
-    set: auto (per batch size, only where it measures faster), on, off
-    (``looprl.inference.spec``)."""
-    lookup: int = 0
-    """Tokens a decoding step may draft per rollout by prompt lookup (copied from what followed
-    the last earlier occurrence of the rollout's final tokens in its own context; exact, no
-    training) in the torch engine's RL rollouts. 0 = none."""
-    drills: int = 0
-    """Copy drills (``looprl.tasks.drills``) per copying step of each SFT demo, added to the
-    pretraining text (0 = none; needs ``pretrain_steps``)."""
-    threads: int = 2
-    """torch's intra-op threads (tasks, pretraining, SFT, evaluation)."""
-    rl_threads: int = 1
-    """torch's threads during async RL, where decoding and a training step run at once in one
-    process (torch's thread count is per process). On 2 cores, 1 each beats 2 each contending."""
+    experimental: ModelExperimental = field(default_factory=ModelExperimental)
 
     def __post_init__(self) -> None:
         if self.engine != "torch":
@@ -152,26 +186,36 @@ class ModelSection:
             except ConfigError as e:
                 raise FieldError("engine", f"has {e}") from None
         check_choice("size", self.size, SIZES)
-        check_choice("speculative", self.speculative, SPEC_MODES)
-        if self.lookup < 0:
-            raise FieldError("lookup", f"(tokens drafted by prompt lookup) must be >= 0 (0 = none), "
-                             f"got {self.lookup}")
-        if self.lookup and self.engine != "torch":
-            raise FieldError("lookup", f"drafts in the torch engine only, not {self.engine!r}; "
-                             "set model.lookup = 0 (or model.engine = \"torch\")")
-        if self.mtp_heads < 0 or (self.mtp_heads and not self.pretrain_steps):
-            raise FieldError("mtp_heads", "(MTP heads distilled during pretraining) must be >= 0 "
-                             "and needs model.pretrain_steps > 0; set both or mtp_heads=0")
+        if self.experimental.lookup and self.engine != "torch":
+            raise FieldError("experimental.lookup", f"drafts in the torch engine only, not "
+                             f"{self.engine!r}; set model.experimental.lookup = 0 (or "
+                             "model.engine = \"torch\")")
         if not (self.device in ("auto", "cpu", "cuda") or
                 re.fullmatch(r"cuda:\d+", self.device)):
             raise FieldError("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        if self.drills < 0 or (self.drills and not self.pretrain_steps):
-            raise FieldError("drills", "(copy drills per demo step, added to pretraining) must "
-                             "be >= 0 and needs model.pretrain_steps > 0; set both or drills=0")
-        for name in ("threads", "rl_threads", "pretrain_steps"):
-            if getattr(self, name) < (0 if name == "pretrain_steps" else 1):
-                raise FieldError(name, f"must be >= {0 if name == 'pretrain_steps' else 1}, "
-                                       f"got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class DemosExperimental:
+    """Which synthetic demos, and how they are varied: research switches (``experimental`` in
+    ``looprl.config``)."""
+
+    kinds: Annotated[list[str], Length(1, 256)] = field(default_factory=lambda: list(LOCAL_KINDS))
+    """Mutation kinds of the synthetic demos."""
+    slips: Share = 0.0
+    """Share of the demos that first try their edit broken (the call cut off before its
+    closing tag) and, told so by the tool, make it right; the broken try is context only in
+    SFT, and these demos are left out of pretraining. Demos that never fail never show what to
+    do after a failed call, and a policy then finishes or flails (docs/experiments.md, stop 38)."""
+    renamed: Share = 0.0
+    """Share of the SFT demos (validation ones aside) whose edit's names are renamed at random
+    throughout the demo (``tasks.drills.renamed_demos``): the same fix of code no prior can
+    predict, so SFT trains copying the edit from the context, not guessing it."""
+    workers: Annotated[int, Range(1, 4096)] = 4
+    """Sandboxes making demos at once."""
+    validation: Annotated[int, Range(0, 1_000_000)] = 32
+    """Demos kept out of SFT to measure teacher-forced per-tool turn accuracy before SFT, after
+    SFT and after RL (``looprl.bench.turns``): which turns the model can reproduce."""
 
 
 @dataclass(frozen=True)
@@ -182,61 +226,43 @@ class DemosSection:
     oracle: bool = False
     """Replay each train task's gold patch through the harness (``looprl.tasks.demos``) and
     keep the checked trajectories as demos."""
-    synthetic: int = 0
+    synthetic: Annotated[int, Range(0, 10**8)] = 0
     """Synthetic bug-fix demos from packages installed in this venv (``looprl.tasks.synthetic``;
     the task packages are excluded); 0 = none."""
-    kinds: list[str] = field(default_factory=lambda: list(LOCAL_KINDS))
-    """Mutation kinds of the synthetic demos."""
-    slips: float = 0.0
-    """Share of the demos that first try their edit broken (the call cut off before its
-    closing tag) and, told so by the tool, make it right; the broken try is context only in
-    SFT, and these demos are left out of pretraining. Demos that never fail never show what to
-    do after a failed call, and a policy then finishes or flails (docs/experiments.md, stop 38)."""
-    renamed: float = 0.0
-    """Share of the SFT demos (validation ones aside) whose edit's names are renamed at random
-    throughout the demo (``tasks.drills.renamed_demos``): the same fix of code no prior can
-    predict, so SFT trains copying the edit from the context, not guessing it."""
-    workers: int = 4
-    """Sandboxes making demos at once."""
-    validation: int = 32
-    """Demos kept out of SFT to measure teacher-forced per-tool turn accuracy before SFT, after
-    SFT and after RL (``looprl.bench.turns``): which turns the model can reproduce."""
+    experimental: DemosExperimental = field(default_factory=DemosExperimental)
 
-    def __post_init__(self) -> None:
-        for name in ("slips", "renamed"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise FieldError(name, f"must be a share in [0, 1], got {value!r}")
+
+@dataclass(frozen=True)
+class EvalExperimental:
+    """Evaluation throughput and the gate's thresholds (``experimental`` in ``looprl.config``)."""
+
+    concurrency: Annotated[int, Range(1, 100_000)] = 16
+    """Evaluation samples in flight (decoded as one batch)."""
+    gate: GateSettings = field(default_factory=GateSettings)
+    """The bench gate (``looprl.bench.gate``): the RL checkpoint against the starting one."""
 
 
 @dataclass(frozen=True)
 class EvalSection:
     """Held-out evaluation before and after RL, and the gate the RL checkpoint must pass."""
 
-    k: int = 1
+    k: Annotated[int, Range(1, 10_000)] = 1
     """Samples per held-out task; pass@1 is their mean (more samples, a tighter interval)."""
-    concurrency: int = 16
-    """Evaluation samples in flight (decoded as one batch)."""
     agent: AgentConfig = field(default_factory=lambda: AgentConfig(
-        max_turns=8, max_new_tokens=256, max_total_new_tokens=2048, context_window=8192,
-        temperature=1.0))
+        max_turns=8, max_new_tokens=256, max_total_new_tokens=2048, context_window=8192))
     """Budgets of evaluation samples (pass@1 at temperature 1, as trained)."""
-    gate: GateSettings = field(default_factory=GateSettings)
-    """The bench gate (``looprl.bench.gate``): the RL checkpoint against the starting one."""
-
-    def __post_init__(self) -> None:
-        for name in ("k", "concurrency"):
-            if getattr(self, name) < 1:
-                raise FieldError(name, f"must be >= 1, got {getattr(self, name)}")
+    experimental: EvalExperimental = field(default_factory=EvalExperimental)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """RL of a coding agent, end to end: tasks -> model -> (SFT) -> async GRPO -> eval -> report."""
+    """RL of a coding agent, end to end: tasks -> model -> (SFT) -> async GRPO -> eval -> report.
+    A newcomer sets the fields at the top of each section (module docstring)."""
 
-    name: str = "train"
-    """Run directory name under the runs root (``--runs``, default ``runs/``)."""
-    seed: int = 0
+    name: Annotated[str, Length(1, 200)] = "train"
+    """Run directory name under the runs root (``--runs``, default ``runs/``): one path
+    component."""
+    seed: Seed = 0
     tasks: TasksSection = field(default_factory=lambda: TasksSection(
         train_packages=["inflection==0.5.1"]))
     model: ModelSection = field(default_factory=ModelSection)
@@ -251,6 +277,10 @@ class TrainConfig:
     """Where rollouts and sandboxes run: this process, or the nodes of a Ray cluster."""
 
     def __post_init__(self) -> None:
-        if self.model.lookup and self.fleet.backend == "ray":
-            raise FieldError("model.lookup", "drafts in this process's torch engine; a Ray "
-                             "fleet's replicas decode without it: set model.lookup = 0")
+        if self.name in (".", "..") or "/" in self.name or "\\" in self.name:
+            raise FieldError("name", f"names a directory under the runs root: one path "
+                             f"component, not {self.name!r}")
+        if self.model.experimental.lookup and self.fleet.backend == "ray":
+            raise FieldError("model.experimental.lookup", "drafts in this process's torch "
+                             "engine; a Ray fleet's replicas decode without it: set "
+                             "model.experimental.lookup = 0")

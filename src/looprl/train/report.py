@@ -43,7 +43,7 @@ class Evals:
     rl_packages: dict[str, Any] | None = None
 
     def gate(self, cfg: TrainConfig) -> Comparison:
-        g = cfg.eval.gate
+        g = cfg.eval.experimental.gate
         return compare(self.start, self.rl, max_drop=g.max_drop, min_gain=g.min_gain,
                        seed=cfg.seed)
 
@@ -107,8 +107,8 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
     passes = int(hist[-1].get("loop/pass", 1)) if hist else 1  # the walk over the train tasks RL ended in
     seen = {task for h in hist for task in h.get("tasks", ())}
     sources = (cfg.tasks.train_file or ", ".join(cfg.tasks.train_packages)) + (
-        f"; trained on whole: {', '.join(cfg.tasks.train_only_packages)}"
-        if cfg.tasks.train_only_packages else "")
+        f"; trained on whole: {', '.join(cfg.tasks.experimental.train_only_packages)}"
+        if cfg.tasks.experimental.train_only_packages else "")
     lines = [
         f"# looprl train — {cfg.name}", "",
         f"Total {total_minutes:.1f} min; RL {rl.minutes:.1f} min, {rl.steps} steps, "
@@ -116,7 +116,7 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
         f"{rl.zero_variance_groups} zero-variance, trainer idle {rl.idle_fraction:.0%}"
         + (f"; {rl.groups_screened_out} screened out ({rl.screen_rollouts} rollouts)"
            if rl.groups_screened_out else "")
-        + (f"; in pass {passes} of {cfg.loop.passes} over the train tasks" if passes > 1 else
+        + (f"; in pass {passes} of {cfg.loop.experimental.passes} over the train tasks" if passes > 1 else
            f"; {len(seen)} of the {len(sets.train)} train tasks rolled out")
         + ".", "",
         f"Tasks: {len(sets.train)} train, {len(sets.heldout)} held-out functions"
@@ -125,9 +125,9 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
         + f" (from {sources}).",
     ]
     if cfg.tasks.train_packages:
-        lines.append(f"Task kinds: {', '.join(f'{k} {v:.0%}' for k, v in cfg.tasks.mix.items())}; "
-                     f"mutations: {', '.join(cfg.tasks.kinds)}.")
-    if cfg.tasks.selection:
+        lines.append(f"Task kinds: {', '.join(f'{k} {v:.0%}' for k, v in cfg.tasks.experimental.mix.items())}; "
+                     f"mutations: {', '.join(cfg.tasks.experimental.kinds)}.")
+    if cfg.tasks.experimental.selection:
         lines.append("Prompts carry the user's editor selection (the buggy code with its path and "
                      f"lines, never the fix) in {sum(bool(t.metadata.get('selection')) for t in sets.heldout)}"
                      f" of {len(sets.heldout)} held-out tasks.")

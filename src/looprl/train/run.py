@@ -22,7 +22,7 @@ The run's saved ``config.json`` must match the config given, except for the loop
 Several trainer processes (``looprl train --nproc N``, or ``torchrun ... -m looprl.cli train``
 across machines): rank 0 runs stages 1-4 alone while the others wait, then every rank runs async
 GRPO on its share of the train tasks with its own rollout engine, on ``cuda:LOCAL_RANK`` on a
-GPU machine, the step wrapped as ``grpo.parallel`` says (DDP or FSDP2, ``trainer.ddp``); rank 0
+GPU machine, the step wrapped as ``grpo.experimental.parallel`` says (DDP or FSDP2, ``trainer.ddp``); rank 0
 publishes, checkpoints and logs, and runs stages 6-7 alone.
 """
 
@@ -138,7 +138,7 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
     model_dir = stages.init_model(cfg, run_dir)
     tok = load_model(model_dir).tokenizer
     demos, val = stages.split_validation(stages.make_demos(sets.train, tok, cfg),
-                                         cfg.demos.validation, cfg.seed)
+                                         cfg.demos.experimental.validation, cfg.seed)
     stages.pretrain_model(cfg, model_dir, demos, tok,
                           sets.train + sets.heldout + sets.heldout_packages)
     demos = stages.rename_demos(demos, tok, cfg)  # for SFT: pretraining reads the real code
@@ -149,7 +149,8 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
         from looprl.trainer.sft import sft
 
         console.print(f"[bold]SFT[/] on {len(demos)} demos ({len(val)} kept for validation)")
-        res = sft(model, demos, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
+        res = sft(model, demos, dataclasses.replace(cfg.sft, experimental=dataclasses.replace(
+            cfg.sft.experimental, pad_id=tok.pad_token_id)))
         if val:
             acc = turn_accuracy(model, tok, val)
             turns["sft"] = acc.to_json()
@@ -222,7 +223,7 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
         console.quiet = True  # rank 0 reports
     device = ddp.rank_device(stages.resolve_device(cfg.model.device), dist)
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.model.threads)
+    torch.set_num_threads(cfg.model.experimental.threads)
     t_start = time.monotonic()
 
     if dist.is_main:

@@ -63,15 +63,20 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def fit_precision(cfg: TrainConfig, device: torch.device) -> TrainConfig:
-    """``cfg`` with bf16 autocast (``sft.autocast_bf16``, ``grpo.autocast_bf16``) switched off
-    where ``device`` has no native bf16: there it slows training down instead of speeding it up
-    (docs/experiments.md, row D9), so a preset that asks for it runs well on every machine."""
-    if native_bf16(device) or not (cfg.sft.autocast_bf16 or cfg.grpo.autocast_bf16):
+    """``cfg`` with bf16 autocast (``sft.experimental.autocast_bf16``,
+    ``grpo.experimental.autocast_bf16``) switched off where ``device`` has no native bf16: there
+    it slows training down instead of speeding it up (docs/experiments.md, row D9), so a preset
+    that asks for it runs well on every machine."""
+    sft, grpo = cfg.sft.experimental, cfg.grpo.experimental
+    if native_bf16(device) or not (sft.autocast_bf16 or grpo.autocast_bf16):
         return cfg
     console.print(f"bf16 autocast off: {device} has no native bf16 (AMX or AVX-512 BF16), where "
                   "fp32 is much faster")
-    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, autocast_bf16=False),
-                               grpo=dataclasses.replace(cfg.grpo, autocast_bf16=False))
+    return dataclasses.replace(
+        cfg, sft=dataclasses.replace(cfg.sft, experimental=dataclasses.replace(
+            sft, autocast_bf16=False)),
+        grpo=dataclasses.replace(cfg.grpo, experimental=dataclasses.replace(
+            grpo, autocast_bf16=False)))
 
 
 def save_model(model: Any, tok: Any, dest: Path) -> Path:
@@ -110,30 +115,31 @@ def task_packages(cfg: TrainConfig, tasks: Iterable[Task]) -> list[str]:
     """The packages the config's tasks and ``tasks`` come from: never pretraining text or synthetic
     demos, since a held-out function's source must never be trained on."""
     ts = cfg.tasks
-    names = {s.split("==")[0] for s in ts.train_packages + ts.train_only_packages
+    names = {s.split("==")[0] for s in ts.train_packages + ts.experimental.train_only_packages
              + ts.heldout_packages}
     return sorted(names | {str(t.metadata.get("package", "")) for t in tasks} - {""})
 
 
 def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], tok: Any,
                    tasks: Iterable[Task] = ()) -> None:
-    """``model.pretrain_steps`` of next-token pretraining of the default model on the source
-    corpus (``models.corpus``, minus the packages of the config and of ``tasks``) plus the whole
-    transcripts of ``demos`` (tool output included: a loss on every token, where SFT has one on
-    the model's turns only), and ``model.drills`` copy drills per copying step of ``demos``."""
-    if cfg.model.path or not cfg.model.pretrain_steps:
+    """``model.experimental.pretrain_steps`` of next-token pretraining of the default model on
+    the source corpus (``models.corpus``, minus the packages of the config and of ``tasks``) plus
+    the whole transcripts of ``demos`` (tool output included: a loss on every token, where SFT
+    has one on the model's turns only), and ``drills`` copy drills per copying step of ``demos``."""
+    x = cfg.model.experimental
+    if cfg.model.path or not x.pretrain_steps:
         return
     from looprl.models.pretrain import pretrain
     from looprl.tasks.drills import copy_drills
 
     demos = [d for d in demos if "slip" not in d.metadata]  # a slip is never text to learn
-    drills = copy_drills(demos, tok, per_demo=cfg.model.drills, seed=cfg.seed) \
-        if cfg.model.drills and demos else []
+    drills = copy_drills(demos, tok, per_demo=x.drills, seed=cfg.seed) \
+        if x.drills and demos else []
     if drills:
         console.print(f"pretraining text: + {len(drills):,} copy drills from {len(demos)} demos")
     transcripts = [list(seg.token_ids_T) for d in demos for seg in d.segments]
-    pretrain(model_dir, steps=cfg.model.pretrain_steps, transcripts=transcripts + drills,
-             bf16=native_bf16(torch.device("cpu")), mtp_heads=cfg.model.mtp_heads,  # on the CPU
+    pretrain(model_dir, steps=x.pretrain_steps, transcripts=transcripts + drills,
+             bf16=native_bf16(torch.device("cpu")), mtp_heads=x.mtp_heads,  # on the CPU
              exclude=task_packages(cfg, tasks))
 
 
@@ -145,20 +151,22 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
     from looprl.tasks.synthetic import synthetic_repos, synthetic_tasks
     from looprl.train.tasks import select_code
 
+    x = cfg.demos.experimental
     sources: list[tuple[Task, Any]] = [(t, None) for t in train] if cfg.demos.oracle else []
     n_task_sources = len(sources)
     if cfg.demos.synthetic:
         items = synthetic_tasks(synthetic_repos(exclude=task_packages(cfg, train)),
                                 cfg.demos.synthetic,
-                                seed=cfg.seed, kinds=tuple(cfg.demos.kinds))
-        sources += [(select_code(i.task, i.files) if cfg.tasks.selection else i.task, i.files)
+                                seed=cfg.seed, kinds=tuple(x.kinds))
+        selection = cfg.tasks.experimental.selection
+        sources += [(select_code(i.task, i.files) if selection else i.task, i.files)
                     for i in items]
     if not sources:
         return []
     with progress_bar() as bar:
         job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
         demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
-                                         workers=cfg.demos.workers, slips=cfg.demos.slips,
+                                         workers=x.workers, slips=x.slips,
                                          seed=cfg.seed,
                                          progress=lambda n: bar.advance(job, n)))
     n_real = sum(1 for d in demos if not d.task_id.startswith("synthetic-"))
@@ -170,12 +178,13 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
 
 
 def rename_demos(demos: list[Trajectory], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
-    """``demos`` with a ``demos.renamed`` share of them renamed (``tasks.drills.renamed_demos``)."""
-    if not cfg.demos.renamed or not demos:
+    """``demos`` with a ``demos.experimental.renamed`` share of them renamed
+    (``tasks.drills.renamed_demos``)."""
+    if not cfg.demos.experimental.renamed or not demos:
         return demos
     from looprl.tasks.drills import renamed_demos
 
-    out = renamed_demos(demos, tok, share=cfg.demos.renamed, seed=cfg.seed)
+    out = renamed_demos(demos, tok, share=cfg.demos.experimental.renamed, seed=cfg.seed)
     console.print(f"SFT demos: {sum(1 for d in out if 'renamed' in d.metadata)} of {len(out)} "
                   "renamed")
     return out
@@ -202,8 +211,10 @@ def evaluate(model_dir: Path, tasks: list[Task], cfg: TrainConfig, label: str,
     a = cfg.eval.agent
     settings = BenchSettings(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
                              max_total_new_tokens=a.max_total_new_tokens,
-                             context_window=a.context_window, temperature=a.temperature,
-                             concurrency=cfg.eval.concurrency, tools=tuple(cfg.rollout.tools))
+                             context_window=a.context_window,
+                             temperature=a.experimental.temperature,
+                             concurrency=cfg.eval.experimental.concurrency,
+                             tools=tuple(cfg.rollout.tools))
     k = cfg.eval.k
     with progress_bar() as bar:
         job = bar.add_task(f"held-out eval: {label}", total=len(tasks) * k)
@@ -264,7 +275,7 @@ def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: lis
     Under torchrun (``dist``) every rank rolls out its share of ``train`` with its own engine
     (``trainer.grpo``); rank 0 publishes to the weight store."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.model.rl_threads)
+    torch.set_num_threads(cfg.model.experimental.rl_threads)
     try:
         return _train_rl(cfg, model, tok, start_dir, train, run_dir, resume, dist)
     finally:
@@ -282,16 +293,17 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     if cfg.fleet.backend == "ray":
         engine = None  # each node's replica loads start_dir itself
     elif cfg.model.engine == "torch":
-        engine = TorchEngine(copy.deepcopy(model).eval(), tok, speculative=cfg.model.speculative,
-                             lookup=cfg.model.lookup)
+        engine = TorchEngine(copy.deepcopy(model).eval(), tok,
+                             speculative=cfg.model.experimental.speculative,
+                             lookup=cfg.model.experimental.lookup)
     else:  # the engine loads the starting checkpoint itself (e.g. vLLM on a GPU)
         with only_gpu(next(model.parameters()).device):
             engine = make_engine(cfg.model.engine, model_path=str(start_dir),
                                  **cfg.model.engine_options)
-    weights_url = cfg.fleet.weights_url or str(RunDir(run_dir).weights)
+    weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights)
     store = FsspecWeightStore(weights_url) if dist.is_main else None
     # KL is measured against the model RL starts from (the SFT checkpoint), frozen
-    ref = copy.deepcopy(model).eval() if cfg.grpo.kl_coef else None
+    ref = copy.deepcopy(model).eval() if cfg.grpo.experimental.objective.kl_coef else None
     # under torchrun the step wraps the model (DDP, or FSDP in place): the copies come first
     step = GRPOStep(model.train(), cfg.grpo, ref_model=ref, pad_id=tok.pad_token_id, dist=dist)
     tasks = train[dist.rank::dist.world_size]  # this rank's share
@@ -301,9 +313,11 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
         runner, sink, close = await _rollouts(cfg, engine, tok, start_dir, run_dir, weights_url,
                                               dist)
         try:
-            sampler = TaskSampler(tasks, cfg.seed, passes=cfg.loop.passes,
-                                  signal_first=cfg.loop.signal_first,
-                                  max_screens=cfg.loop.max_screens if cfg.rollout.screen else 0)
+            walk = cfg.loop.experimental
+            sampler = TaskSampler(tasks, cfg.seed, passes=walk.passes,
+                                  signal_first=walk.signal_first,
+                                  max_screens=walk.max_screens
+                                  if cfg.rollout.experimental.screen else 0)
             loop = GRPOLoop(step, sink, runner, sampler, cfg.loop, store=store, run_dir=run_dir,
                             config_to_save=cfg, batch_metrics=reward_metrics)
             if resume and loop.resume() is not None:

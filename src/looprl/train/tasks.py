@@ -87,10 +87,11 @@ def package_tasks(specs: list[str], cfg: TasksSection, seed: int,
 
 
 def build_tasks(cfg: TasksSection, progress: Progress | None = None) -> TaskSets:
-    """Train and held-out tasks as ``cfg`` says (module docstring); ``cfg.seed`` seeds the
-    build, the split and the held-out packages' sample."""
-    seed = cfg.seed
-    built = package_tasks(list(cfg.train_packages) + list(cfg.train_only_packages)
+    """Train and held-out tasks as ``cfg`` says (module docstring); ``cfg.experimental.seed``
+    seeds the build, the split and the held-out packages' sample."""
+    x = cfg.experimental
+    seed = x.seed
+    built = package_tasks(list(cfg.train_packages) + list(x.train_only_packages)
                           + list(cfg.heldout_packages), cfg, seed, progress)
     tasks = load_tasks(cfg.train_file) if cfg.train_file else []
     tasks += [t for s in cfg.train_packages for t in built[s]]
@@ -102,18 +103,18 @@ def build_tasks(cfg: TasksSection, progress: Progress | None = None) -> TaskSets
         train = [t for t in tasks if t.metadata.get("split") != "test"]
         held = [t for t in tasks if t.metadata.get("split") == "test"]
     else:
-        split = split_by_function(tasks, cfg.heldout_fraction, seed, cfg.max_heldout)
+        split = split_by_function(tasks, x.heldout_fraction, seed, x.max_heldout)
         train, held = split["train"], split["test"]
     train += [dataclasses.replace(t, metadata={**t.metadata, "split": "train"})
-              for s in cfg.train_only_packages for t in built[s]]
+              for s in x.train_only_packages for t in built[s]]
     other = [t for s in cfg.heldout_packages for t in built[s]]
-    if len(other) > cfg.max_heldout:  # evaluation time: a seeded sample, as many as the others
-        other = sorted(random.Random(seed).sample(other, cfg.max_heldout), key=lambda t: t.id)
-    if cfg.selection:
+    if len(other) > x.max_heldout:  # evaluation time: a seeded sample, as many as the others
+        other = sorted(random.Random(seed).sample(other, x.max_heldout), key=lambda t: t.id)
+    if x.selection:
         train, held, other = ([select_code(t) for t in ts] for ts in (train, held, other))
     if not train or not held:
         raise TaskError(f"{len(train)} train and {len(held)} held-out tasks: both sets need "
-                        "tasks; add packages, lower tasks.heldout_fraction, or give "
+                        "tasks; add packages, lower tasks.experimental.heldout_fraction, or give "
                         "tasks.heldout_file")
     missing = [t for t in train + held + other if "://" not in t.repo and not Path(t.repo).is_dir()]
     if missing:

@@ -13,10 +13,11 @@ from looprl.lazy import lazy_exports
 # Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "advantages": ["ADVANTAGES", "group_advantages", "is_zero_variance"],
-    "batch": ["MicroBatch", "TrainBatch", "build_batch", "pack_segments"],
+    "batch": ["Credit", "MicroBatch", "TrainBatch", "build_batch", "pack_segments"],
     "checkpoint": ["Resumed", "latest_checkpoint", "load_checkpoint", "save_checkpoint"],
-    "losses": ["LOSSES", "LossInputs", "LossOutput", "LossParams", "get_loss"],
+    "losses": ["LOSSES", "LossInputs", "LossOutput", "LossParams", "get_loss", "mtp_distillation"],
     "sampler": ["TaskSampler"],
-    "sft": ["SFTConfig", "SFTResult", "sft"],
-    "step": ["GRPOConfig", "GRPOStep", "StepMetrics", "make_optimizer", "token_logprobs", "train_step"],
+    "sft": ["SFTConfig", "SFTExperimental", "SFTResult", "sft"],
+    "step": ["GRPOConfig", "GRPOExperimental", "GRPOStep", "StepMetrics", "make_optimizer",
+             "token_logprobs", "train_step"],
 })

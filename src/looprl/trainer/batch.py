@@ -1,14 +1,15 @@
 """Groups -> TrainBatch: credit every model token with an advantage, then pack trajectories'
 segments into padded micro-batches of tensors.
 
-    batch = build_batch(groups, Credit(std_norm="never"), micro_batch_tokens=4096)
+    batch = build_batch(groups, Credit(), std_norm="never", micro_batch_tokens=4096)
     for mb in batch.micro_batches: ...   # mb.tokens_B_T, mb.loss_mask_B_T, mb.advantages_B_T, ...
 
 One row per segment. Every segment of a trajectory (a self-summarization chain has several) gets
-the trajectory's advantage (``Credit`` says how it is made from the group's rewards); with
-``Credit.broken_call_advantage`` the tokens of a broken tool call's own block get that instead,
-whatever the trajectory's outcome (token-level credit: the broken call, not the trajectory, is
-what was wrong; the valid calls and text around it keep the trajectory's advantage). Infra-error trajectories (and ones without a reward) are dropped
+the trajectory's advantage (``std_norm`` and ``Credit`` say how it is made from the group's
+rewards); with ``Credit.broken_call_advantage`` the tokens of a broken tool call's own block get
+that instead, whatever the trajectory's outcome (token-level credit: the broken call, not the
+trajectory, is what was wrong; the valid calls and text around it keep the trajectory's
+advantage). Infra-error trajectories (and ones without a reward) are dropped
 before advantages are computed — they are never scored as the model's fault. A group whose
 remaining rewards are all equal has no signal: it is counted, and skipped when
 ``skip_zero_variance`` (the default).
@@ -40,33 +41,48 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
+from looprl.config import Range, Share
 from looprl.trainer.advantages import group_advantages, is_zero_variance
 from looprl.types import Group, Segment, Trajectory
 
 
 @dataclass(frozen=True)
 class Credit:
-    """How a group's rewards become advantages of its trajectories' tokens."""
+    """Credit assignment's research switches (``grpo.experimental.credit``): which groups train
+    and how their advantages (``advantages.ADVANTAGES``, picked by ``grpo.std_norm``) are
+    reshaped before they reach the tokens. The defaults are plain GRPO."""
 
-    std_norm: str = "never"
-    """Group advantage scaling (``advantages.ADVANTAGES``): never (Dr. GRPO), always, unless_equal."""
     skip_zero_variance: bool = True
     """Skip groups whose rewards are all equal (they carry no advantage signal)."""
-    skip_without_pass: bool = False
-    """Skip groups where no trajectory passed the tests (``GRPOConfig.skip_groups_without_pass``)."""
+    skip_groups_without_pass: bool = False
+    """Skip groups where no trajectory passed the tests: their advantages come from the shaping
+    terms alone, which for a weak policy teach failing cheaply (quitting) over trying
+    (``docs/experiments.md``, table C)."""
     flat_failures: bool = False
-    """A group's failed trajectories get one reward (``flatten_failures``)."""
-    negative_scale: float = 1.0
-    """Negative advantages are multiplied by this (``scale_negatives``)."""
+    """Every failed trajectory of a group gets the mean reward of the group's failures
+    (``flatten_failures``), so the shaping terms rank passing trajectories only: inside a group
+    with a pass, quitting (cheap) no longer out-scores a failed attempt. A group with no pass
+    then has no signal."""
+    negative_advantage_scale: Share = 1.0
+    """Negative advantages are multiplied by this (``scale_negatives``): 1 is standard GRPO; 0
+    learns from the better-than-average trajectories only (the failures of a group push nothing
+    down). Without length normalisation a failure's push-down is summed over all its tokens,
+    and failed trajectories are many and long (flailing to the turn limit) while passes are
+    short, so the format tokens both share are pushed down on net, which can collapse the call
+    format (``docs/experiments.md``, table C). ``balance_negatives`` and
+    ``broken_call_advantage`` keep a negative signal without that push."""
     balance_negatives: bool = False
     """Scale a group's negative advantages down so that its failures push down no more token
-    mass (advantage x model tokens, summed) than its passes push up (``balance_negatives``)."""
-    broken_call_advantage: float | None = None
-    """The advantage of every token of a broken tool call's block (``Trajectory.broken_spans``), in
-    passing and failing trajectories alike; None = those tokens get the trajectory's."""
+    mass (advantage x model tokens, summed) than its passes push up (``balance_negatives``):
+    the format tokens passes and failures share get no net push from the failures' length."""
+    broken_call_advantage: Annotated[float, Range(-100.0, 100.0)] | None = None
+    """Token-level credit for broken tool calls: every token of a broken call's own block
+    (``Trajectory.broken_spans``) gets this advantage (e.g. -0.5) in passing and failing
+    trajectories alike; None = the trajectory's advantage."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +163,7 @@ def flatten_failures(rewards_G: Sequence[float], passed_G: Sequence[bool]) -> li
 
 
 def scale_negatives(advantages_G: Sequence[float], scale: float) -> list[float]:
-    """Negative advantages times ``scale`` (``GRPOConfig.negative_advantage_scale``).
+    """Negative advantages times ``scale`` (``Credit.negative_advantage_scale``).
 
     >>> scale_negatives([0.875, -0.125, -0.125], 0.5)
     [0.875, -0.0625, -0.0625]
@@ -192,7 +208,7 @@ def _trajectory_rows(t: Trajectory, advantage: float, credit: Credit) -> list[_R
     return rows
 
 
-def _rows(groups: Sequence[Group], credit: Credit
+def _rows(groups: Sequence[Group], credit: Credit, std_norm: str = "never"
           ) -> tuple[list[_Row], int, int, list[float], int]:
     rows: list[_Row] = []
     zero_var = dropped = no_pass = 0
@@ -205,7 +221,7 @@ def _rows(groups: Sequence[Group], credit: Credit
         passed_G = [t.passed for t in valid]
         if not any(passed_G):
             no_pass += 1
-            if credit.skip_without_pass:
+            if credit.skip_groups_without_pass:
                 continue
         if credit.flat_failures:
             rewards_G = flatten_failures(rewards_G, passed_G)
@@ -219,8 +235,8 @@ def _rows(groups: Sequence[Group], credit: Credit
             if credit.skip_zero_variance:
                 continue
         advantages_G = scale_negatives(
-            group_advantages(rewards_G, credit.std_norm) if baseline is None
-            else [r - float(baseline) for r in rewards_G], credit.negative_scale)
+            group_advantages(rewards_G, std_norm) if baseline is None
+            else [r - float(baseline) for r in rewards_G], credit.negative_advantage_scale)
         if credit.balance_negatives:
             advantages_G = balance_negatives(
                 advantages_G, [sum(s.num_model_tokens for s in t.segments) for t in valid])
@@ -231,6 +247,32 @@ def _rows(groups: Sequence[Group], credit: Credit
 
 MIN_SHARED_PREFIX = 64
 """Rows sharing at least this many leading tokens run the prefix once (``token_logprobs``)."""
+
+
+def distinct_rows(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep_U, of_B)``: the first row of each distinct row (same real tokens, same length), in
+    row order, and for every row the index in ``keep_U`` of the row it repeats (itself if none).
+    The rows of ``keep_U`` are the only ones a forward needs: a group's passing rollouts are
+    often token for token the same.
+
+    >>> t = torch.tensor([[5, 6], [7, 8], [5, 6], [5, 0]]); m = torch.tensor([[1, 1]] * 3 + [[1, 0]])
+    >>> [x.tolist() for x in distinct_rows(t, m)]
+    [[0, 1, 3], [0, 1, 0, 2]]
+    """
+    B = tokens_B_T.shape[0]
+    if B < 2:
+        every = torch.arange(B, device=tokens_B_T.device)
+        return every, every
+    key = torch.where(attention_mask_B_T == 1, tokens_B_T, -1)
+    _, which_B = torch.unique(key, dim=0, return_inverse=True)
+    first_U = torch.full((int(which_B.max()) + 1,), B, dtype=torch.long, device=key.device
+                         ).scatter_reduce(0, which_B, torch.arange(B, device=key.device), "amin")
+    order_U = first_U.argsort()
+    rank_U = torch.empty_like(order_U)
+    rank_U[order_U] = torch.arange(len(order_U), device=key.device)
+    return first_U[order_U], rank_U[which_B]
+
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -342,13 +384,14 @@ def _silent(r: _Row) -> bool:
     return r.advantage == 0.0 and not any(r.token_advantages or ())
 
 
-def build_batch(groups: Sequence[Group], credit: Credit = Credit(), *,
+def build_batch(groups: Sequence[Group], credit: Credit = Credit(), *, std_norm: str = "never",
                 micro_batch_tokens: int = 4096, pad_id: int = 0,
                 share_prefix: bool = True, drop_silent: bool = False) -> TrainBatch:
-    """Credit ``groups``' tokens (``credit``) and pack them into micro-batches of at most
-    ``micro_batch_tokens`` tokens of forward (a shared prefix counted once), leaving out the
-    rows with advantage 0 everywhere when ``drop_silent`` (module docstring)."""
-    rows, zero_var, dropped, rewards, no_pass = _rows(groups, credit)
+    """Credit ``groups``' tokens (advantages by ``std_norm``, reshaped as ``credit`` says) and
+    pack them into micro-batches of at most ``micro_batch_tokens`` tokens of forward (a shared
+    prefix counted once), leaving out the rows with advantage 0 everywhere when
+    ``drop_silent`` (module docstring)."""
+    rows, zero_var, dropped, rewards, no_pass = _rows(groups, credit, std_norm)
     n_rows = len(rows)
     if drop_silent:
         rows = [r for r in rows if not _silent(r)]

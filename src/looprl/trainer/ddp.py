@@ -176,7 +176,7 @@ def checkpoint_activations(model: nn.Module) -> None:
         enable, kw = getattr(m, "gradient_checkpointing_enable", None), "gradient_checkpointing_kwargs"
     if enable is None:
         raise ConfigError(f"activation_checkpointing needs a Hugging Face model; "
-                          f"{type(m).__name__} is not one: set grpo.activation_checkpointing=false")
+                          f"{type(m).__name__} is not one: set grpo.experimental.activation_checkpointing=false")
     enable(**{kw: {"use_reentrant": False}})
 
 

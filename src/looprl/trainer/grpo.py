@@ -65,9 +65,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from looprl.config import FieldError
+from looprl.config import Range
 from looprl.errors import WeightStoreError
 from looprl.protocols import GroupSource, WeightSink, WeightStore
 from looprl.rundir import RunDir
@@ -83,52 +83,58 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class LoopConfig:
-    """The asynchronous loop's knobs (the step's live in ``GRPOConfig``)."""
+class LoopExperimental:
+    """Policy lag, checkpoints and the task walk: research switches and tuning knobs
+    (``experimental`` in ``looprl.config``)."""
 
-    groups_per_step: int = 4
-    """Groups (tasks) per optimizer step."""
-    max_staleness: int = 2
+    max_staleness: Annotated[int, Range(0, 1_000_000)] = 2
     """Drop a group whose oldest token was sampled more than this many versions ago."""
-    queue_size: int = 8
+    queue_size: Annotated[int, Range(1, 1_000_000)] = 8
     """Scored groups waiting for the trainer; producers block beyond it (bounds policy lag).
     When the trainer is the slower side the queue stays full and a group waits
     ``queue_size / groups_per_step`` steps before it is trained on: keep that under
     ``max_staleness`` or finished groups go stale in the queue."""
-    max_steps: int = 1_000
-    max_minutes: float = 30.0
-    """Wall-clock budget of the loop; it stops after the step that crosses it."""
     sync: bool = False
     """Synchronous baseline: roll out a step's groups, then train, then roll out again."""
-    checkpoint_every: int = 0
+    checkpoint_every: Annotated[int, Range(0, 10**9)] = 0
     """Steps between checkpoints (0 = only at the end)."""
     save_trajectories: bool = True
     """Append every trained trajectory (messages, tokens, reward breakdown; its step in
     ``metadata["train_step"]``) to ``run_dir/trajectories/train.jsonl``: what the dashboard's
     trajectory viewer reads."""
-    seed: int = 0
-    """Shuffles the task order (each pass its own order)."""
-    passes: int = 1
+    passes: Annotated[int, Range(1, 10_000)] = 1
     """Walks over the task set. A task is trained at most once a pass, each time on fresh
     rollouts of the policy as it is then (each batch is still stepped on once: single epoch).
     More than one only matters when the tasks run out before ``max_minutes``; a task whose group
     had no pass the first time may have one by the next."""
-    max_screens: int = 3
-    """Times a task may be screened out (with ``rollout.screen``) before it is given up; a
-    screened-out task is tried again once the fresh tasks run out (``TaskSampler.defer``)."""
+    max_screens: Annotated[int, Range(0, 10_000)] = 3
+    """Times a task may be screened out (with ``rollout.experimental.screen``) before it is
+    given up; a screened-out task is tried again once the fresh tasks run out
+    (``TaskSampler.defer``)."""
     signal_first: bool = False
     """From the second pass on, hand out first the tasks whose last group had both passes and
     failures (GRPO's signal), then those with no pass (or not seen), and last those every
     rollout passed (``TaskSampler.record``): when the time runs out before the pass does, what
-    is left untried is what taught least. Off in the quickstart: from Q42's start it trained more
-    groups with signal yet generalised less (``docs/experiments.md``, stop 44, arm sig3)."""
+    is left untried is what taught least (``docs/experiments.md``, stop 44)."""
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The asynchronous loop's budgets (the step's knobs live in ``GRPOConfig``)."""
+
+    groups_per_step: Annotated[int, Range(1, 1_000_000)] = 4
+    """Groups (tasks) per optimizer step."""
+    max_steps: Annotated[int, Range(0, 10**9)] = 1_000
+    max_minutes: Annotated[float, Range(0.0, 1e7)] = 30.0
+    """Wall-clock budget of the loop; it stops after the step that crosses it."""
     loggers: tuple[str, ...] = ("tensorboard",)
     """Trackers beside ``metrics.jsonl`` (always written): ``tensorboard``, ``wandb`` (the
     ``wandb`` extra), or a plugin; see ``looprl.trainer.loggers``."""
+    experimental: LoopExperimental = field(default_factory=LoopExperimental)
 
-    def __post_init__(self) -> None:
-        if self.passes < 1:
-            raise FieldError("passes", f"must be at least 1 (walks over the task set), got {self.passes}")
+    RETIRED: ClassVar[dict[str, str]] = {
+        "seed": "it was never read; the task order follows the run's seed (top-level `seed`)"}
+    """Keys older configs may hold (``looprl.config``)."""
 
 
 @dataclass
@@ -140,7 +146,7 @@ class LoopStats:
     """Stale groups whose task was handed out again (``TaskSampler.requeue``)."""
     groups_dropped: int = 0
     groups_screened_out: int = 0
-    """Groups stopped after the screen (``rollout.screen``): no screen trajectory passed."""
+    """Groups stopped after the screen (``rollout.experimental.screen``): no screen trajectory passed."""
     screen_rollouts: int = 0
     """Trajectories those screens ran (the rollouts the screen did not save)."""
     zero_variance_groups: int = 0
@@ -246,7 +252,7 @@ class GRPOLoop:
                 "resume the run that published it (loop.resume(), --resume) or use an empty store")
         if self._resumed is not None:  # the engine samples from the resumed weights
             await self.engine.update_weights(self._weights(), self.version)
-        if self.cfg.sync:
+        if self.cfg.experimental.sync:
             await self._run_sync(progress)
         else:
             await self._run_async(progress)
@@ -271,7 +277,7 @@ class GRPOLoop:
         return ddp.per_rank(self.cfg.groups_per_step, self.dist, "loop.groups_per_step")
 
     async def _run_async(self, progress: Any) -> None:
-        queue: asyncio.Queue[GroupResult] = asyncio.Queue(maxsize=self.cfg.queue_size)
+        queue: asyncio.Queue[GroupResult] = asyncio.Queue(maxsize=self.cfg.experimental.queue_size)
         exhausted = asyncio.Event()
 
         async def produce() -> None:
@@ -328,7 +334,7 @@ class GRPOLoop:
             self.stats.groups_dropped += 1
             return None
         oldest = int(result.group.metadata.get("min_policy_version", self.version) or 0)
-        if oldest >= 0 and self.version - oldest > self.cfg.max_staleness:
+        if oldest >= 0 and self.version - oldest > self.cfg.experimental.max_staleness:
             self.stats.groups_stale += 1
             self.stats.groups_requeued += self.sampler.requeue(result.task)
             return None
@@ -371,7 +377,8 @@ class GRPOLoop:
         self._log(groups, metrics.to_dict(), publish_s)
         if progress is not None:
             progress(self.stats)
-        if self.cfg.checkpoint_every and self.stats.steps % self.cfg.checkpoint_every == 0:
+        every = self.cfg.experimental.checkpoint_every
+        if every and self.stats.steps % every == 0:
             self.checkpoint()
 
     def _log(self, groups: list[Group], step_metrics: dict[str, float], publish_s: float) -> None:
@@ -402,7 +409,7 @@ class GRPOLoop:
         if self._loggers is not None:
             self._loggers.log(self.stats.steps, row)
         if self.run_dir:
-            if self.cfg.save_trajectories:
+            if self.cfg.experimental.save_trajectories:
                 RunDir(self.run_dir).trajectories.mkdir(exist_ok=True)
                 with open(RunDir(self.run_dir).train_trajectories, "a", encoding="utf-8") as f:
                     f.writelines(dataclasses.replace(

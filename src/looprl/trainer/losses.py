@@ -1,4 +1,5 @@
-"""Policy-gradient losses: named functions in a dict, picked by ``GRPOConfig.loss``.
+"""Policy-gradient losses: named functions in a dict, picked by ``GRPOConfig.loss``, and the
+auxiliary term the step adds to them (``mtp_distillation``).
 
     out = LOSSES["dr_grpo"](LossInputs(...), LossParams(...))
     out.loss.backward()
@@ -36,35 +37,50 @@ Pieces:
 
 Self-summarization chains: every segment of a chain is a row whose advantage is the chain's
 (``batch.py`` does that), so all of them are credited with the final reward.
+
+Auxiliary term: a model with MTP heads (the engine's speculative drafters) adds
+``mtp_distillation`` of the same forward to each micro-batch's loss, averaged over the update's
+micro-batches; it trains the heads alone (their own param group, ``make_optimizer``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from torch import nn
 
+from looprl.config import Range, Tokens, check_choice
 from looprl.errors import ConfigError
+from looprl.models.mtp import DistillOut, distill_spans, heads_of
+from looprl.trainer.batch import distinct_rows
 
 
 @dataclass(frozen=True)
 class LossParams:
-    """The loss knobs (a subset of ``GRPOConfig``)."""
+    """The loss's knobs (``grpo.experimental.objective``; the loss itself is ``grpo.loss``)."""
 
-    kl_coef: float = 0.0
+    kl_coef: Annotated[float, Range(0.0, 100.0)] = 0.0
     """Weight of the sequence KL folded into the advantage; 0 = no reference model needed."""
     kl_estimator: str = "k1"
-    """'k1' (= lp - ref, unbiased) or 'k3' (r - 1 - log r)."""
-    tis_cap: float = 2.0
+    """'k1' (= lp - ref, unbiased) or 'k3' (r - 1 - log r), r = pi_ref / pi_theta."""
+    tis_cap: Annotated[float, Range(0.0, math.inf, lo_open=True)] = 2.0
     """Upper bound C of the importance weight pi_prox / pi_engine; inf disables truncation."""
     clip: bool = True
-    """PPO ratio clipping against the step's starting policy."""
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
+    """PPO ratio clipping against the step's starting policy (acts only when
+    ``mini_batches > 1``)."""
+    clip_eps_low: Annotated[float, Range(0.0, 1.0)] = 0.2
+    clip_eps_high: Annotated[float, Range(0.0, 100.0)] = 0.28
     """Asymmetric clip (DAPO's clip-higher keeps exploration tokens alive)."""
-    norm_tokens: int = 1024
-    """Dr. GRPO's constant: each sequence's token sum is divided by this (e.g. max new tokens)."""
+    norm_tokens: Tokens = 1024
+    """Dr. GRPO's constant: each sequence's token sum is divided by this; set it to the max
+    new tokens of a trajectory."""
+
+    def __post_init__(self) -> None:
+        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
 
 
 @dataclass(frozen=True)
@@ -139,10 +155,7 @@ def _terms(inp: LossInputs, p: LossParams) -> _Terms:
     if p.kl_coef != 0.0:
         if inp.ref_logprobs_B_T is None:
             raise ConfigError("kl_coef > 0 needs reference logprobs: pass a ref_model to train_step "
-                              "or set -o grpo.kl_coef=0")
-        if p.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError(f"unknown kl_estimator {p.kl_estimator!r}; choose one of {sorted(KL_ESTIMATORS)} "
-                              "(e.g. -o grpo.kl_estimator=k1)")
+                              "or set -o grpo.experimental.objective.kl_coef=0")
         ref = torch.where(m, inp.ref_logprobs_B_T.to(lp.dtype), zero)
         kl = torch.where(m, KL_ESTIMATORS[p.kl_estimator](lp.detach(), ref), zero)
     base = inp.advantages_B[:, None] if inp.advantages_B_T is None else inp.advantages_B_T
@@ -201,6 +214,20 @@ def cispo(inp: LossInputs, p: LossParams) -> LossOutput:
 
 
 LOSSES: dict[str, LossFn] = {"dr_grpo": dr_grpo, "grpo": grpo, "cispo": cispo}
+
+
+def mtp_distillation(model: nn.Module, hidden: Sequence[torch.Tensor], tokens_B_T: torch.Tensor,
+                     attention_mask_B_T: torch.Tensor) -> DistillOut | None:
+    """Auxiliary term: the model's MTP heads (``looprl.models.mtp``) distilled from the forward
+    that recorded ``hidden`` (``capture_hidden``) on these rows: KL(policy || head) with the
+    policy detached, so the policy's gradient is the same with or without heads while the
+    engine's drafts keep up with it. The forward ran each distinct row once
+    (``batch.distinct_rows``), and so does the term. None when the model has no heads."""
+    heads = heads_of(model)
+    if heads is None:
+        return None
+    keep_U, _ = distinct_rows(tokens_B_T, attention_mask_B_T)
+    return distill_spans(heads, model, hidden, tokens_B_T[keep_U], attention_mask_B_T[keep_U])
 
 
 def get_loss(name: str) -> LossFn:

@@ -17,62 +17,62 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Annotated
 
 import torch
 from torch import nn
 
-from looprl.config import FieldError, check_choice
+from looprl.config import Range, Seed, Tokens, check_choice
 from looprl.errors import ConfigError
-from looprl.models.mtp import capture_hidden, clip_grad_norms, distill_spans, heads_of
+from looprl.models.mtp import capture_hidden, clip_grad_norms, heads_of
 from looprl.models.pretrain import warmup_cosine_lr
 from looprl.progress import Bar
 from looprl.trainer.batch import pack_segments
+from looprl.trainer.losses import mtp_distillation
 from looprl.trainer.step import shares_prefixes, token_logprobs
 from looprl.types import Segment, Trajectory
 
 
 @dataclass(frozen=True)
-class SFTConfig:
-    """Knobs of supervised fine-tuning."""
+class SFTExperimental:
+    """The schedule, batch shape, optimizer and numerics of SFT: tuning knobs (``experimental``
+    in ``looprl.config``)."""
 
-    lr: float = 1e-4
     schedule: str = "constant"
     """``constant``: ``lr`` throughout. ``cosine``: linear warmup over the first 5% of the steps,
     then a cosine decay to 0, as pretraining does: the last steps move the weights little, so
     the model SFT ends on is not wherever a full-size step's noise left it."""
-    epochs: int = 1
-    """Passes over the segments (ignored when ``max_steps`` is set)."""
-    max_steps: int | None = None
+    max_steps: Annotated[int, Range(1, 10**9)] | None = None
     """Stop after this many optimizer steps (cycling over the data as needed)."""
-    batch_sequences: int = 8
+    batch_sequences: Annotated[int, Range(1, 1_000_000)] = 8
     """Segments per optimizer step."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: Tokens = 4096
     """Tokens per forward pass: rows x longest row, a prefix the rows share counted once
     (``trainer.batch``); bounds activation memory. Gradients accumulate across micro-batches."""
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    seed: int = 0
+    max_grad_norm: Annotated[float, Range(0.0, math.inf, lo_open=True)] = 1.0
+    """Global gradient-norm clip (inf = no clip)."""
+    weight_decay: Annotated[float, Range(0.0, 100.0)] = 0.0
+    seed: Seed = 0
     """Shuffling seed (each epoch reshuffles with seed + epoch)."""
     progress: bool = True
     """Show a rich progress bar."""
-    pad_id: int = 0
+    pad_id: Annotated[int, Range(0, 2**31 - 1)] = 0
     autocast_bf16: bool = False
     """Forward under bf16 autocast (fp32 master weights): ~1.8x faster on CPUs with AMX."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.lr < math.inf:
-            raise FieldError("lr", f"must be a finite number > 0, got {self.lr!r}")
         check_choice("schedule", self.schedule, ("constant", "cosine"))
-        if not self.max_grad_norm > 0.0:
-            raise FieldError("max_grad_norm", f"must be > 0 (inf = no clip), got {self.max_grad_norm!r}")
-        if not 0.0 <= self.weight_decay < math.inf:
-            raise FieldError("weight_decay", f"must be a finite number >= 0, got {self.weight_decay!r}")
-        for name in ("epochs", "batch_sequences", "micro_batch_tokens"):
-            if getattr(self, name) < 1:
-                raise FieldError(name, f"must be >= 1, got {getattr(self, name)!r}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise FieldError("max_steps", f"must be >= 1 or none, got {self.max_steps!r}")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning: a learning rate and the passes over the demos."""
+
+    lr: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 1e-4
+    epochs: Annotated[int, Range(1, 100_000)] = 1
+    """Passes over the segments (ignored when ``experimental.max_steps`` is set)."""
+    experimental: SFTExperimental = field(default_factory=SFTExperimental)
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,18 @@ def _segments(trajectories: Sequence[Trajectory]) -> tuple[list[Segment], int]:
 
 def _batches(n: int, cfg: SFTConfig) -> list[list[int]]:
     """Index lists, one per optimizer step, shuffled per epoch."""
+    x = cfg.experimental
     steps: list[list[int]] = []
     epoch = 0
     while True:
         order = list(range(n))
-        random.Random(cfg.seed + epoch).shuffle(order)
-        for i in range(0, n, cfg.batch_sequences):
-            steps.append(order[i:i + cfg.batch_sequences])
-            if cfg.max_steps is not None and len(steps) >= cfg.max_steps:
+        random.Random(x.seed + epoch).shuffle(order)
+        for i in range(0, n, x.batch_sequences):
+            steps.append(order[i:i + x.batch_sequences])
+            if x.max_steps is not None and len(steps) >= x.max_steps:
                 return steps
         epoch += 1
-        if cfg.max_steps is None and epoch >= cfg.epochs:
+        if x.max_steps is None and epoch >= cfg.epochs:
             return steps
 
 
@@ -113,24 +114,24 @@ def sft_step(model: nn.Module, optimizer: torch.optim.Optimizer, segments: Seque
     """One optimizer step on ``segments``; returns (mean NLL per model token, model tokens)."""
     device = next(model.parameters()).device  # batches are built on the CPU
     mbs = [mb.to(device) for mb in pack_segments(
-        segments, [0.0] * len(segments), micro_batch_tokens=cfg.micro_batch_tokens,
-        pad_id=cfg.pad_id, share_prefix=shares_prefixes(model))]
+        segments, [0.0] * len(segments), micro_batch_tokens=cfg.experimental.micro_batch_tokens,
+        pad_id=cfg.experimental.pad_id, share_prefix=shares_prefixes(model))]
     n_tok = sum(float(mb.loss_mask_B_T.sum()) for mb in mbs)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     heads = heads_of(model)
     for mb in mbs:
-        # the forward's hidden states and logits also distill the model's MTP heads, if any
         with capture_hidden(model) if heads is not None else contextlib.nullcontext([]) as seen:
             lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
-                                autocast_bf16=cfg.autocast_bf16)
+                                autocast_bf16=cfg.experimental.autocast_bf16)
         loss = -(lp * mb.loss_mask_B_T).sum() / max(n_tok, 1.0)
         nll = float(loss.detach())
-        if heads is not None:
-            loss = loss + distill_spans(heads, model, seen, mb.tokens_B_T, mb.attention_mask_B_T).loss / len(mbs)
+        mtp = mtp_distillation(model, seen, mb.tokens_B_T, mb.attention_mask_B_T)
+        if mtp is not None:  # the auxiliary term, as in the GRPO step
+            loss = loss + mtp.loss / len(mbs)
         loss.backward()
         total += nll
-    clip_grad_norms(model, cfg.max_grad_norm)  # the heads' gradients are clipped apart
+    clip_grad_norms(model, cfg.experimental.max_grad_norm)  # the heads' clipped apart
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return total, int(n_tok)
@@ -145,14 +146,14 @@ def sft(model: nn.Module, trajectories: Sequence[Trajectory], cfg: SFTConfig | N
         raise ConfigError(f"no trainable segments in {len(trajectories)} trajectories (all infra "
                           "errors or no model tokens); check the trajectory source")
     optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=cfg.lr,
-                                               weight_decay=cfg.weight_decay)
+                                               weight_decay=cfg.experimental.weight_decay)
     plan = _batches(len(segs), cfg)
     model.train()
     t0, losses, tokens = time.perf_counter(), [], 0
-    with Bar(disable=not cfg.progress, transient=False) as bar:
+    with Bar(disable=not cfg.experimental.progress, transient=False) as bar:
         task = bar.add_task("sft", total=len(plan))
         for step, idx in enumerate(plan):
-            if cfg.schedule == "cosine":
+            if cfg.experimental.schedule == "cosine":
                 for g in optimizer.param_groups:
                     g["lr"] = warmup_cosine_lr(step, len(plan), cfg.lr, warmup=max(1, len(plan) // 20))
             loss, n = sft_step(model, optimizer, [segs[i] for i in idx], cfg)

@@ -2,12 +2,15 @@
 
     cfg = GRPOConfig(lr=1e-5, loss="dr_grpo")
     opt = make_optimizer(model, cfg)
-    batch = build_batch(groups, cfg.credit(), micro_batch_tokens=cfg.micro_batch_tokens)
+    x = cfg.experimental
+    batch = build_batch(groups, x.credit, std_norm=cfg.std_norm,
+                        micro_batch_tokens=x.micro_batch_tokens)
     metrics = train_step(model, ref_model, opt, batch, cfg)      # or GRPOStep(...).on_groups(groups)
 
-A step: for every micro-batch, forward, logprobs of the taken tokens, loss from ``LOSSES``,
-backward (gradients accumulate; under DDP only the last micro-batch all-reduces); then gradient
-clipping and one optimizer step. Each batch is stepped once (single epoch). With
+A step: for every micro-batch, forward, logprobs of the taken tokens, loss from ``LOSSES`` (plus
+the auxiliary ``losses.mtp_distillation`` when the model has MTP heads), backward (gradients
+accumulate; under DDP only the last micro-batch all-reduces); then gradient clipping and one
+optimizer step. Each batch is stepped once (single epoch). With
 ``mini_batches > 1`` the batch is split into that many consecutive updates, and the policy at the
 start of the step is the PPO "proximal" policy the ratio is clipped against.
 
@@ -25,82 +28,55 @@ import inspect
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from looprl.config import FieldError, check_choice
+from looprl.config import Range, Tokens, check_choice
 from looprl.models.fingerprint import check_trajectories, model_fingerprint
-from looprl.models.mtp import DistillOut, capture_hidden, clip_grad_norms, distill_spans, heads_of
+from looprl.models.mtp import DistillOut, capture_hidden, clip_grad_norms, heads_of
 from looprl.trainer import ddp
 from looprl.trainer.advantages import ADVANTAGES
-from looprl.trainer.batch import MIN_SHARED_PREFIX, Credit, MicroBatch, TrainBatch, build_batch
-from looprl.trainer.losses import KL_ESTIMATORS, LOSSES, LossInputs, LossParams, get_loss
+from looprl.trainer.batch import (
+    MIN_SHARED_PREFIX,
+    Credit,
+    MicroBatch,
+    TrainBatch,
+    build_batch,
+    distinct_rows,
+)
+from looprl.trainer.losses import (
+    LOSSES,
+    LossInputs,
+    LossOutput,
+    LossParams,
+    get_loss,
+    mtp_distillation,
+)
 from looprl.types import Group
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
-    """Knobs of the GRPO step (the async loop's knobs live with the loop)."""
+class GRPOExperimental:
+    """The step's research switches and tuning knobs (``experimental`` in ``looprl.config``):
+    the optimizer, numerics and memory, the loss's knobs (``objective``) and credit
+    assignment's switches (``credit``). The defaults are Dr. GRPO with AdamW."""
 
-    lr: float = 1e-5
-    """AdamW learning rate; RL on a pretrained policy uses 1e-6..1e-5."""
-    loss: str = "dr_grpo"
-    """A name in ``looprl.trainer.losses.LOSSES``: dr_grpo, grpo, cispo."""
-    std_norm: str = "never"
-    """Group advantage scaling: never (Dr. GRPO), always, unless_equal."""
-    kl_coef: float = 0.0
-    """KL-to-reference weight folded into each sequence's advantage; 0 = no reference model."""
-    kl_estimator: str = "k1"
-    """k1 (lp - ref) or k3 (r - 1 - log r), r = pi_ref / pi_theta."""
-    tis_cap: float = 2.0
-    """Truncated importance sampling cap C on pi_trainer / pi_engine."""
-    clip: bool = True
-    """PPO ratio clipping (acts only when mini_batches > 1)."""
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    norm_tokens: int = 1024
-    """Dr. GRPO's constant divisor per sequence; set it to the max new tokens of a trajectory."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: Tokens = 4096
     """Tokens per forward pass: rows x longest row, a prefix the rows share counted once
     (``trainer.batch``); bounds activation memory. Gradients accumulate across micro-batches."""
-    mini_batches: int = 1
+    mini_batches: Annotated[int, Range(1, 100_000)] = 1
     """Optimizer updates per batch (each on a consecutive slice of the micro-batches)."""
-    max_grad_norm: float = 1.0
-    """Global gradient-norm clip; a non-finite norm skips the update."""
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    temperature: float = 1.0
+    max_grad_norm: Annotated[float, Range(0.0, math.inf, lo_open=True)] = 1.0
+    """Global gradient-norm clip (inf = no clip); a non-finite norm skips the update."""
+    weight_decay: Annotated[float, Range(0.0, 100.0)] = 0.0
+    adam_beta1: Annotated[float, Range(0.0, 1.0, hi_open=True)] = 0.9
+    adam_beta2: Annotated[float, Range(0.0, 1.0, hi_open=True)] = 0.999
+    temperature: Annotated[float, Range(0.0, 100.0, lo_open=True)] = 1.0
     """The engine's sampling temperature: logits are divided by it so logprobs match the engine's."""
-    skip_zero_variance: bool = True
-    """Skip groups whose rewards are all equal (they carry no advantage signal)."""
-    skip_groups_without_pass: bool = False
-    """Skip groups where no trajectory passed the tests: their advantages come from the shaping
-    terms alone, which for a weak policy teach failing cheaply (quitting) over trying
-    (``docs/experiments.md``, table C)."""
-    flat_failures: bool = False
-    """Every failed trajectory of a group gets the mean reward of the group's failures, so the
-    shaping terms rank passing trajectories only: inside a group with a pass, quitting (cheap)
-    no longer out-scores a failed attempt. A group with no pass then has no signal."""
-    negative_advantage_scale: float = 1.0
-    """Negative advantages are multiplied by this: 1 is standard GRPO; 0 learns from the
-    better-than-average trajectories only (the failures of a group push nothing down). Without
-    length normalisation a failure's push-down is summed over all its tokens, and failed
-    trajectories are many and long (flailing to the turn limit) while passes are short, so the
-    format tokens both share are pushed down on net, which can collapse the call format
-    (``docs/experiments.md``, table C). ``balance_negatives`` and ``broken_call_advantage`` keep
-    a negative signal without that push."""
-    balance_negatives: bool = False
-    """Scale a group's negative advantages down so its failures push down no more token mass
-    (advantage x model tokens) than its passes push up (``batch.balance_negatives``): the
-    format tokens passes and failures share get no net push from the failures' length."""
-    broken_call_advantage: float | None = None
-    """Token-level credit for broken tool calls: every token of a broken call's own block gets
-    this advantage (e.g. -0.5) in passing and failing trajectories alike; None = the
-    trajectory's advantage."""
     autocast_bf16: bool = False
     """Run forward passes under bf16 autocast (faster at batch >= 16 on CPUs with AMX)."""
     parallel: str = "ddp"
@@ -110,50 +86,38 @@ class GRPOConfig:
     activation_checkpointing: bool = False
     """Recompute each layer's activations in the backward instead of keeping them (HF's
     gradient checkpointing): less memory for about one more forward per step."""
-    mtp_lr: float = 1e-3
-    """Learning rate of the model's MTP heads (``looprl.models.mtp``) when it has them: every
-    micro-batch's forward also distills them (KL to the policy's own distributions, the policy
-    detached), so the engine's drafts keep up with the moving policy. The heads have their own
-    param group and gradient clip; the policy's update is the same with or without them."""
+    mtp_lr: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 1e-3
+    """Learning rate of the model's MTP heads (``looprl.models.mtp``) when it has them: their
+    distillation is an auxiliary term of every micro-batch's loss (``losses.mtp_distillation``),
+    so the engine's drafts keep up with the moving policy. The heads have their own param group
+    and gradient clip; the policy's update is the same with or without them."""
+    objective: LossParams = field(default_factory=LossParams)
+    """The loss's knobs: KL to a reference, importance-weight cap, PPO clip, Dr. GRPO's divisor."""
+    credit: Credit = field(default_factory=Credit)
+    """Which groups train and how their advantages are reshaped (``batch.Credit``)."""
 
-    def credit(self) -> Credit:
-        """How the step turns groups' rewards into token advantages (``batch.Credit``)."""
-        return Credit(std_norm=self.std_norm, skip_zero_variance=self.skip_zero_variance,
-                      skip_without_pass=self.skip_groups_without_pass,
-                      flat_failures=self.flat_failures,
-                      negative_scale=self.negative_advantage_scale,
-                      balance_negatives=self.balance_negatives,
-                      broken_call_advantage=self.broken_call_advantage)
+    def __post_init__(self) -> None:
+        check_choice("parallel", self.parallel, ddp.PARALLEL)
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """The GRPO step: a learning rate and the objective's two named choices (the async loop's
+    knobs live with the loop; everything else in ``experimental``)."""
+
+    lr: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 1e-5
+    """AdamW learning rate; RL on a pretrained policy uses 1e-6..1e-5."""
+    loss: str = "dr_grpo"
+    """A name in ``looprl.trainer.losses.LOSSES``: dr_grpo, grpo, cispo."""
+    std_norm: str = "never"
+    """Group advantage scaling (``looprl.trainer.advantages.ADVANTAGES``): never (Dr. GRPO),
+    always, unless_equal."""
+    experimental: GRPOExperimental = field(default_factory=GRPOExperimental)
 
     def __post_init__(self) -> None:
         # Checked at load: a typo here would otherwise surface after pretraining and SFT.
         check_choice("loss", self.loss, LOSSES)
         check_choice("std_norm", self.std_norm, ADVANTAGES)
-        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        check_choice("parallel", self.parallel, ddp.PARALLEL)
-        if not 0.0 <= self.negative_advantage_scale <= 1.0:
-            raise FieldError("negative_advantage_scale", "must be in [0, 1] (1 = standard GRPO), "
-                             f"got {self.negative_advantage_scale!r}")
-        for name in ("lr", "temperature", "mtp_lr"):
-            if not 0.0 < getattr(self, name) < math.inf:
-                raise FieldError(name, f"must be a finite number > 0, got {getattr(self, name)!r}")
-        for name in ("tis_cap", "max_grad_norm"):
-            if not getattr(self, name) > 0.0:
-                raise FieldError(name, f"must be > 0 (inf = no cap), got {getattr(self, name)!r}")
-        for name in ("kl_coef", "weight_decay", "clip_eps_low", "clip_eps_high"):
-            if not 0.0 <= getattr(self, name) < math.inf:
-                raise FieldError(name, f"must be a finite number >= 0, got {getattr(self, name)!r}")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise FieldError(name, f"must be in [0, 1), got {getattr(self, name)!r}")
-        for name in ("norm_tokens", "micro_batch_tokens", "mini_batches"):
-            if getattr(self, name) < 1:
-                raise FieldError(name, f"must be >= 1, got {getattr(self, name)!r}")
-
-    def loss_params(self) -> LossParams:
-        return LossParams(kl_coef=self.kl_coef, kl_estimator=self.kl_estimator,
-                          tis_cap=self.tis_cap, clip=self.clip, clip_eps_low=self.clip_eps_low,
-                          clip_eps_high=self.clip_eps_high, norm_tokens=self.norm_tokens)
 
 
 @dataclass(frozen=True)
@@ -194,14 +158,15 @@ class StepMetrics:
 
 def make_optimizer(model: nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
     """AdamW over the policy (and, in a group of their own at ``mtp_lr``, its MTP heads)."""
+    x = cfg.experimental
     heads = heads_of(model)
     own = {id(p) for p in heads.parameters()} if heads is not None else set()
     groups = [{"params": [p for p in model.parameters() if p.requires_grad and id(p) not in own]}]
     if heads is not None:
         groups.append({"params": [p for p in heads.parameters() if p.requires_grad],
-                       "lr": cfg.mtp_lr, "weight_decay": 0.0})
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                             weight_decay=cfg.weight_decay)
+                       "lr": x.mtp_lr, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(x.adam_beta1, x.adam_beta2),
+                             weight_decay=x.weight_decay)
 
 
 def gather_logprobs(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor) -> torch.Tensor:
@@ -214,36 +179,15 @@ def gather_logprobs(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor) -> to
 
 
 def shared_prefix_len(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor) -> int:
-    """Leading positions where every row has the same real token (0 for a single row)."""
+    """Leading positions where every row has the same real token (0 for a single row).
+
+    >>> t = torch.tensor([[1, 2, 3, 0], [1, 2, 4, 5]]); shared_prefix_len(t, (t > 0).long())
+    2
+    """
     if tokens_B_T.shape[0] < 2:
         return 0
     same_T = (tokens_B_T == tokens_B_T[:1]).all(0) & (attention_mask_B_T == 1).all(0)
     return int(same_T.long().cumprod(0).sum())
-
-
-def distinct_rows(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(keep_U, of_B)``: the first row of each distinct row (same real tokens, same length), in
-    row order, and for every row the index in ``keep_U`` of the row it repeats (itself if none).
-    The rows of ``keep_U`` are the only ones a forward needs: a group's passing rollouts are
-    often token for token the same.
-
-    >>> t = torch.tensor([[5, 6], [7, 8], [5, 6], [5, 0]]); m = torch.tensor([[1, 1]] * 3 + [[1, 0]])
-    >>> [x.tolist() for x in distinct_rows(t, m)]
-    [[0, 1, 3], [0, 1, 0, 2]]
-    """
-    B = tokens_B_T.shape[0]
-    if B < 2:
-        every = torch.arange(B, device=tokens_B_T.device)
-        return every, every
-    key = torch.where(attention_mask_B_T == 1, tokens_B_T, -1)
-    _, which_B = torch.unique(key, dim=0, return_inverse=True)
-    first_U = torch.full((int(which_B.max()) + 1,), B, dtype=torch.long, device=key.device
-                         ).scatter_reduce(0, which_B, torch.arange(B, device=key.device), "amin")
-    order_U = first_U.argsort()
-    rank_U = torch.empty_like(order_U)
-    rank_U[order_U] = torch.arange(len(order_U), device=key.device)
-    return first_U[order_U], rank_U[which_B]
 
 
 def shares_prefixes(model: nn.Module) -> bool:
@@ -324,7 +268,8 @@ def _no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
 
 def _logprobs(model: nn.Module, mb: MicroBatch, cfg: GRPOConfig) -> torch.Tensor:
     return token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
-                          temperature=cfg.temperature, autocast_bf16=cfg.autocast_bf16)
+                          temperature=cfg.experimental.temperature,
+                          autocast_bf16=cfg.experimental.autocast_bf16)
 
 
 @dataclass
@@ -347,6 +292,25 @@ class _Acc:
         self.mtp_positions += d.positions
 
 
+def _micro_batch_terms(model: nn.Module, ref_model: nn.Module | None, mb: MicroBatch,
+                       cfg: GRPOConfig, n_seq: int, prox: torch.Tensor | None
+                       ) -> tuple[LossOutput, DistillOut | None]:
+    """One forward of a micro-batch and the loss terms it gives: the policy gradient
+    (``cfg.loss``, normalised by the update's ``n_seq`` sequences) and, when the model has MTP
+    heads, the auxiliary ``mtp_distillation`` of the same forward."""
+    heads = heads_of(model)
+    with capture_hidden(model) if heads is not None else contextlib.nullcontext([]) as seen:
+        lp = _logprobs(model, mb, cfg)
+    ref = None
+    if ref_model is not None and cfg.experimental.objective.kl_coef != 0.0:
+        with torch.no_grad():
+            ref = _logprobs(ref_model, mb, cfg)
+    out = get_loss(cfg.loss)(LossInputs(lp, mb.old_logprobs_B_T, mb.loss_mask_B_T,
+                                        mb.advantages_B, n_seq, prox, ref, mb.advantages_B_T),
+                             cfg.experimental.objective)
+    return out, mtp_distillation(model, seen, mb.tokens_B_T, mb.attention_mask_B_T)
+
+
 def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.optim.Optimizer,
                batch: TrainBatch, cfg: GRPOConfig, *, current_version: int | None = None,
                dist: ddp.DistInfo = ddp.ONE_PROCESS) -> StepMetrics:
@@ -356,35 +320,23 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
     device = next(model.parameters()).device  # batches are built on the CPU
     batch = dataclasses.replace(batch, micro_batches=tuple(mb.to(device)
                                                            for mb in batch.micro_batches))
-    loss_fn, params = get_loss(cfg.loss), cfg.loss_params()
-    minis, seqs = _updates(batch.micro_batches, cfg.mini_batches, dist, device, batch.silent_rows)
+    x = cfg.experimental
+    minis, seqs = _updates(batch.micro_batches, x.mini_batches, dist, device, batch.silent_rows)
     model.train()
     prox: dict[int, torch.Tensor] = {}
     if len(minis) > 1:  # the step's starting policy, for PPO clipping across updates
         with torch.no_grad():
             prox = {id(mb): _logprobs(model, mb, cfg) for mini in minis for mb in mini}
     acc, norms, updates, skipped = _Acc(), [], 0, 0
-    heads = heads_of(model)
     for mini, n_seq in zip(minis, seqs, strict=True):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(mini):
             with _no_sync(model, i == len(mini) - 1):
-                # the forward's hidden states and logits also distill the MTP heads, if any
-                with capture_hidden(model) if heads is not None else contextlib.nullcontext([]) as seen:
-                    lp = _logprobs(model, mb, cfg)
-                ref = None
-                if ref_model is not None and cfg.kl_coef != 0.0:
-                    with torch.no_grad():
-                        ref = _logprobs(ref_model, mb, cfg)
-                out = loss_fn(LossInputs(lp, mb.old_logprobs_B_T, mb.loss_mask_B_T, mb.advantages_B,
-                                         n_seq, prox.get(id(mb)), ref, mb.advantages_B_T), params)
+                out, mtp = _micro_batch_terms(model, ref_model, mb, cfg, n_seq, prox.get(id(mb)))
                 # DDP and FSDP average gradients over ranks; the loss is normalised by the
                 # whole step's sequences, so the ranks' sum is one process's gradient
                 loss = out.loss * dist.world_size
-                if heads is not None:  # the forward ran on the distinct rows
-                    keep_U, _ = distinct_rows(mb.tokens_B_T, mb.attention_mask_B_T)
-                    mtp = distill_spans(heads, model, seen, mb.tokens_B_T[keep_U],
-                                        mb.attention_mask_B_T[keep_U])
+                if mtp is not None:  # the auxiliary term: the update's mean over micro-batches
                     loss = loss + mtp.loss / len(mini)
                     acc.add_mtp(mtp)
                 loss.backward()
@@ -394,7 +346,7 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
             acc.ratio_max = max(acc.ratio_max, out.is_ratio_max)
             acc.clip += out.clip_fraction * out.tokens
             acc.tokens += out.tokens
-        norm = clip_grad_norms(model, cfg.max_grad_norm)  # the policy's norm (heads clipped apart)
+        norm = clip_grad_norms(model, x.max_grad_norm)  # the policy's norm (heads clipped apart)
         norms.append(norm)
         if math.isfinite(norm):
             optimizer.step()
@@ -492,7 +444,7 @@ class GRPOStep:
     """The step with its state: model, optional frozen reference, optimizer, config.
 
     ``on_groups(groups)`` packs and trains; the async loop calls it with each batch of groups.
-    Under torchrun (``dist``) the model is wrapped as ``cfg.parallel`` says (``self.sharding``:
+    Under torchrun (``dist``) the model is wrapped as ``cfg.experimental.parallel`` says (``self.sharding``:
     full weights and checkpoints) and ``on_groups`` takes this rank's groups; an ``optimizer``
     passed in must be over the wrapped model (``ddp.wrap`` it first).
     """
@@ -500,9 +452,9 @@ class GRPOStep:
     def __init__(self, model: nn.Module, cfg: GRPOConfig, *, ref_model: nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, pad_id: int = 0,
                  dist: ddp.DistInfo | None = None) -> None:
-        if cfg.activation_checkpointing:
+        if cfg.experimental.activation_checkpointing:
             ddp.checkpoint_activations(model)
-        self.sharding = ddp.Sharding(model, dist, cfg.parallel)
+        self.sharding = ddp.Sharding(model, dist, cfg.experimental.parallel)
         self.model, self.cfg, self.ref_model, self.pad_id = self.sharding.model, cfg, ref_model, pad_id
         self.optimizer = optimizer or make_optimizer(self.model, cfg)
         if ref_model is not None:
@@ -513,10 +465,11 @@ class GRPOStep:
 
     def batch(self, groups: Sequence[Group]) -> TrainBatch:
         # a row with advantage 0 everywhere trains nothing unless a KL term or MTP heads read it
-        silent_ok = (self.cfg.mini_batches == 1 and self.cfg.kl_coef == 0.0
+        x = self.cfg.experimental
+        silent_ok = (x.mini_batches == 1 and x.objective.kl_coef == 0.0
                      and heads_of(self.model) is None)
-        return build_batch(groups, self.cfg.credit(),
-                           micro_batch_tokens=self.cfg.micro_batch_tokens, pad_id=self.pad_id,
+        return build_batch(groups, x.credit, std_norm=self.cfg.std_norm,
+                           micro_batch_tokens=x.micro_batch_tokens, pad_id=self.pad_id,
                            share_prefix=shares_prefixes(self.model), drop_silent=silent_ok)
 
     def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
