@@ -45,7 +45,7 @@ import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import tomllib
 
@@ -234,7 +234,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a table of fields ([{where}] in TOML), "
                               f"got {_show(value)}")
-        return from_dict(tp, value, where + ".")
+        return from_dict(cast(type, tp), value, where + ".")
     if origin in (list, tuple):
         if isinstance(value, str):
             value = [v for v in value.split(",") if v] if not value.startswith("[") else _json(

@@ -74,6 +74,8 @@ def build_cmd(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Build validated tasks from each package and print a summary table."""
+    from rich.progress import TaskID
+
     from looprl.progress import Bar
     from looprl.tasks import mutate
     from looprl.tasks.build import BuildConfig, build_package_tasks
@@ -97,7 +99,7 @@ def build_cmd(
             bar.update(job, description=spec)
             sub = bar.add_task(f"  {spec} tasks", total=max_tasks)
 
-            def tick(what: str, n: int, sub: int = sub) -> None:
+            def tick(what: str, n: int, sub: TaskID = sub) -> None:
                 if what == "validated":
                     bar.advance(sub, n)
 

@@ -158,7 +158,8 @@ def failure_details(text: str) -> dict[str, str]:
     """Test name -> the ``E  ...`` lines of its traceback (``--tb=short`` section headers are
     ``___ test_name ___``), for prompts that quote the wrong value."""
     out: dict[str, str] = {}
-    name, lines = None, []
+    name: str | None = None
+    lines: list[str] = []
     for line in text.splitlines():
         m = re.match(r"^_{3,} (.+?) _{3,}$", line)
         if m:

@@ -378,7 +378,7 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
     assert prepared.status is not None, "every launcher has a status channel (prepare*)"
     proc, cg = prepared.proc, prepared.cg
     out, err = Capped(limits.output_bytes), Capped(limits.output_bytes)
-    pumps: asyncio.Future[list[None]] | None = None
+    pumps: asyncio.Future[tuple[None, None]] | None = None
     rc: int | None = None
     status = LaunchStatus(started=False)
     finished = False  # the status came in time: the command has ended
@@ -389,9 +389,9 @@ async def run_bwrap(argv: list[str] | None, *, timeout_s: float, limits: Sandbox
             data = message if message is not None else encode_argv(argv or [])
             await prepared.go(data)  # the timeout clock runs from here
             # The readers start while the command does (its pipes hold 64 KiB until then).
-            pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
+            pumps = running = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err))
             # When we are cancelled the pumps are too; retrieve that so asyncio does not log it.
-            pumps.add_done_callback(lambda f: f.cancelled() or f.exception())
+            running.add_done_callback(lambda f: f.cancelled() or f.exception())
             status = await _within(prepared.read_status(), timeout_s)
             rc = status.code
             if rc is None:  # not started, or it killed its launcher: wait for the process
@@ -458,7 +458,7 @@ async def _within(aw: Awaitable[T], timeout_s: float) -> T:
 _RETIRING: set[asyncio.Future[None]] = set()
 
 
-def _retire(prepared: Prepared, pumps: asyncio.Future[list[None]]) -> None:
+def _retire(prepared: Prepared, pumps: asyncio.Future[tuple[None, None]]) -> None:
     """Reap a finished command's sandbox and remove its cgroups in the background (its
     namespaces take a few ms to go), once its cancelled pumps have let go of its pipes (so a
     pipe's fd number is never reused under a live reader)."""

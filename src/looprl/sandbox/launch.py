@@ -61,7 +61,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from looprl import paths
 from looprl.errors import SandboxError, ToolError
@@ -392,14 +392,14 @@ def _set_once(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def drain(f: BinaryIO, sink: Capped) -> None:
+def drain(f: IO[bytes], sink: Capped) -> None:
     """Read what a (non-blocking) pipe holds now into ``sink``, without waiting for EOF."""
     with contextlib.suppress(BlockingIOError, OSError, ValueError):
         while chunk := os.read(f.fileno(), 65536):
             sink.add(chunk)
 
 
-async def pump(f: BinaryIO, sink: Capped) -> None:
+async def pump(f: IO[bytes], sink: Capped) -> None:
     """Drain a non-blocking pipe (``Prepared.spawn`` makes them so) into ``sink`` until EOF, on
     the running loop (no thread)."""
     loop = asyncio.get_running_loop()

@@ -389,7 +389,8 @@ def _ordered_candidates(screener: Screener, kinds: tuple[str, ...], rng: random.
         pool += mutate.candidates(text, path, kinds, check_syntax=False)  # checked when screened
     rng.shuffle(pool)
     seen: set[tuple[str, str]] = set()
-    firsts, rest = [], []
+    firsts: list[mutate.Mutation] = []
+    rest: list[mutate.Mutation] = []
     for m in pool:
         k = (m.functions[0], m.kind)
         (rest if k in seen else firsts).append(m)
@@ -643,8 +644,8 @@ async def abuild_package_tasks(snap: PackageSnapshot, cfg: BuildConfig,
     with stage("write_tasks"):
         made = [make_task(snap, s, root, originals) for s in screened]
     tasks = await validate_all(made, cfg.validate, cfg.workers, progress)
-    for t in set(t.id for t in made) - set(t.id for t in tasks):
-        remove_task_repo(root, t, keep)  # not solvable as recorded: not a task (here)
+    for tid in set(t.id for t in made) - set(t.id for t in tasks):
+        remove_task_repo(root, tid, keep)  # not solvable as recorded: not a task (here)
     for t in tasks:
         t.metadata["validated"] = cfg.validate
         if cfg.validate != "none":

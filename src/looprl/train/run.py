@@ -94,14 +94,22 @@ def _cached_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _on(model: torch.nn.Module, device: torch.device | str) -> torch.nn.Module:
+    """``model`` moved to ``device`` (transformers types ``PreTrainedModel.to`` as taking a model)."""
+    return model.to(device)
+
+
+def _build_tasks(cfg: TrainConfig, run_dir: Path) -> TaskSets:
+    with stages.progress_bar() as bar:
+        job = bar.add_task("tasks", total=None)
+        sets = build_tasks(cfg.tasks,
+                           progress=lambda spec: bar.update(job, description=f"tasks: {spec}"))
+    sets.save(run_dir)
+    return sets
+
+
 def _tasks(cfg: TrainConfig, run_dir: Path) -> TaskSets:
-    sets = TaskSets.load(run_dir)
-    if sets is None:
-        with stages.progress_bar() as bar:
-            job = bar.add_task("tasks", total=None)
-            sets = build_tasks(cfg.tasks,
-                               progress=lambda spec: bar.update(job, description=f"tasks: {spec}"))
-        sets.save(run_dir)
+    sets = TaskSets.load(run_dir) or _build_tasks(cfg, run_dir)
     console.print(f"[bold]tasks[/]: {len(sets.train)} train, {len(sets.heldout)} held-out"
                   + (f", {len(sets.heldout_packages)} in held-out packages"
                      if sets.heldout_packages else ""))
@@ -133,7 +141,7 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
     if record is not None:  # resumed after this stage
         loaded = load_model(start_dir)
         val = [Trajectory.from_json(x) for x in val_path.read_text().splitlines() if x.strip()]
-        return Start(loaded.model.to(device), loaded.tokenizer, start_dir, record["demos"],
+        return Start(_on(loaded.model, device), loaded.tokenizer, start_dir, record["demos"],
                      record["sft"], val, record["turns"])
     model_dir = stages.init_model(cfg, run_dir)
     tok = load_model(model_dir).tokenizer
@@ -142,7 +150,7 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
     stages.pretrain_model(cfg, model_dir, demos, tok,
                           sets.train + sets.heldout + sets.heldout_packages)
     demos = stages.rename_demos(demos, tok, cfg)  # for SFT: pretraining reads the real code
-    model = load_model(model_dir).model.to(device)
+    model = _on(load_model(model_dir).model, device)
     turns = {"init": turn_accuracy(model, tok, val).to_json()} if val else {}
     sft_record = None
     if demos:
@@ -238,8 +246,9 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
     # other ranks wait here, then load what it saved.
     ddp.barrier(dist)
     if not dist.is_main:
-        sets = TaskSets.load(run_dir)
-        assert sets is not None, "rank 0 saved the tasks before the barrier"
+        saved = TaskSets.load(run_dir)
+        assert saved is not None, "rank 0 saved the tasks before the barrier"
+        sets = saved
         start = _start_model(cfg, run_dir, sets, device)
 
     rl_dir, rl_path = rd.model_rl, rd.rl_record

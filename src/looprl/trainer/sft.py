@@ -121,7 +121,9 @@ def sft_step(model: nn.Module, optimizer: torch.optim.Optimizer, segments: Seque
     total = 0.0
     heads = heads_of(model)
     for mb in mbs:
-        with capture_hidden(model) if heads is not None else contextlib.nullcontext([]) as seen:
+        hidden: contextlib.AbstractContextManager[list[torch.Tensor]] = (
+            capture_hidden(model) if heads is not None else contextlib.nullcontext([]))
+        with hidden as seen:
             lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
                                 autocast_bf16=cfg.experimental.autocast_bf16)
         loss = -(lp * mb.loss_mask_B_T).sum() / max(n_tok, 1.0)

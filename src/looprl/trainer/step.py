@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -161,7 +161,8 @@ def make_optimizer(model: nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
     x = cfg.experimental
     heads = heads_of(model)
     own = {id(p) for p in heads.parameters()} if heads is not None else set()
-    groups = [{"params": [p for p in model.parameters() if p.requires_grad and id(p) not in own]}]
+    groups: list[dict[str, Any]] = [
+        {"params": [p for p in model.parameters() if p.requires_grad and id(p) not in own]}]
     if heads is not None:
         groups.append({"params": [p for p in heads.parameters() if p.requires_grad],
                        "lr": x.mtp_lr, "weight_decay": 0.0})
@@ -227,7 +228,7 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
     B = tokens_B_T.shape[0]
     with ctx:
         pre = model(input_ids=tokens_B_T[:1, :P], use_cache=True)
-        kw = _cache_kw(type(model))
+        kw = _cache_kw(model.__class__)  # type: ignore[arg-type]  # (a class is hashable)
         cache = pre[kw]
         cache.batch_repeat_interleave(B)
         rest = model(input_ids=tokens_B_T[:, P:], attention_mask=attention_mask_B_T,
@@ -240,7 +241,7 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
 
 
 @functools.lru_cache(maxsize=16)
-def _cache_kw(model_cls: type) -> str:
+def _cache_kw(model_cls: Any) -> str:
     """The name of the KV cache in ``model_cls``'s forward and output: ``cache`` from
     transformers 5.24 (``past_key_values`` there is deprecated, to be removed in 5.40), before
     it ``past_key_values``."""
@@ -299,7 +300,9 @@ def _micro_batch_terms(model: nn.Module, ref_model: nn.Module | None, mb: MicroB
     (``cfg.loss``, normalised by the update's ``n_seq`` sequences) and, when the model has MTP
     heads, the auxiliary ``mtp_distillation`` of the same forward."""
     heads = heads_of(model)
-    with capture_hidden(model) if heads is not None else contextlib.nullcontext([]) as seen:
+    hidden: contextlib.AbstractContextManager[list[torch.Tensor]] = (
+        capture_hidden(model) if heads is not None else contextlib.nullcontext([]))
+    with hidden as seen:
         lp = _logprobs(model, mb, cfg)
     ref = None
     if ref_model is not None and cfg.experimental.objective.kl_coef != 0.0:
