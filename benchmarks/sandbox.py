@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 
 from looprl.sandbox import SandboxLimits, SandboxPool, create_sandbox
-from looprl.sandbox.bwrap import command_argv
+from looprl.sandbox.command import command_argv
 
 PACKAGES = ["numpy", "pygments", "rich", "pydantic", "fastapi", "starlette", "httpx", "typer",
             "click", "jinja2", "anyio", "idna", "fsspec", "uvicorn", "httpcore", "h11", "yaml",

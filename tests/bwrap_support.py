@@ -17,7 +17,7 @@ def sandbox_unavailable() -> str | None:
     """Why sandboxed tests cannot run here, or None when they can. Checked once a session, so
     the skip reason says what failed; tried three times, since a check beside busy sandboxes
     once failed where one seconds later passed."""
-    from looprl.sandbox.bwrap import check_bwrap
+    from looprl.sandbox.command import check_bwrap
 
     if os.geteuid() != 0:
         return "needs root (overlay mounts, per-sandbox uids)"

@@ -12,7 +12,7 @@ import pytest
 from looprl.errors import SandboxError, SandboxUnavailableError, ToolError
 from looprl.protocols import Sandbox
 from looprl.sandbox import SandboxLimits, create_sandbox
-from looprl.sandbox import bwrap as bwrap_mod
+from looprl.sandbox import command as command_mod
 from looprl.sandbox.root import LAUNCH
 
 from .conftest import needs_bwrap, run
@@ -60,13 +60,13 @@ def test_exit_code_env_cwd_and_identity(base_repo: Path) -> None:
     ("no-such-program-xyz", False), ("ls ~", False), ("ls $HOME", False), ("true\nfalse", False),
     ("true\rx", False), ("", False), ("  true\t", True)])
 def test_plain_command_lines_skip_the_shell(cmd: str, direct: bool, venv: str) -> None:
-    argv = bwrap_mod.command_argv(cmd, venv, None)
+    argv = command_mod.command_argv(cmd, venv, None)
     assert (argv[:2] != ["/bin/sh", "-c"]) == direct, argv
     if direct:
         assert os.path.isabs(argv[0]) and argv[1:] == cmd.split()[1:]
     else:
         assert argv == ["/bin/sh", "-c", cmd]
-    assert bwrap_mod.command_argv(cmd, venv, {"PATH": "/usr/bin"})[:2] == ["/bin/sh", "-c"]
+    assert command_mod.command_argv(cmd, venv, {"PATH": "/usr/bin"})[:2] == ["/bin/sh", "-c"]
 
 
 def test_program_lookup_agrees_with_shutil_which(tmp_path: Path) -> None:
@@ -81,8 +81,8 @@ def test_program_lookup_agrees_with_shutil_which(tmp_path: Path) -> None:
     os.symlink(dirs[3] / "tool", dirs[1] / "link")  # a link to an executable: found
     path = ":".join(map(str, dirs))
     for name in ("tool", "link", "missing"):
-        assert bwrap_mod._which(name, path) == shutil.which(name, path=path), name
-    assert bwrap_mod._which("tool", path) == f"{dirs[2]}/tool"
+        assert command_mod._which(name, path) == shutil.which(name, path=path), name
+    assert command_mod._which("tool", path) == f"{dirs[2]}/tool"
 
 
 def test_direct_and_shell_commands_agree(base_repo: Path, venv: str) -> None:
@@ -196,13 +196,13 @@ def test_broken_sandbox_machinery_is_infra_not_a_command_failure(base_repo: Path
 
 
 def test_missing_bwrap_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    bwrap_mod.check_bwrap.cache_clear()
+    command_mod.check_bwrap.cache_clear()
     monkeypatch.setenv("PATH", str(tmp_path))
     try:
         with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
-            bwrap_mod.check_bwrap()
+            command_mod.check_bwrap()
     finally:
-        bwrap_mod.check_bwrap.cache_clear()
+        command_mod.check_bwrap.cache_clear()
         monkeypatch.undo()
         assert shutil.which("bwrap")
 
@@ -215,13 +215,13 @@ def test_userns_off_says_which_sysctl(monkeypatch: pytest.MonkeyPatch) -> None:
     fake.chmod(0o755)
     for tool in ("prlimit", "setpriv"):
         (tmp_path / tool).symlink_to(shutil.which(tool))
-    bwrap_mod.check_bwrap.cache_clear()
+    command_mod.check_bwrap.cache_clear()
     monkeypatch.setenv("PATH", str(tmp_path))
     try:
         with pytest.raises(SandboxUnavailableError, match="sysctl"):
-            bwrap_mod.check_bwrap()
+            command_mod.check_bwrap()
     finally:
-        bwrap_mod.check_bwrap.cache_clear()
+        command_mod.check_bwrap.cache_clear()
         shutil.rmtree(tmp_path)
 
 
@@ -286,9 +286,9 @@ def test_settle_waits_only_for_its_own_loops_reaping():
 
     other = asyncio.new_event_loop()
     pending = other.create_future()  # another loop's reaping, still going
-    bwrap_mod._RETIRING.add(pending)
+    command_mod._RETIRING.add(pending)
     try:
-        run(asyncio.wait_for(bwrap_mod.settle(), 5))
+        run(asyncio.wait_for(command_mod.settle(), 5))
     finally:
-        bwrap_mod._RETIRING.discard(pending)
+        command_mod._RETIRING.discard(pending)
         other.close()

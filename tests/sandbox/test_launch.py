@@ -13,6 +13,7 @@ import pytest
 from looprl.errors import SandboxError, ToolError
 from looprl.sandbox import SandboxLimits, create_sandbox
 from looprl.sandbox import bwrap as bwrap_mod
+from looprl.sandbox import command as command_mod
 from looprl.sandbox.cgroups import Cgroup
 from looprl.sandbox.launch import Prepared, launcher_argv, launcher_path
 
@@ -95,7 +96,7 @@ def test_launcher_setup_failure_is_infra(base_repo: Path) -> None:
         chain = launcher_argv(path, ["/nonexistent/cgroup.procs"], [], None, pipe[0])
         prepared = Prepared.spawn(chain, Cgroup(1, 1, enabled=False), pipe, status)
         with pytest.raises(SandboxError, match="cannot join cgroup") as e:
-            await bwrap_mod.run_bwrap(["/bin/true"], timeout_s=5, limits=SandboxLimits(),
+            await command_mod.run_bwrap(["/bin/true"], timeout_s=5, limits=SandboxLimits(),
                                       prepared=prepared)
         assert e.value.is_infra
     run(go())
@@ -194,8 +195,8 @@ def test_machinery_that_cannot_start_the_command_is_infra(base_repo: Path, start
                 sb.workdir = str(base_repo.parent / "no-such-workdir")
                 why = "looprl-launch: chdir"
             else:
-                binds = bwrap_mod.system_binds
-                monkeypatch.setattr(bwrap_mod, "system_binds",
+                binds = command_mod.system_binds
+                monkeypatch.setattr(command_mod, "system_binds",
                                     lambda: [*binds(), "--ro-bind", "/vanished-src", "/x"])
                 why = "bwrap: Can't find source path /vanished-src"
             with pytest.raises(SandboxError, match=why) as e:

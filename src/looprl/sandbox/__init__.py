@@ -1,6 +1,6 @@
 """Sandboxes: isolated copy-on-write workspaces (``workspace.py``), commands under bubblewrap
-(``bwrap.py``; its mounts in ``mounts.py``, its root filesystem in ``root.py``, the one-exec
-launcher prepared ahead in ``launch.py``), commands in a container for image-based tasks
+(``bwrap.py``; one command's argv, limits and run in ``command.py``, its mounts in ``mounts.py``,
+its root filesystem in ``root.py``, the one-exec launcher prepared ahead in ``launch.py``), commands in a container for image-based tasks
 (``container.py``: Docker or Podman), a bounded pool with blank and warm sandboxes and
 metrics (``pool.py``) and the same API over HTTP (``server.py``).
 
@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING
 from looprl.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from looprl.sandbox.bwrap import BwrapSandbox, SandboxLimits
+    from looprl.sandbox.bwrap import BwrapSandbox
+    from looprl.sandbox.command import SandboxLimits
     from looprl.sandbox.mounts import Mount
     from looprl.sandbox.workspace import Snapshot
 
 # Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, _exports = lazy_exports(__name__, {
-    "bwrap": ["BwrapSandbox", "SandboxLimits", "check_bwrap", "sandbox_from"],
+    "bwrap": ["BwrapSandbox", "sandbox_from"],
+    "command": ["SandboxLimits", "check_bwrap"],
     "container": ["ContainerSandbox", "check_engine"],
     "mounts": ["Mount"],
     "pool": ["PoolMetrics", "SandboxPool"],

@@ -36,7 +36,7 @@ the launcher, undumpable; closed in bwrap's child). No report that the command s
 the machinery failed: infrastructure.
 
 Without a C compiler (or with ``LOOPRL_SANDBOX_LAUNCHER=tools``), ``launcher_path()`` is None and
-``bwrap.py`` falls back to the stock-tool chain (``tool_chain``), with no prepared launchers.
+``command.py`` falls back to the stock-tool chain (``tool_chain``), with no prepared launchers.
 ``Prepared`` is a plain ``Popen`` (bound to no event loop); ``pump``/``Capped`` read its output
 with a cap.
 

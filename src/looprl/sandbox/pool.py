@@ -40,15 +40,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from looprl.errors import SandboxError
-from looprl.sandbox.bwrap import (
-    Blank,
-    BwrapSandbox,
-    SandboxLimits,
-    can_root,
-    check_bwrap,
-    make_blank,
-    new_sandbox,
-)
+from looprl.sandbox.bwrap import Blank, BwrapSandbox, can_root, make_blank, new_sandbox
+from looprl.sandbox.command import SandboxLimits, check_bwrap
 from looprl.sandbox.workspace import Snapshot, realpath
 from looprl.types import ExecResult, FileEntry
 

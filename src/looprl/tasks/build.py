@@ -13,9 +13,9 @@ reverse diff. Screening runs the tests in another order than the task's grader (
 ``fail_to_pass`` first) and stops at ``max_fail``, and some suites are order-dependent (a test
 that passes once another test imported a module), so validation grades the untouched task
 again through the real grader.
-Validation (``validate``): ``"oracle"`` replays the gold patch through the harness
-(``OracleAgent``) and grades its diff, ``"patch"`` grades the gold patch directly; a task is
-kept only if it grades 1.0. Results are cached per package and config under
+Validation (``validate``, in ``tasks/validate.py``): ``"oracle"`` replays the gold patch through
+the harness (``OracleAgent``) and grades its diff, ``"patch"`` grades the gold patch directly; a
+task is kept only if it grades 1.0. Results are cached per package and config under
 ``LOOPRL_HOME/tasks``; ``timing.totals()`` says where the time went.
 """
 
@@ -35,7 +35,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,7 +47,6 @@ from looprl.rewards.tests import (
     OUTPUT_FILE,
     GradeResult,
     failure_details,
-    grade,
     grade_in,
     parse_pytest_output,
 )
@@ -57,9 +55,9 @@ from looprl.tasks.coverage import CallMap, def_line, record_coverage
 from looprl.tasks.prompts import Evidence, make_prompt
 from looprl.tasks.sources import PackageSnapshot
 from looprl.tasks.timing import stage
+from looprl.tasks.validate import Progress, validate_all
 from looprl.types import Grader, Task
 
-Progress = Callable[[str, int], None]
 """Called with (what happened, how many) as work completes, e.g. for a progress bar."""
 
 
@@ -564,65 +562,6 @@ def make_task(snap: PackageSnapshot, s: Screened, root: Path, originals: dict[st
                   "files": ",".join(mut.paths), "lines_changed": lines_changed(gold),
                   "prompt_chars": len(prompt.text), "prompt_style": prompt.style,
                   "description": mut.description, "n_fail_to_pass": len(s.fail_to_pass)})
-
-
-async def oracle_solves(task: Task) -> bool:
-    """Replay the gold patch through the harness tools (``OracleAgent``), grade the final diff."""
-    from looprl.chat import ChatFormat
-    from looprl.harness.agent import run_agent
-    from looprl.harness.oracle import OracleAgent
-    from looprl.harness.run_state import AgentConfig, AgentExperimental
-    from looprl.harness.tools import make_tools
-    from looprl.models.tokenizer import build_tokenizer
-    from looprl.sandbox import create_sandbox
-
-    tok = build_tokenizer(None)  # bytes only: the oracle needs no model; no context limit either
-    cfg = AgentConfig(context_window=1 << 24, max_total_new_tokens=1 << 22,
-                      max_new_tokens=1 << 20, experimental=AgentExperimental(wall_time_s=600))
-    sb = await create_sandbox(task.repo, venv=task.venv)
-    try:
-        traj = await run_agent(task, sb, OracleAgent(task, tok), ChatFormat(tok),
-                               make_tools(test_command=task.grader.test_command), cfg,
-                               group_id=task.id, trajectory_id=f"{task.id}/oracle")
-    finally:
-        await sb.close()
-    return not traj.is_infra_error and (await grade(task, traj.diff)).passed
-
-
-async def validate_task(task: Task, how: str, untouched: bool = True) -> bool:
-    """True when its gold patch, applied ``how``, grades 1.0 and (``untouched``) the untouched
-    task grades 0.0, both through the grader in fresh sandboxes."""
-    if how == "none":
-        return True
-    if how not in ("patch", "oracle"):
-        raise TaskError(f"unknown validation {how!r}: use oracle, patch or none")
-    try:
-        if untouched:
-            with stage("validate_untouched"):
-                if (await grade(task, "")).score != 0.0:
-                    return False
-        with stage(f"validate_{how}"):
-            if how == "patch":
-                return (await grade(task, task.gold_patch or "")).passed
-            return await oracle_solves(task)
-    except (RewardError, SandboxError, TaskError):
-        return False
-
-
-async def validate_all(tasks: list[Task], how: str, workers: int = 2,
-                       progress: Progress | None = None, untouched: bool = True) -> list[Task]:
-    """The tasks that pass ``validate_task``, ``workers`` at a time."""
-    sem = asyncio.Semaphore(workers)
-
-    async def one(t: Task) -> bool:
-        async with sem:
-            ok = await validate_task(t, how, untouched)
-        if progress:
-            progress("validated", 1)
-        return ok
-
-    oks = await asyncio.gather(*(one(t) for t in tasks))
-    return [t for t, ok in zip(tasks, oks, strict=True) if ok]
 
 
 async def abuild_package_tasks(snap: PackageSnapshot, cfg: BuildConfig,

@@ -6,7 +6,7 @@ state its gold patch leads to.
 
 A demo is kept only if the oracle finished with no broken call and every file its gold patch
 touches ends exactly as the gold patch makes it (deleted files gone). That is the state the task
-build validated with the hidden tests (``tasks.build.validate_task``), so the tests need not run
+build validated with the hidden tests (``tasks.validate.validate_task``), so the tests need not run
 again; a task that was never validated is never a demo source here.
 """
 

@@ -23,10 +23,11 @@ from looprl.diffs import lines_changed, unified_diff
 from looprl.errors import RewardError, TaskError
 from looprl.pypi import download_sdist, normalize, sha256, unpack
 from looprl.rewards.tests import run_tests
-from looprl.tasks.build import BuildConfig, Progress, _module_of, validate_all
+from looprl.tasks.build import BuildConfig, _module_of
 from looprl.tasks.prompts import Evidence, make_prompt
 from looprl.tasks.sources import PackageSnapshot, find_layout
 from looprl.tasks.timing import stage
+from looprl.tasks.validate import Progress, validate_all
 from looprl.types import Grader, Task
 
 MAX_GOLD_LINES = 400
