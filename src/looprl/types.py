@@ -176,6 +176,8 @@ class ToolResult(_Record):
     content: str
     status: ToolStatus = "ok"
     wall_s: float = 0.0
+    infra_kind: str = ""
+    """For ``infra_error``: the failure's class (``looprl.errors.InfraKind`` value)."""
 
     @property
     def broken(self) -> bool:
@@ -184,7 +186,8 @@ class ToolResult(_Record):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ToolResult:
         return cls(call_id=str(d["call_id"]), name=str(d["name"]), content=str(d["content"]),
-                   status=d.get("status", "ok"), wall_s=float(d.get("wall_s", 0.0)))
+                   status=d.get("status", "ok"), wall_s=float(d.get("wall_s", 0.0)),
+                   infra_kind=str(d.get("infra_kind", "")))
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,9 @@ class Trajectory(_Record):
     wall_s: float = 0.0
     id: str = ""
     metadata: Metadata = field(default_factory=dict)
+    infra_kind: str = ""
+    """For infra errors: the failure's class in the taxonomy (an ``looprl.errors.InfraKind``
+    value, ``infra_kind(e)`` of what failed); empty otherwise."""
 
     @property
     def is_infra_error(self) -> bool:
@@ -340,6 +346,7 @@ class Trajectory(_Record):
             wall_s=float(d.get("wall_s", 0.0)),
             id=str(d.get("id", "")),
             metadata=dict(d.get("metadata") or {}),
+            infra_kind=str(d.get("infra_kind", "")),
         )
 
 
@@ -381,6 +388,9 @@ class GroupResult:
     screened_out: tuple[Trajectory, ...] = ()
     """The screen's scored trajectories when none passed and the group stopped there
     (``RolloutConfig.screen``; ``group`` is then None)."""
+    lost: tuple[Trajectory, ...] = ()
+    """The trajectories that still failed as infrastructure after their retries (never scored;
+    each carries its ``infra_kind``): a benchmark's samples lost to the infrastructure."""
 
 
 @dataclass(frozen=True)

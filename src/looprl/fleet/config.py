@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from looprl.config import FieldError, check_choice
 
 BACKENDS = ("inprocess", "ray")
+SANDBOXES = ("pool", "http")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class FleetConfig:
     """torch's threads in each replica's process (per process: the trainer keeps its own)."""
     sandboxes_per_node: int = 16
     """Sandboxes running at once on each node (its environment server's pool size)."""
+    sandboxes: str = "pool"
+    """How the harness reaches its sandboxes: pool (the pool of this process or of the node's
+    environment server actor) or http (an HTTP environment server, ``looprl.sandbox.server``,
+    started in that process and reached through ``RemoteSandbox``, as a separate sandbox
+    service would be; allowed the tasks' repositories and venvs alone)."""
     weights_url: str = ""
     """Where replicas pull new weight versions (an fsspec URL: s3://bucket/run, or a directory
     every node reads). "" = the run directory's ``weights/``, which only a one-machine cluster or
@@ -63,6 +69,7 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, BACKENDS)
+        check_choice("sandboxes", self.sandboxes, SANDBOXES)
         for name in ("engines_per_node", "engine_threads", "sandboxes_per_node", "min_nodes"):
             if getattr(self, name) < 1:
                 raise FieldError(name, f"must be >= 1, got {getattr(self, name)}")

@@ -5,7 +5,8 @@
 One section per stage: ``tasks`` (where tasks come from and how they split), ``model`` (which
 model, on which device), ``demos`` + ``sft`` (the optional supervised warm start), ``grpo`` +
 ``loop`` + ``rollout`` + ``reward`` (async GRPO), ``eval`` (held-out evaluation and the gate),
-``fleet`` (where rollouts run: in-process, or on a Ray cluster).
+``fleet`` (where rollouts run: in-process, or on a Ray cluster), ``faults`` (injected failures,
+for drills).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from looprl.bench.gate import GateSettings
 from looprl.config import FieldError, check_choice
 from looprl.errors import ConfigError
+from looprl.faults import FaultsConfig
 from looprl.fleet.config import FleetConfig
 from looprl.harness.agent import AgentConfig
 from looprl.inference.spec import MODES as SPEC_MODES
@@ -249,6 +251,8 @@ class TrainConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     """Where rollouts and sandboxes run: this process, or the nodes of a Ray cluster."""
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    """Fault injection for drills (``looprl.faults``; off: no rate set, unless ``LOOPRL_FAULTS``)."""
 
     def __post_init__(self) -> None:
         if self.model.lookup and self.fleet.backend == "ray":
