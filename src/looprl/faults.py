@@ -101,7 +101,8 @@ class FaultsConfig:
     """Probability that one crossing of a boundary fails, by class (``INJECTABLE`` names);
     ``all`` sets every class not named."""
     seed: int = 0
-    """Seeds the injector's draws (each process and each life of the trainer its own stream)."""
+    """Seeds the injector's draws: one stream per class, process role and life of the trainer,
+    so a class's draws do not depend on how often the others were asked."""
 
     def __post_init__(self) -> None:
         names = {k.value for k in INJECTABLE} | {"all"}
@@ -175,7 +176,8 @@ class FaultInjector:
         self._open: dict[str, Counter[str]] = {}
         self._lock = threading.Lock()
         self._restore()
-        self._rng = random.Random(f"{cfg.seed}:{role}:{self.life}")
+        self._rngs = {k: random.Random(f"{cfg.seed}:{role}:{self.life}:{k.value}")
+                      for k in INJECTABLE}
 
     def _restore(self) -> None:
         """Continue the books of the last row an earlier life of this trainer wrote: what was
@@ -200,7 +202,7 @@ class FaultInjector:
         if rate <= 0:
             return False
         with self._lock:
-            if self._rng.random() >= rate:
+            if self._rngs[kind].random() >= rate:
                 return False
             self._count(kind.value, 1, _SCOPE.get())
         return True
@@ -347,10 +349,11 @@ class InfraLedger:
         self.attempts = 0
         self._row_failures: Counter[str] = Counter()
         self._row_attempts = 0
+        self._step: int | None = None
         saved = json.loads(path.read_text()) if path is not None and path.is_file() else None
         if saved is not None and resumed:
             self.failures.update(saved["failures"])
-            self.attempts = int(saved["attempts"])
+            self.attempts, self._step = int(saved["attempts"]), saved.get("step")
             self._row_failures, self._row_attempts = Counter(self.failures), self.attempts
             if not saved.get("finished"):
                 self.failures[InfraKind.PROCESS_KILLED.value] += 1
@@ -383,7 +386,8 @@ class InfraLedger:
         failed = sum(self.failures.values()) - sum(self._row_failures.values())
         row["infra_rate/all"] = failed / max(attempts, 1)
         self._row_failures, self._row_attempts = Counter(self.failures), self.attempts
-        self._save(finished=False, step=step)
+        self._step = step
+        self._save(finished=False)
         inj = _ACTIVE
         kill = inj is not None and inj.fires(InfraKind.PROCESS_KILLED)
         if inj is not None:
@@ -396,11 +400,11 @@ class InfraLedger:
         """The run ended (a later resume is no kill)."""
         self._save(finished=True)
 
-    def _save(self, *, finished: bool, step: int | None = None) -> None:
+    def _save(self, *, finished: bool) -> None:
         if self.path is None:
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"step": step, "attempts": self.attempts,
+        tmp.write_text(json.dumps({"step": self._step, "attempts": self.attempts,
                                    "failures": _plain(self.failures), "finished": finished}))
         os.replace(tmp, self.path)
 
