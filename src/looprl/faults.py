@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import random
@@ -83,6 +84,7 @@ MARK = "[injected fault]"
 """Starts every injected error's message: a saved trajectory that contains it was scored with an
 injected failure inside, which must never happen."""
 SCOPE_HEADER = "X-Looprl-Fault-Scope"
+log = logging.getLogger(__name__)
 """The attempt a request to an environment server belongs to (``RemoteSandbox`` sends it)."""
 
 _ERRORS: dict[InfraKind, type[LooprlError]] = {
@@ -278,6 +280,8 @@ def install_from_env(role: str = "process") -> FaultInjector | None:
     """Install an injector from ``LOOPRL_FAULTS`` when it sets a rate (no books file)."""
     cfg = FaultsConfig.from_env()
     if cfg.active and _ACTIVE is None:
+        log.warning("%s=%s: this process fails on purpose (%s)", ENV_VAR, os.environ[ENV_VAR],
+                    role)
         install(FaultInjector(cfg, role=role))
     return _ACTIVE
 

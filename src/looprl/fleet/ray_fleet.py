@@ -247,7 +247,8 @@ class RayFleet:
         if lane is None:
             return infra_trajectory(task, group_id, traj_id, FleetError(
                 f"no fleet node was live for {self.cfg.wait_for_nodes_s:.0f} s "
-                "(fleet.wait_for_nodes_s); start one with `ray start --address=HOST:PORT`"))
+                "(fleet.wait_for_nodes_s); start one with `ray start --address=HOST:PORT`",
+                kind=InfraKind.NODE_LOST))
         member = lane.member
         member.in_flight.add(traj_id)
         out = None
