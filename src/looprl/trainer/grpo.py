@@ -140,9 +140,11 @@ class TaskSampler:
     it was never trained on, and tasks are the scarce thing. With ``max_screens`` (for a runner
     with ``RolloutConfig.screen``), a task screened out (the policy could not solve it yet) waits
     (``defer``) and is handed out again once the fresh tasks run out, to the policy as it is
-    then, up to ``max_screens`` times in all; while none is left to hand out but some are still
-    out (``returned`` not yet called for them: they may come back screened out), the walk yields
-    None, meaning ask again.
+    then, up to ``max_screens`` times in all. While none is left to hand out in the last pass but
+    some are still out (``returned`` not yet called for them: they may come back screened out,
+    stale or emptied by infrastructure failures, to go out again), the walk yields None, meaning
+    ask again; ``waits`` (the loop sets it: it returns every task it takes) does so always,
+    else only with ``max_screens``.
 
     >>> from looprl.types import Grader
     >>> s = TaskSampler([Task(i, "/r", "p", Grader("pytest")) for i in "abc"], passes=2)
@@ -164,6 +166,8 @@ class TaskSampler:
         self.trained: Counter[str] = Counter(trained)
         """Times each task was trained (once a pass at most)."""
         self.max_screens = max_screens
+        self.waits = False
+        """Wait for the tasks still out at the end of the walk (module docstring)."""
         self.issued = 0
         self.passes_begun = 0
         self.out = 0
@@ -215,7 +219,7 @@ class TaskSampler:
                 if t is None and self._later:
                     t = self._later.popleft()
                 if t is None:
-                    if n + 1 < self.passes or not (self.max_screens and self.out):
+                    if n + 1 < self.passes or not (self.out and (self.waits or self.max_screens)):
                         break
                     yield None
                     continue
@@ -323,6 +327,7 @@ class GRPOLoop:
         self.batch_metrics = batch_metrics
         self.infra = infra
         """The run's infrastructure failures by class (``looprl.faults``): each row logs them."""
+        sampler.waits = True  # every task taken comes back through _admit: none left behind
         self.store = store
         self._ckpt_root = Path(run_dir) / "ckpt" if run_dir else None
         # the log and the trackers are rank 0's (about every rank's groups)
