@@ -48,7 +48,8 @@ from looprl.models.tiny import default_model_dir
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopStats, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopStats
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep, StepMetrics
 from looprl.types import Group, Task
 

@@ -31,7 +31,9 @@ import time
 from pathlib import Path
 
 from looprl.config import load_config
-from looprl.feedback.loop import RealtimeConfig, run_loop
+from looprl.feedback.loop import run_loop
+from looprl.feedback.realtime_config import RealtimeConfig
+from looprl.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +48,7 @@ def main() -> None:
     cfg = load_config(RealtimeConfig, args.config, args.override)
     t0 = time.monotonic()
     res = run_loop(cfg, args.runs)
-    print(f"report: {res.run / 'report.md'}; {(time.monotonic() - t0) / 60:.1f} min; "
+    print(f"report: {RunDir(res.run).report}; {(time.monotonic() - t0) / 60:.1f} min; "
           f"sessions: {res.accounting}")
     print(res.line())
     if res.stopped:

@@ -53,6 +53,7 @@ from looprl.inference.torch_engine import TorchEngine
 from looprl.models.loading import load_model
 from looprl.models.mtp import HEADS_ATTR, attach_heads, heads_of, new_heads, save_heads, train_heads
 from looprl.models.tiny import default_model_dir, python_sources
+from looprl.rundir import RunDir
 from looprl.types import SamplingParams
 
 console = Console()
@@ -62,10 +63,11 @@ def pick_model(args: argparse.Namespace) -> Path:
     if args.model:
         return Path(args.model)
     if args.agent_run:
-        run = Path(args.agent_run)
-        return next((run / d for d in ("model_rl", "model_start") if (run / d / "config.json").is_file()),
-                    run / "model_rl")
-    runs = sorted(Path("runs").glob("*/model_sft/config.json"), key=lambda p: p.stat().st_mtime)
+        run = RunDir(Path(args.agent_run))
+        return next((d for d in (run.model_rl, run.model_start) if (d / "config.json").is_file()),
+                    run.model_rl)
+    runs = sorted((m for r in Path("runs").glob("*") if (m := RunDir(r).model_sft / "config.json").is_file()),
+                  key=lambda p: p.stat().st_mtime)
     return runs[-1].parent if runs else default_model_dir(args.size)
 
 
@@ -125,7 +127,7 @@ MODES = ("off", "on", "auto")
 def agent_prompts(run: Path, n: int) -> list[list[int]]:
     """The first-turn contexts (everything before the first sampled token) of ``n`` distinct
     tasks' held-out evaluation trajectories of a finished run."""
-    path = run / "trajectories" / "eval_rl.jsonl"
+    path = RunDir(run).eval_trajectories("rl")
     if not path.is_file():
         raise SystemExit(f"{path} not found: --agent-run takes a finished `looprl train` run's directory")
     prompts, seen = [], set()

@@ -29,6 +29,7 @@ import torch
 
 from looprl.config import from_dict
 from looprl.models.loading import load_model
+from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
 from looprl.trainer import step as step_mod
 from looprl.trainer.batch import TrainBatch, _cost
@@ -39,7 +40,7 @@ from looprl.types import Group, Trajectory
 def run_groups(run: Path, n: int) -> list[Group]:
     """The first ``n`` groups of the run's RL, in the order they were trained."""
     groups: dict[str, list[Trajectory]] = {}
-    with open(run / "trajectories" / "train.jsonl", encoding="utf-8") as f:
+    with open(RunDir(run).train_trajectories, encoding="utf-8") as f:
         for line in f:
             t = Trajectory.from_dict(json.loads(line))
             if t.group_id not in groups and len(groups) == n:
@@ -83,15 +84,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the quickstart's "
                     "trainer runs on model.rl_threads = 1)")
     args = ap.parse_args()
-    for need in ("trajectories/train.jsonl", "model_start/config.json", "config.json"):
-        if not (args.run / need).is_file():
-            raise SystemExit(f"{args.run} has no {need}: give a run directory `looprl train` "
-                             "wrote once its RL has trained some steps")
+    rd = RunDir(args.run)
+    for need in (rd.train_trajectories, rd.model_start / "config.json", rd.config):
+        if not need.is_file():
+            raise SystemExit(f"{args.run} has no {need.relative_to(rd.root)}: give a run "
+                             "directory `looprl train` wrote once its RL has trained some steps")
     torch.set_num_threads(args.threads)
-    cfg = from_dict(TrainConfig, json.loads((args.run / "config.json").read_text()))
+    cfg = from_dict(TrainConfig, json.loads(rd.config.read_text()))
     per_step = cfg.loop.groups_per_step
     groups = run_groups(args.run, per_step * args.steps * 4)
-    base = load_model(args.run / "model_start").model
+    base = load_model(rd.model_start).model
     fast = GRPOStep(copy.deepcopy(base), cfg.grpo)
     plain = GRPOStep(copy.deepcopy(base), cfg.grpo)
     times = {"fast": 0.0, "plain": 0.0}

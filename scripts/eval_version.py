@@ -20,6 +20,7 @@ from pathlib import Path
 
 from looprl.bench.gate import compare, load
 from looprl.config import from_dict
+from looprl.rundir import RunDir
 from looprl.train import stages
 from looprl.train.config import TrainConfig
 from looprl.train.tasks import TaskSets
@@ -31,13 +32,14 @@ def materialize(run: Path, store: FsspecWeightStore, version: int, dest: Path) -
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(run / "model_start", dtype=torch.float32)
+    start = RunDir(run).model_start
+    model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
     state = {k: t.float() for k, t in store.fetch(version).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or missing:
-        raise SystemExit(f"version {version} does not fit {run / 'model_start'}: "
+        raise SystemExit(f"version {version} does not fit {start}: "
                          f"{len(missing)} tensors missing, {len(unexpected)} unexpected")
-    return stages.save_model(model, AutoTokenizer.from_pretrained(run / "model_start"), dest)
+    return stages.save_model(model, AutoTokenizer.from_pretrained(start), dest)
 
 
 def main() -> None:
@@ -47,28 +49,30 @@ def main() -> None:
     ap.add_argument("--set", choices=("functions", "packages"), default="functions",
                     help="the held-out functions, or the whole held-out packages")
     args = ap.parse_args()
+    rd = RunDir(args.run)
     sets = TaskSets.load(args.run)
-    if sets is None or not (args.run / "weights").is_dir():
+    if sets is None or not rd.weights.is_dir():
         raise SystemExit(f"{args.run} has no tasks/ or no weights/: give a run that reached RL")
-    cfg = from_dict(TrainConfig, json.loads((args.run / "config.json").read_text()))
-    store = FsspecWeightStore(str(args.run / "weights"))
+    cfg = from_dict(TrainConfig, json.loads(rd.config.read_text()))
+    store = FsspecWeightStore(str(rd.weights))
     known = set(store.versions())
     absent = [v for v in args.versions if v not in known]
     if absent:
-        raise SystemExit(f"{args.run / 'weights'} holds no version {absent[0]} "
+        raise SystemExit(f"{rd.weights} holds no version {absent[0]} "
                          f"(it holds {min(known)}..{max(known)})" if known else
-                         f"{args.run / 'weights'} holds no versions")
-    suffix, tasks = (("_packages", sets.heldout_packages) if args.set == "packages" else
-                     ("", sets.heldout))
+                         f"{rd.weights} holds no versions")
+    packages = args.set == "packages"
+    tasks = sets.heldout_packages if packages else sets.heldout
     if not tasks:
         raise SystemExit(f"{args.run} has no held-out {args.set}")
-    refs = {name: load(args.run / f"eval_{name}{suffix}.json") for name in ("start", "rl")
-            if (args.run / f"eval_{name}{suffix}.json").is_file()}
+    refs = {name: load(rd.evaluation(name, packages)) for name in ("start", "rl")
+            if rd.evaluation(name, packages).is_file()}
     for v in args.versions:
+        out = rd.evaluation(f"v{v}", packages)
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = materialize(args.run, store, v, Path(tmp) / f"v{v}")
-            rep = stages.evaluate(model_dir, tasks, cfg, f"v{v}{suffix}")
-        (args.run / f"eval_v{v}{suffix}.json").write_text(json.dumps(rep))
+            rep = stages.evaluate(model_dir, tasks, cfg, f"v{v}{'_packages' if packages else ''}")
+        out.write_text(json.dumps(rep))
         m = rep["metrics"]
         line = f"version={v} pass1={m['pass@1']:.4f}"
         for name, ref in refs.items():

@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 from looprl.inference.spec import NgramIndex
+from looprl.rundir import RunDir
 
 
 def replay(tokens: list[int], mask: list[int], ngram: int, draft: int) -> tuple[int, int, int]:
@@ -56,7 +57,7 @@ def main() -> None:
     args = ap.parse_args()
     for run in args.runs:
         emitted = steps = drafted = 0
-        with open(run / "trajectories" / "train.jsonl", encoding="utf-8") as f:
+        with open(RunDir(run).train_trajectories, encoding="utf-8") as f:
             for line in f:
                 for seg in json.loads(line)["segments"]:
                     e, s, d = replay(seg["token_ids_T"], seg["loss_mask_T"], args.ngram, args.draft)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from looprl.feedback.loop import continue_adam, optimizer_state
+from looprl.feedback.update import continue_adam, optimizer_state
 from looprl.models.loading import load_model
 from looprl.train import stages
 from looprl.trainer.step import GRPOConfig, make_optimizer

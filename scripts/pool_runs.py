@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from looprl.bench.gate import METRICS, compare, load, runs_precision
+from looprl.rundir import RunDir
 
-SETS = {"functions": "", "packages": "_packages"}
+SETS = {"functions": False, "packages": True}
+"""Held-out set -> whether it is the packages' (``RunDir.evaluation``'s ``packages``)."""
 
 
 def pool(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -52,13 +54,14 @@ def record(run: Path, dest: Path) -> None:
     """Keep ``run``'s evaluations in ``dest`` for pooling later, when the run directory is gone:
     each report without its samples (per-task rows and totals, ~60 KB instead of ~500), and
     ``run.json`` with the run's config and the sha256 of its task files."""
-    if not (run / "config.json").is_file():
+    rd = RunDir(run)
+    if not rd.config.is_file():
         raise SystemExit(f"{run} has no config.json: give the directory `looprl train` wrote")
     dest.mkdir(parents=True, exist_ok=True)
     kept = []
-    for suffix in SETS.values():
+    for packages in SETS.values():
         for label in ("start", "rl"):
-            src = run / f"eval_{label}{suffix}.json"
+            src = rd.evaluation(label, packages)
             if src.is_file():
                 rep = {k: v for k, v in load(src).items() if k != "samples"}
                 (dest / src.name).write_text(json.dumps(rep, indent=1) + "\n")
@@ -67,8 +70,8 @@ def record(run: Path, dest: Path) -> None:
         raise SystemExit(f"{run} holds no evaluations (eval_start.json, eval_rl.json): give a "
                          "run directory that finished")
     tasks = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-             for f in sorted((run / "tasks").glob("*.jsonl"))}
-    config = json.loads((run / "config.json").read_text())
+             for f in sorted(rd.tasks.glob("*.jsonl"))}
+    config = json.loads(rd.config.read_text())
     (dest / "run.json").write_text(json.dumps({"run": str(run), "config": config,
                                                "task_files_sha256": tasks}, indent=1) + "\n")
     print(f"kept {', '.join(kept)} and run.json in {dest}")
@@ -85,15 +88,15 @@ def main() -> None:
             raise SystemExit("--record keeps one run: give one run directory")
         record(args.runs[0], args.record)
         return
-    for name, suffix in SETS.items():
-        paths = [(run / f"eval_start{suffix}.json", run / f"eval_rl{suffix}.json")
+    for name, packages in SETS.items():
+        paths = [(RunDir(run).evaluation("start", packages), RunDir(run).evaluation("rl", packages))
                  for run in args.runs]
         have = [p for p in paths if p[0].is_file() and p[1].is_file()]
         if not have:
             continue
         if len(have) < len(paths):
-            raise SystemExit(f"{len(paths) - len(have)} of the runs lack eval_start{suffix}.json "
-                             f"or eval_rl{suffix}.json: give runs that finished")
+            raise SystemExit(f"{len(paths) - len(have)} of the runs lack {paths[0][0].name} "
+                             f"or {paths[0][1].name}: give runs that finished")
         pairs = [(load(start), load(rl)) for start, rl in have]
         starts = [start["per_task"] for start, _ in pairs]
         twice = next(((i, j) for i in range(len(starts)) for j in range(i + 1, len(starts))

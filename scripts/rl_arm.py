@@ -30,14 +30,18 @@ from pathlib import Path
 from looprl.bench.gate import compare, load
 from looprl.config import apply_overrides, from_dict
 from looprl.pypi import spec_name
+from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
 from looprl.train.run import run
 from looprl.train.tasks import TaskSets, build_tasks
 
-COPIED = ("tasks", "model_start", "start.json", "demos_validation.jsonl", "eval_start.json",
-          "eval_start_packages.json", "trajectories/eval_start.jsonl",
-          "trajectories/eval_start_packages.jsonl")
-"""What the arm takes from the base run (those present): the stages before RL."""
+
+def copied(rd: RunDir) -> tuple[Path, ...]:
+    """What the arm takes from the base run (those present): the stages before RL."""
+    return (rd.tasks, rd.model_start, rd.start_record, rd.validation_demos,
+            *(f for packages in (False, True)
+              for f in (rd.evaluation("start", packages), rd.eval_trajectories("start", packages))))
+
 
 FIXED = ("tasks", "model", "demos", "sft", "eval", "seed")
 """Config sections an arm may not override: they made (or measure) what it copies."""
@@ -55,8 +59,10 @@ def main() -> None:
     ap.add_argument("-o", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
 
-    missing = [n for n in ("config.json", "start.json", "model_start/config.json",
-                           "tasks/train.jsonl", "eval_start.json") if not (args.run / n).is_file()]
+    base_rd = RunDir(args.run)
+    missing = [str(f.relative_to(base_rd.root)) for f in (
+        base_rd.config, base_rd.start_record, base_rd.model_start / "config.json",
+        base_rd.task_file("train"), base_rd.evaluation("start")) if not f.is_file()]
     if missing:
         raise SystemExit(f"{args.run} is not a run whose start was evaluated (no "
                          f"{', '.join(missing)}); give a directory `looprl train` wrote, once it "
@@ -69,20 +75,21 @@ def main() -> None:
                          f"{', '.join(FIXED)}; change RL only (grpo, loop, rollout, reward, ...)")
     if "name" in keys:
         raise SystemExit("give the arm's name with --name, not -o name=...")
-    arm = args.run.parent / args.name
+    arm_rd = RunDir(args.run.parent / args.name)
+    arm = arm_rd.root
     if arm.exists():
         raise SystemExit(f"{arm} exists; pick another --name")
-    saved = json.loads((args.run / "config.json").read_text())
+    saved = json.loads(base_rd.config.read_text())
     base = from_dict(TrainConfig, saved)
     cfg = from_dict(TrainConfig, apply_overrides(saved, [*args.overrides, f"name={args.name}"]))
 
-    (arm / "trajectories").mkdir(parents=True)
-    for name in COPIED:
-        src = args.run / name
+    arm_rd.trajectories.mkdir(parents=True)
+    for src in copied(base_rd):
+        dest = arm / src.relative_to(base_rd.root)
         if src.is_dir():
-            shutil.copytree(src, arm / name)
+            shutil.copytree(src, dest)
         elif src.is_file():
-            shutil.copy2(src, arm / name)
+            shutil.copy2(src, dest)
     added = set(cfg.tasks.train_only_packages) - set(base.tasks.train_only_packages)
     if added:
         sets = TaskSets.load(arm)
@@ -97,8 +104,8 @@ def main() -> None:
     if report is None:
         return
     print(report.read_text().splitlines()[-1])
-    if (args.run / "eval_rl.json").is_file():
-        c = compare(load(args.run / "eval_rl.json"), load(arm / "eval_rl.json"), seed=cfg.seed)
+    if base_rd.evaluation("rl").is_file():
+        c = compare(load(base_rd.evaluation("rl")), load(arm_rd.evaluation("rl")), seed=cfg.seed)
         d = c.diffs[0]
         print(f"arm_minus_base={d.diff:.4f} arm_minus_base_ci_low={d.lo:.4f} "
               f"arm_minus_base_ci_high={d.hi:.4f}")

@@ -17,6 +17,8 @@ import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from looprl.rundir import RunDir
+
 
 def _passed(rec: dict) -> bool:
     comps = (rec.get("reward") or {}).get("components", {})
@@ -48,7 +50,7 @@ def main() -> None:
     longest: list[int] = []
     groups: dict[str, list[bool]] = defaultdict(list)
     for run in args.runs:
-        with open(run / "trajectories" / "train.jsonl", encoding="utf-8") as f:
+        with open(RunDir(run).train_trajectories, encoding="utf-8") as f:
             for line in f:
                 rec = json.loads(line)
                 ok = _passed(rec)

@@ -31,6 +31,7 @@ import torch
 from looprl.bench.turns import turn_accuracy
 from looprl.config import apply_overrides, from_dict
 from looprl.models.loading import load_model
+from looprl.rundir import RunDir
 from looprl.tasks.demos import oracle_demos
 from looprl.train import stages
 from looprl.train.config import TrainConfig
@@ -56,18 +57,19 @@ def main() -> None:
     ap.add_argument("--no-eval", action="store_true", help="turn accuracy only (no held-out pass@1)")
     args = ap.parse_args()
 
-    missing = [n for n in ("config.json", "model_init/config.json") if not (args.run / n).is_file()]
+    rd = RunDir(args.run)
+    missing = [str(f.relative_to(rd.root)) for f in (rd.config, rd.model_init / "config.json")
+               if not f.is_file()]
     if missing:
         raise SystemExit(f"{args.run} is not a finished run with a pretrained default model (no "
                          f"{', '.join(missing)}); give a directory `looprl train` wrote")
-    cfg = from_dict(TrainConfig, apply_overrides(
-        json.loads((args.run / "config.json").read_text()), args.overrides))
+    cfg = from_dict(TrainConfig, apply_overrides(json.loads(rd.config.read_text()), args.overrides))
     sets = TaskSets.load(args.run)
     if sets is None:
         raise SystemExit(f"{args.run} has no tasks/ (run `looprl train` first)")
     out = args.run / "probe" / args.name
     out.mkdir(parents=True, exist_ok=True)
-    tok = load_model(args.run / "model_init").tokenizer
+    tok = load_model(rd.model_init).tokenizer
     demos = _cached(args.run / "probe" / f"demos_slips{cfg.demos.slips:g}.jsonl",
                     lambda: stages.make_demos(sets.train, tok, cfg))
     train, val = stages.split_validation(demos, cfg.demos.validation, cfg.seed)
@@ -76,18 +78,19 @@ def main() -> None:
         [(t, None) for t in sets.heldout], tok, tools=cfg.rollout.tools, workers=cfg.demos.workers)))
 
     torch.set_num_threads(cfg.model.threads)
-    model = load_model(args.run / "model_init").model
+    model = load_model(rd.model_init).model
     cfg = stages.fit_precision(cfg, stages.resolve_device("cpu"))
     t0 = time.perf_counter()
     res = sft(model, train, dataclasses.replace(cfg.sft, pad_id=tok.pad_token_id))
     sft_minutes = (time.perf_counter() - t0) / 60
-    stages.save_model(model, tok, out / "model_start")
+    start = RunDir(out).model_start  # the probe's start model, named as a run names it
+    stages.save_model(model, tok, start)
     acc = {"validation": turn_accuracy(model, tok, val), "heldout": turn_accuracy(model, tok, held)}
     result = {"overrides": args.overrides, "sft_steps": res.steps, "sft_minutes": sft_minutes,
               "losses": res.losses, "turns": {k: a.to_json() for k, a in acc.items()}}
     pass1 = float("nan")
     if not args.no_eval:
-        rep = stages.evaluate(out / "model_start", sets.heldout, cfg, args.name,
+        rep = stages.evaluate(start, sets.heldout, cfg, args.name,
                               out / "eval_start.jsonl")
         result["eval"] = rep
         pass1 = rep["metrics"]["pass@1"]

@@ -30,22 +30,13 @@ import torch
 
 from looprl.bench.run import BenchSettings
 from looprl.config import apply_overrides, from_dict
-from looprl.feedback.cycle import (
-    PolicyRef,
-    bench_policy,
-    gate_reports,
-    read_policy,
-    save_candidate,
-    window,
-)
-from looprl.feedback.loop import (
-    RealtimeConfig,
-    optimizer_state,
-    train_groups,
-    users_tasks,
-    window_groups,
-)
+from looprl.feedback.gate import bench_policy, gate_reports
+from looprl.feedback.policies import PolicyRef, read_policy, save_candidate
+from looprl.feedback.realtime_config import RealtimeConfig, users_tasks
 from looprl.feedback.store import FeedbackStore
+from looprl.feedback.update import optimizer_state, train_groups
+from looprl.feedback.window import window, window_groups
+from looprl.rundir import RunDir
 
 
 def main() -> None:
@@ -58,12 +49,13 @@ def main() -> None:
     ap.add_argument("--no-bench", action="store_true", help="measure the step, bench nothing")
     ap.add_argument("-o", "--override", action="append", default=[], help="config key=value")
     a = ap.parse_args()
-    data = apply_overrides(json.loads((a.run / "config.json").read_text()), a.override)
+    rd = RunDir(a.run)
+    data = apply_overrides(json.loads(rd.config.read_text()), a.override)
     cfg = from_dict(RealtimeConfig, data)
-    policy = read_policy(a.run / "policies" / f"v{a.version:04d}")
+    policy = read_policy(rd.policies / f"v{a.version:04d}")
     policy = PolicyRef(policy.path, a.version)  # the version its sessions carry (v0000 links to
     # the start model, whose own metadata may name another)
-    trajs = window(FeedbackStore(a.run / "feedback.db"), a.version, cfg.signal,
+    trajs = window(FeedbackStore(rd.feedback_db), a.version, cfg.signal,
                    untrained=False)[:a.sessions]
     if not trajs:
         raise SystemExit(f"{a.run} holds no scored session of v{a.version}")
@@ -76,7 +68,7 @@ def main() -> None:
     print(f"relative_update={rel:.5f} kl_per_token={kl:.5f}")
     if a.no_bench:
         return
-    root = a.run / "offline"
+    root = rd.root / "offline"  # this script's own
     out = root / (a.name or ("_".join(a.override) or "default").replace("/", "-"))
     cand = save_candidate(model, tok, out, a.version + 1, {"parent_version": a.version,
                                                             "sessions": len(trajs)})

@@ -25,7 +25,7 @@ def test_shipped_configs_load(path):
 
 @pytest.mark.parametrize("name", LOOP_CONFIGS)
 def test_shipped_loop_configs_load(name):
-    from looprl.feedback.loop import RealtimeConfig
+    from looprl.feedback.realtime_config import RealtimeConfig
 
     cfg = load_config(RealtimeConfig, Path(__file__).parent.parent / "configs" / name,
                       ["cycles=1"])

@@ -28,6 +28,7 @@ def test_the_extending_example_trains_with_its_own_tool_reward_and_tasks(tmp_pat
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows and "reward/my_plugins:small_diff_mean" in rows[-1]  # the plugin term scored
     assert json.loads((run / "eval_rl.json").read_text())["n_tasks"] == 1  # the held-out task
+    assert (run / "reward_curve.png").stat().st_size > 10_000  # the report's picture
     report = (run / "report.md").read_text().splitlines()
     assert report[-1].startswith("heldout_pass1_sft=")
     assert re.search(r"; [1-3] of the 3 train tasks rolled out\.$", report[2]), report[2]

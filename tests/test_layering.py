@@ -58,3 +58,16 @@ def test_a_circle_between_two_modules_of_a_package_breaks_it(copy: Path):
     out = _break(copy, "harness/run_state.py", "from looprl.harness import agent  # noqa")
     assert out.returncode != 0
     assert "No cycles" in out.stdout and "BROKEN" in out.stdout
+
+
+def test_docs_architecture_lists_the_contract_s_layers():
+    """docs/architecture.md's layer table and the contract are one table, in one order."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contract = next(c for c in cfg["tool"]["importlinter"]["contracts"] if c["id"] == "layers")
+    want = [sorted(m.strip() for m in layer.split("|")) for layer in contract["layers"]]
+    rows = [line.split("|") for line in (ROOT / "docs" / "architecture.md").read_text(
+        encoding="utf-8").splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    documented = [sorted(m.strip(" `") for m in row[2].split("·")) for row in rows]
+    assert documented == want

@@ -1,5 +1,5 @@
 """The wheel: built from the source tree, installed into a fresh venv, it runs ``looprl --help`` and
-carries its package data (configs, the dashboard's scripts and styles).
+carries its package data (configs, the dashboard's scripts and styles, the launcher's C source).
 
 Kept fast and offline: the wheel is built without build isolation and installed with
 ``--no-deps``; the fresh venv sees this environment's site-packages (torch, transformers, ...)
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # a wheel build and a venv: ~15-30 s
 
 DATA = ("configs/quickstart.toml", "dashboard/static/uPlot.iife.min.js",
         "dashboard/static/uPlot.min.css", "dashboard/static/uPlot.LICENSE.txt",
-        "dashboard/static/dashboard.js", "dashboard/static/style.css")
+        "dashboard/static/dashboard.js", "dashboard/static/style.css", "sandbox/launch.c")
 
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:

@@ -1,13 +1,14 @@
 """`looprl train` helpers that need no run (the run itself: README's first command)."""
 
 import dataclasses
+import doctest
 import math
 
 import pytest
 
 from looprl.errors import ConfigError
 from looprl.harness.policies import oracle_turns
-from looprl.train import stages
+from looprl.train import plots, stages
 from looprl.train import tasks as train_tasks
 from looprl.train.config import TasksSection, TrainConfig
 from looprl.train.report import loss_ends
@@ -20,6 +21,17 @@ def test_loss_ends_average_a_tenth_of_the_steps_at_each_end():
     assert loss_ends(losses) == (5.0, 1.5)
     assert loss_ends([2.0]) == (2.0, 2.0)
     assert all(math.isnan(x) for x in loss_ends([]))
+
+
+def test_the_reward_curve_draws_the_loops_rows_with_their_trend(tmp_path):
+    """30 steps (the trend line is drawn from 20), one without a pass rate (a gap), the rows as
+    ``metrics.jsonl`` holds them (the task ids are no scalar)."""
+    rows = [{"step": i, "tasks": ["a", "b"], "reward/total_mean": 0.01 * i, "train/is_ratio_mean": 1.0,
+             **({} if i == 7 else {"rollout/pass_rate": (i % 4) / 4})} for i in range(1, 31)]
+    png = plots.plot_curves(rows, tmp_path / "reward_curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    res = doctest.testmod(plots)  # rolling_mean skips the steps that logged none
+    assert res.attempted > 0 and res.failed == 0
 
 
 def test_select_code_appends_the_buggy_code_never_the_fix(tmp_path):

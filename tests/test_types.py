@@ -11,8 +11,10 @@ from looprl.types import (
     Group,
     RewardBreakdown,
     Segment,
+    SelfSummary,
     StopReason,
     Task,
+    TokenSpan,
     ToolCall,
     ToolResult,
     Trajectory,
@@ -30,7 +32,7 @@ def _trajectory(reward: float | None = 1.0) -> Trajectory:
                       ToolCall("c1", "read_file", '{"path": "a.py"}').to_openai()]}),
         counters=Counters(turns=2, tool_calls=1, output_tokens=2),
         stop_reason=StopReason.FINISHED, diff="--- a\n+++ b\n", reward=rb, wall_s=1.5, id="t1/0",
-        metadata={"k": 1},
+        metadata={"k": 1}, summaries=(SelfSummary(0, 4, 2, 1),), broken_spans=(TokenSpan(1, 2, 4),),
     )
 
 
@@ -40,6 +42,24 @@ def test_trajectory_json_round_trip():
     assert back == t
     assert back.stop_reason is StopReason.FINISHED
     assert back.reward is not None and back.reward.total == pytest.approx(0.9)
+
+
+def test_a_trajectory_saved_before_the_typed_fields_loads_them_from_its_metadata():
+    """Older files hold ``summaries`` and ``broken_spans`` as JSON text in ``metadata``: read once,
+    written back as fields, and the same record after another save."""
+    d = json.loads(_trajectory().to_json())
+    d.pop("summaries"), d.pop("broken_spans")
+    d["metadata"] = {"k": 1, "broken_spans": "[[1, 2, 4]]", "summaries": json.dumps([
+        {"segment": 0, "tokens_before": 4, "tokens_after": 2, "summary_tokens": 1}])}
+    old = Trajectory.from_json(json.dumps(d))
+    assert old == _trajectory()
+    assert old.broken_spans[0].end == 4 and old.summaries[0].tokens_after == 2
+    saved = json.loads(old.to_json())
+    assert saved["metadata"] == {"k": 1} and saved["broken_spans"] == [[1, 2, 4]]
+    assert Trajectory.from_dict(saved) == old
+    d["metadata"] = {"broken_spans": "[]", "summaries": ""}  # none recorded, or an empty string
+    none = Trajectory.from_dict(d)
+    assert (none.broken_spans, none.summaries, none.metadata) == ((), (), {})
 
 
 def test_task_round_trip_and_group_rewards():

@@ -20,6 +20,7 @@ import traceback
 from typing import Annotated, Any, NoReturn
 
 import typer
+from typer._click.core import Context  # TyperGroup's methods take click's (typer's subclasses it)
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer vendors click
 from typer.core import TyperGroup
 
@@ -29,7 +30,7 @@ from looprl.errors import LooprlError
 class _Root(TyperGroup):
     """The ``looprl`` group: turns the errors a user can fix into one line and exit code 2."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
         except NoArgsIsHelpError:
@@ -37,7 +38,7 @@ class _Root(TyperGroup):
         except UsageError as e:  # an option of `looprl` itself
             _fail(ctx, e)
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
         except NoArgsIsHelpError:
@@ -46,7 +47,7 @@ class _Root(TyperGroup):
             _fail(ctx, e)
 
 
-def _fail(ctx: typer.Context, e: Exception) -> NoReturn:
+def _fail(ctx: Context, e: Exception) -> NoReturn:
     if ctx.params.get("debug"):
         traceback.print_exception(e)
     typer.echo(f"error: {_one_line(e)}", err=True)

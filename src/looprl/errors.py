@@ -127,6 +127,12 @@ class ContextFullError(LooprlError):
     is_infra = False
 
 
+class DiffError(LooprlError):
+    """A diff is malformed, or a patch does not apply to the text it is applied to. Raised by
+    ``looprl.diffs``; a caller with a boundary re-raises it as its own (a task's gold patch that
+    does not apply is a ``TaskError``)."""
+
+
 def infra_kind(e: BaseException) -> InfraKind:
     """The taxonomy class of ``e``, an infrastructure failure: the innermost infrastructure
     ``LooprlError`` on its ``__cause__`` chain with a class of its own decides, so a wrapper

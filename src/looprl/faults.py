@@ -70,6 +70,7 @@ from looprl.errors import (
     SandboxError,
     WeightStoreError,
 )
+from looprl.rundir import RunDir
 from looprl.types import Trajectory
 
 INJECTABLE: tuple[InfraKind, ...] = (
@@ -417,9 +418,9 @@ def reconcile(run_dir: Path) -> dict[str, dict[str, int]]:
     """The last metrics row's count of each class beside the injector's books at that row:
     ``{class: {"metrics": n, "injected": n, "settled": n, "cut_off": n}}`` (they agree when
     ``metrics == settled`` for every class)."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    books = [json.loads(x) for x in (run_dir / "faults.jsonl").read_text().splitlines()
-             if x.strip()]
+    rd = RunDir(run_dir)
+    rows = [json.loads(x) for x in rd.metrics.read_text().splitlines() if x.strip()]
+    books = [json.loads(x) for x in rd.fault_books.read_text().splitlines() if x.strip()]
     last = rows[-1]
     mine = [b for b in books if b["step"] == last["step"]][-1]
     return {k.value: {"metrics": int(last.get(f"infra/{k.value}", 0)),

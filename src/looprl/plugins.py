@@ -32,7 +32,7 @@ import importlib
 import os
 import sys
 from collections.abc import Mapping
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import TypeVar
 
 from looprl.config import nearest
@@ -45,7 +45,7 @@ KINDS = {"tools": "tool", "rewards": "reward term", "signals": "feedback signal"
 """Each kind of plugin and what one of it is called in messages."""
 
 
-def _entry_points(kind: str) -> dict[str, object]:
+def _entry_points(kind: str) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=f"looprl.{kind}")}
 
 
@@ -83,7 +83,7 @@ def find(kind: str, name: str, builtins: Mapping[str, T]) -> T:
     what = f"entry point {name!r} of group looprl.{kind}" if ep else f"{kind} plugin {name!r}"
     try:
         if ep is not None:
-            return ep.load()  # type: ignore[attr-defined,no-any-return]
+            return ep.load()
         if ":" in name:
             module, _, attr = name.partition(":")
             obj: object = _import(module)

@@ -22,7 +22,7 @@ class Bar(Progress):
         self.every = every
         self._logged: dict[TaskID, float] = {}
 
-    def update(self, task_id: TaskID, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:
         super().update(task_id, **kwargs)
         self._log(task_id)
 

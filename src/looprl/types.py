@@ -20,7 +20,7 @@ import dataclasses
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, TypeVar
+from typing import Any, Literal, NamedTuple, TypedDict, TypeVar
 
 JSONScalar = str | int | float | bool | None
 Metadata = dict[str, JSONScalar]
@@ -285,6 +285,42 @@ class RewardBreakdown(_Record):
                    tuple(d.get("flags", ())), dict(d.get("details") or {}))
 
 
+class TokenSpan(NamedTuple):
+    """Tokens ``start:end`` of segment ``segment`` of a trajectory (saved as ``[segment, start,
+    end]``)."""
+
+    segment: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SelfSummary(_Record):
+    """One self-summarization of a run (``harness.summarize``): the segment it closed and the
+    fresh context it opened."""
+
+    segment: int
+    """Index of the segment summarized."""
+    tokens_before: int
+    """That segment's size when the summary was triggered."""
+    tokens_after: int
+    """The fresh context's size: where the next segment starts."""
+    summary_tokens: int
+    """Tokens sampled for the summary."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SelfSummary:
+        return cls(int(d["segment"]), int(d["tokens_before"]), int(d["tokens_after"]),
+                   int(d["summary_tokens"]))
+
+
+def _legacy_list(metadata: dict[str, Any], key: str) -> list[Any]:
+    """A list that files written before it was a field hold in ``metadata[key]`` as JSON text;
+    taken out of ``metadata`` (it is written back as the field)."""
+    raw = metadata.pop(key, None)
+    return json.loads(raw) if isinstance(raw, str) and raw else []
+
+
 @dataclass(frozen=True)
 class Trajectory(_Record):
     """One run of the agent on a task. The message list is the readable trajectory; the
@@ -304,6 +340,11 @@ class Trajectory(_Record):
     wall_s: float = 0.0
     id: str = ""
     metadata: Metadata = field(default_factory=dict)
+    summaries: tuple[SelfSummary, ...] = ()
+    """Every self-summary of the run, in order: one per segment after the first."""
+    broken_spans: tuple[TokenSpan, ...] = ()
+    """The tokens of each broken tool call's own block (recorded by the agent loop): what the
+    trainer's token-level credit (``trainer.batch``) gives ``broken_call_advantage``."""
     infra_kind: str = ""
     """For infra errors: the failure's class in the taxonomy (an ``looprl.errors.InfraKind``
     value, ``infra_kind(e)`` of what failed); empty otherwise."""
@@ -311,18 +352,6 @@ class Trajectory(_Record):
     @property
     def is_infra_error(self) -> bool:
         return self.stop_reason == StopReason.INFRA_ERROR
-
-    def broken_spans(self) -> list[tuple[int, int, int]]:
-        """(segment index, start, end) token spans of the broken tool calls' blocks, from
-        ``metadata["broken_spans"]`` (recorded by the agent loop); [] when there were none.
-
-        >>> t = Trajectory("t", "g", (), (), Counters(), StopReason.FINISHED,
-        ...                metadata={"broken_spans": "[[0, 5, 9]]"})
-        >>> t.broken_spans()
-        [(0, 5, 9)]
-        """
-        raw = self.metadata.get("broken_spans")
-        return [tuple(span) for span in json.loads(raw)] if raw else []  # type: ignore[misc]
 
     @property
     def passed(self) -> bool:
@@ -333,6 +362,17 @@ class Trajectory(_Record):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        """Also reads files from before ``summaries`` and ``broken_spans`` were fields (JSON text in
+        ``metadata``), once: the record holds them as fields, and writes them so.
+
+        >>> old = {"task_id": "t", "group_id": "g", "segments": [], "messages": [],
+        ...        "stop_reason": "finished", "metadata": {"broken_spans": "[[0, 5, 9]]", "x": 1}}
+        >>> t = Trajectory.from_dict(old)
+        >>> t.broken_spans, t.metadata, t.to_dict()["broken_spans"]
+        ((TokenSpan(segment=0, start=5, end=9),), {'x': 1}, [[0, 5, 9]])
+        """
+        metadata = dict(d.get("metadata") or {})
+        legacy = {k: _legacy_list(metadata, k) for k in ("summaries", "broken_spans")}
         return cls(
             task_id=str(d["task_id"]),
             group_id=str(d["group_id"]),
@@ -345,7 +385,11 @@ class Trajectory(_Record):
             error=d.get("error"),
             wall_s=float(d.get("wall_s", 0.0)),
             id=str(d.get("id", "")),
-            metadata=dict(d.get("metadata") or {}),
+            metadata=metadata,
+            summaries=tuple(SelfSummary.from_dict(s)
+                            for s in d.get("summaries", legacy["summaries"])),
+            broken_spans=tuple(TokenSpan(*map(int, s))
+                               for s in d.get("broken_spans", legacy["broken_spans"])),
             infra_kind=str(d.get("infra_kind", "")),
         )
 

@@ -13,8 +13,8 @@ from looprl.bench.gate import Precision, RunsPrecision, compare, load, precision
 from looprl.bench.report import pass_at_k, summarize, write_report
 from looprl.bench.run import PolicyFactory, Sample, run_bench
 from looprl.commands.bench import app
+from looprl.diffs import unified_diff
 from looprl.errors import ConfigError
-from looprl.tasks.mutate import unified_diff
 from looprl.tasks.taskset import write_tasks
 from looprl.types import Grader, Task
 from tests.example_package import write_example_package

@@ -24,7 +24,10 @@ from looprl.chat import ChatFormat
 from looprl.config import load_config, save_config
 from looprl.faults import InfraLedger
 from looprl.feedback.ab import ABReport, compare_arms
-from looprl.feedback.loop import CycleRow, LoopResult, RealtimeConfig, ab_decision
+from looprl.feedback.gate import ab_decision
+from looprl.feedback.loop import LoopResult
+from looprl.feedback.loop_cycle import CycleRow
+from looprl.feedback.realtime_config import RealtimeConfig
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.policies import ScriptedPolicy
@@ -34,7 +37,9 @@ from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.train.config import TrainConfig
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
+from looprl.train.plots import plot_curves
+from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from tests.feedback.conftest import make_traj
@@ -92,6 +97,7 @@ def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = N
 
     asyncio.run(train())
     loop._finish()
+    plot_curves(loop.stats.history, run_dir / "reward_curve.png")  # as ``looprl train`` does
     return run_dir
 
 

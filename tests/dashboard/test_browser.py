@@ -193,6 +193,7 @@ def test_infrastructure_failures_by_class(browser: Browser, tmp_path: Path, shot
     injector's books (agreeing), and draws the per-step rate of each class."""
     from looprl import faults
     from looprl.faults import FaultInjector, FaultsConfig, InfraLedger
+    from looprl.rundir import RunDir
     from looprl.types import Counters, StopReason, Trajectory
 
     from .conftest import write_grpo_run
@@ -200,8 +201,8 @@ def test_infrastructure_failures_by_class(browser: Browser, tmp_path: Path, shot
     run = tmp_path / "runs" / "drill"
     run.mkdir(parents=True)
     inj = FaultInjector(FaultsConfig({"engine_error": 0.3, "sandbox_create": 0.2}, seed=1),
-                        books=run / "faults.jsonl")
-    ledger = InfraLedger(run / "infra.json")
+                        books=RunDir(run).fault_books)
+    ledger = InfraLedger(RunDir(run).infra_ledger)
 
     def rollouts(step: int) -> None:  # what a step's 8 rollout attempts met
         for _ in range(8):

@@ -16,21 +16,20 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.errors import ConfigError
-from looprl.feedback.cycle import (
+from looprl.feedback.cycle import CycleConfig, run_cycle
+from looprl.feedback.policies import (
     CANDIDATE,
     POINTER,
     POLICY_META,
-    CycleConfig,
     PolicyRef,
     init_policies,
     offer_candidate,
     promote,
     read_candidate,
     read_policy,
-    run_cycle,
-    window,
     withdraw_candidate,
 )
+from looprl.feedback.window import window
 from looprl.models.tokenizer import build_tokenizer
 from tests.bwrap_support import skip_without_sandbox
 
@@ -88,7 +87,7 @@ def test_window_baseline_is_the_batch_mean(store):
     feedback(store, 4)
     trajs = window(store, 0, "edit_outcome")
     assert sorted(t.reward.total for t in trajs) == [-1.0, -1.0, 1.0, 1.0]
-    from looprl.feedback.cycle import window_group
+    from looprl.feedback.window import window_group
     from looprl.trainer.batch import build_batch
 
     b = build_batch([window_group(trajs, "w")])

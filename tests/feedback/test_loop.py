@@ -22,8 +22,10 @@ import pytest
 from looprl.config import load_config
 from looprl.errors import ConfigError
 from looprl.feedback.ab import ABReport, Diff
-from looprl.feedback.loop import RealtimeConfig, ab_decision, window_groups
+from looprl.feedback.gate import ab_decision
+from looprl.feedback.realtime_config import RealtimeConfig
 from looprl.feedback.store import FeedbackStore
+from looprl.feedback.window import window_groups
 from looprl.tasks.taskset import write_tasks
 from looprl.types import Grader, RewardBreakdown, Task, Trajectory
 from tests.bwrap_support import needs_bwrap
@@ -102,7 +104,7 @@ def test_config_errors_say_what_to_fix(tmp_path):
 
 
 def test_the_gate_may_share_the_users_file_only_past_the_tasks_they_send(tmp_path):
-    from looprl.feedback.loop import _gate_tasks
+    from looprl.feedback.realtime_config import gate_tasks
 
     grader = Grader(CMD, ("tests/test_core.py::test_mean",), (), ("tests/test_core.py",))
     tasks = write_tasks([Task(f"t{i}", str(tmp_path), f"fix {i}", grader=grader) for i in range(10)],
@@ -112,7 +114,7 @@ def test_the_gate_may_share_the_users_file_only_past_the_tasks_they_send(tmp_pat
         ovs = [f"{k}={v}" for k, v in over.items()]
         cfg = load_config(RealtimeConfig, None, ["model=m", f"users.tasks={tasks}", "users.limit=4",
                                                  f"gate.tasks={tasks}", *ovs])
-        return [t.id for t in _gate_tasks(cfg)]
+        return [t.id for t in gate_tasks(cfg)]
 
     assert gate(**{"gate.skip": "4"}) == [f"t{i}" for i in range(4, 10)]
     assert gate(**{"gate.skip": "5", "gate.limit": "2"}) == ["t5", "t6"]
@@ -288,8 +290,9 @@ def test_windows_continue_one_adam_state(tmp_path, store):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from looprl.feedback.cycle import OPTIMIZER_FILE, PolicyRef, save_candidate, window
-    from looprl.feedback.loop import optimizer_state, train_groups
+    from looprl.feedback.policies import OPTIMIZER_FILE, PolicyRef, save_candidate
+    from looprl.feedback.update import optimizer_state, train_groups
+    from looprl.feedback.window import window
     from looprl.models.loading import load_model
     from looprl.trainer.checkpoint import save_checkpoint
     from looprl.trainer.step import GRPOConfig, make_optimizer
@@ -337,7 +340,8 @@ def test_windows_continue_one_adam_state(tmp_path, store):
 
     # the loop's choice per window: the start model's run's state, its momentum as the config
     # says; a candidate's own state, always with its momentum
-    from looprl.feedback.loop import RealtimeConfig, UsersSection, window_optimizer
+    from looprl.feedback.realtime_config import RealtimeConfig, UsersSection
+    from looprl.feedback.update import window_optimizer
 
     for keep in (True, False):
         cfg = RealtimeConfig(model=str(start), optimizer=str(tmp_path / "ckpt"),
@@ -360,7 +364,7 @@ def test_a_cycle_starts_only_if_it_and_the_final_ab_fit_the_budget(tmp_path):
     """The run's ``max_minutes`` covers the final A/B: estimated at the rate users answered."""
     import time
 
-    from looprl.feedback.loop import Loop
+    from looprl.feedback.loop_cycle import Loop
 
     from .conftest import add
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from looprl.diffs import unified_diff
 from looprl.feedback import simulate as sim_mod
 from looprl.feedback.sentiment import follow_up_sentiment, load_follow_ups
 from looprl.feedback.signals import session_reward
@@ -33,7 +34,6 @@ from looprl.harness.agent import AgentConfig
 from looprl.harness.policies import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.serve.api import ServeConfig, make_app
-from looprl.tasks.mutate import unified_diff
 from looprl.tasks.taskset import load_tasks, write_tasks
 from looprl.types import Generation, Grader, SamplingParams, Task
 from tests.bwrap_support import needs_bwrap

@@ -17,7 +17,6 @@ from looprl.feedback.store import (
     FeedbackStore,
     FeedbackTooLargeError,
     UnknownSessionError,
-    diff_files,
 )
 from looprl.types import StopReason
 
@@ -125,19 +124,6 @@ def test_concurrent_writers_lose_nothing(store):
         t.join()
     for sid in sids:
         assert [e.payload["text"] for e in store.events(sid)] == [f"msg {i}" for i in range(25)]
-
-
-def test_diff_files_handles_new_and_deleted_files():
-    d = ("--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+x\n"
-         "--- a/old.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n")
-    assert diff_files(d) == ("new.py", "old.py")
-    assert diff_files("") == ()
-
-
-def test_diff_files_is_not_fooled_by_header_like_hunk_lines():
-    d = ("--- a/notes.md\n+++ b/notes.md\n@@ -1 +1 @@\n--- a/fake\n+++ b/fake\n"
-         "--- a/real.py\n+++ b/real.py\n@@ -1 +1 @@\n-a\n+b\n")
-    assert diff_files(d) == ("notes.md", "real.py")
 
 
 def test_a_replayed_event_is_stored_once_and_counted(store):

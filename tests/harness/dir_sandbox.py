@@ -8,7 +8,6 @@ so the tools' error messages can be tested without bubblewrap.
 from __future__ import annotations
 
 import asyncio
-import difflib
 import os
 import shutil
 import signal
@@ -18,6 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from looprl.diffs import REGULAR, blob_diff
 from looprl.errors import PathEscapeError
 from looprl.types import ExecResult, FileEntry
 
@@ -122,17 +122,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def tree_diff(base: Path, work: Path) -> str:
-    """Unified diff (git style a/ b/ headers) of ``work`` against ``base``."""
+    """The git diff of ``work`` against ``base``, written as the real sandbox writes it."""
     a, b = _files(base), _files(work)
-    chunks = []
-    for path in sorted(set(a) | set(b)):
-        old, new = a.get(path), b.get(path)
-        if old == new:
-            continue
-        old_l = (old or b"").decode("utf-8", "replace").splitlines(keepends=True)
-        new_l = (new or b"").decode("utf-8", "replace").splitlines(keepends=True)
-        lines = list(difflib.unified_diff(old_l, new_l, "a/" + path if old is not None else "/dev/null",
-                                          "b/" + path if new is not None else "/dev/null"))
-        chunks.append(f"diff --git a/{path} b/{path}\n" + "".join(
-            ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines))
-    return "".join(chunks)
+    return "".join(blob_diff(p, (a[p], REGULAR) if p in a else None,
+                             (b[p], REGULAR) if p in b else None) for p in sorted({*a, *b}))

@@ -142,7 +142,7 @@ def test_broken_calls_are_recorded_as_their_own_token_spans(task, dsandbox, fmt,
     traj, policy = agent(task, dsandbox, fmt, tok, turns, max_turns=3)
     (seg,) = traj.segments
     assert traj.counters.broken_tool_calls == 2
-    spans = traj.broken_spans()
+    spans = traj.broken_spans
     assert len(spans) == 2 and {s[0] for s in spans} == {0}
     # each span is exactly one broken block of the second turn, not the valid calls around it
     got = sorted(fmt.decode(list(seg.token_ids_T[a:b])) for _, a, b in spans)

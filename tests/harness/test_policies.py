@@ -11,15 +11,15 @@ import sys
 
 import pytest
 
+from looprl.diffs import parse_diff
 from looprl.errors import TaskError
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.policies import (
     READ_LIMIT,
     OracleAgent,
     ScriptedPolicy,
-    apply_hunks,
     oracle_turns,
-    parse_unified_diff,
+    patched,
     selections,
     slipped_turns,
     tight_edit,
@@ -173,12 +173,14 @@ def test_no_selection_when_the_fix_is_not_an_in_place_edit(task, repo, tmp_path)
         selections(dataclasses.replace(task, gold_patch=None))
 
 
-def test_parse_diff_without_trailing_newline_and_bad_patches(task):
+def test_gold_patch_without_trailing_newline_and_bad_patches(task):
     patch = "--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n\\ No newline at end of file\n"
-    (fp,) = parse_unified_diff(patch)
-    assert apply_hunks("a\nb\n", fp.hunks, "x.py") == "a\nc"
+    (fp,) = parse_diff(patch)
+    assert patched("a\nb\n", fp) == "a\nc"
     with pytest.raises(TaskError, match="does not apply"):
-        apply_hunks("z\nb\n", fp.hunks, "x.py")
+        patched("z\nb\n", fp)
+    with pytest.raises(TaskError, match="malformed"):
+        oracle_turns(dataclasses.replace(task, gold_patch=patch.replace("@@ -1,2", "@@ -1,3")))
     with pytest.raises(TaskError, match="no gold_patch"):
         oracle_turns(task)
     with pytest.raises(TaskError, match="no file diffs"):

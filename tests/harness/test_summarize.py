@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 
 import pytest
 
@@ -15,7 +14,7 @@ from looprl.harness.policies import ScriptedPolicy
 from looprl.harness.summarize import SUMMARIZE_INSTRUCTION, SUMMARY_FRAME
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.trainer.batch import build_batch
-from looprl.types import Group, RewardBreakdown, StopReason
+from looprl.types import Group, RewardBreakdown, StopReason, Trajectory
 
 from .conftest import WindowedPolicy, call
 
@@ -97,12 +96,13 @@ def test_two_summaries_make_a_three_segment_chain(long_task, dsandbox, fmt, tok)
     c = traj.counters
     assert (c.summaries, c.turns, c.tool_calls) == (2, 4, 4)
     assert c.summary_tokens == len(enc(fmt, SUM1, SUM2))
-    records = json.loads(traj.metadata["summaries"])
-    assert [r["segment"] for r in records] == [0, 1]
-    assert [r["summary_tokens"] for r in records] == [len(enc(fmt, SUM1)), len(enc(fmt, SUM2))]
-    assert [r["tokens_after"] for r in records] == [len(policy.prompts[3]), len(policy.prompts[5])]
-    assert all(r["tokens_before"] >= prompt_len(long_task, fmt) + 700 > r["tokens_after"]
+    records = traj.summaries
+    assert [r.segment for r in records] == [0, 1]
+    assert [r.summary_tokens for r in records] == [len(enc(fmt, SUM1)), len(enc(fmt, SUM2))]
+    assert [r.tokens_after for r in records] == [len(policy.prompts[3]), len(policy.prompts[5])]
+    assert all(r.tokens_before >= prompt_len(long_task, fmt) + 700 > r.tokens_after
                for r in records)
+    assert Trajectory.from_json(traj.to_json()).summaries == records  # saved as it was
     # readable messages: instruction, summary, new-context marker, twice
     names = [m.get("name") for m in msgs if m["role"] != "tool"]
     assert names.count("summarize") == names.count("summary") == names.count("new_context") == 2
@@ -113,13 +113,13 @@ def test_two_summaries_make_a_three_segment_chain(long_task, dsandbox, fmt, tok)
 
 def test_tokens_before_is_the_context_at_the_trigger(long_task, dsandbox, fmt, tok):
     traj, policy = run(long_task, dsandbox, fmt, tok, [READ, READ, SUM1, FINISH])
-    (rec,) = json.loads(traj.metadata["summaries"])
+    (rec,) = traj.summaries
     p = prompt_len(long_task, fmt)
     # the trigger fired on the context after the second read's observation
     obs = [m for m in traj.messages if m["role"] == "tool"]
     after_two = len(policy.prompts[1]) + len(enc(fmt, READ)) + len(fmt.observation_ids(obs[1:2]))
-    assert rec["tokens_before"] == after_two >= p + 700 > len(policy.prompts[1])
-    assert rec["tokens_after"] < p + 700
+    assert rec.tokens_before == after_two >= p + 700 > len(policy.prompts[1])
+    assert rec.tokens_after < p + 700
 
 
 def test_cap_then_context_full(long_task, dsandbox, fmt, tok):
@@ -138,7 +138,7 @@ def test_a_summary_that_does_not_fit_ends_the_run(long_task, dsandbox, fmt, tok)
     assert traj.counters.summaries == 0 and traj.counters.summary_tokens == 8
     (seg,) = traj.segments
     assert sampled(seg) == enc(fmt, READ, READ) + fmt.encode(SUM1)[:8]
-    assert json.loads(traj.metadata["summaries"]) == []
+    assert traj.summaries == ()
     # the instruction itself does not fit: the window is too small past the trigger
     p = prompt_len(long_task, fmt)
     traj, _ = run(long_task, dsandbox, fmt, tok, [READ, READ, SUM1, FINISH], context_window=p + 1100)

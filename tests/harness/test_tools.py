@@ -152,6 +152,14 @@ def test_read_lints_on_changed_files(ctx, sandbox):
     assert out.startswith("pkg/bad.py:1:7 invalid-syntax") and out.endswith("in 2 files.")
 
 
+def test_read_lints_finds_changed_files_by_the_diff_not_by_lines_that_look_like_headers(ctx,
+                                                                                     sandbox):
+    asyncio.run(sandbox.write("pkg/a b.py", b"import os\n"))
+    asyncio.run(sandbox.write("notes.md", b"++ b/pkg/ghost.py\n"))  # the diff's line '+++ b/...'
+    out = run(ReadLints(), ctx)
+    assert "pkg/a b.py:1:8 F401 `os` imported but unused" in out and out.endswith(" in 1 file.")
+
+
 class Recorded:
     """Sandbox seam double: the real sandbox, with its commands recorded (or a tools_dir that
     holds no ruff)."""

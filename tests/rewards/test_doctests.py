@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["looprl.rewards.diffs", "looprl.rewards.length", "looprl.rewards.hacking",
+MODULES = ["looprl.rewards.length", "looprl.rewards.hacking",
            "looprl.rewards.isolation", "looprl.rewards.style", "looprl.rewards.composite"]
 
 

@@ -3,10 +3,10 @@
 import asyncio
 import dataclasses
 import shutil
-import sys
 
 import pytest
 
+from looprl.diffs import unified_diff
 from looprl.errors import RewardError
 from looprl.rewards.tests import (
     GradeResult,
@@ -16,28 +16,13 @@ from looprl.rewards.tests import (
     parse_pytest_output,
     tests_reward,
 )
-from looprl.tasks.mutate import unified_diff
 from looprl.types import Counters, Grader, StopReason, Task, Trajectory
-from tests.example_package import write_example_package
-
-CLAMP_TESTS = tuple(f"tests/test_core.py::test_clamp_{x}" for x in ("inside", "low", "high"))
-MEAN = ("tests/test_core.py::test_mean", "tests/test_core.py::test_mean_empty")
-CORE = "src/minicalc/core.py"
-# the project venv has many pytest plugins; skipping their autoload keeps each run fast
-CMD = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=src python -m "
-       "pytest -p no:cacheprovider -q -rA --tb=short --color=no -o addopts=")
+from tests.rewards.minicalc import CLAMP_TESTS, CMD, CORE, MEAN, clamp_task
 
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    repo = write_example_package(tmp_path_factory.mktemp("g") / "minicalc")
-    core = repo / CORE
-    original = core.read_text()
-    core.write_text(original.replace("if x > hi:", "if x < hi:"))
-    gold = unified_diff(CORE, core.read_text(), original)
-    return Task("minicalc-clamp", str(repo), "clamp is wrong", venv=sys.prefix, gold_patch=gold,
-                grader=Grader(CMD, CLAMP_TESTS[1:], (CLAMP_TESTS[0], *MEAN),
-                              ("tests/test_core.py", "pyproject.toml"), timeout_s=60))
+    return clamp_task(tmp_path_factory.mktemp("g"))
 
 
 def g(task, diff):

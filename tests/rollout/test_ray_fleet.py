@@ -27,7 +27,8 @@ from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import RewardConfig, reward_metrics
 from looprl.rewards.tests import pytest_command
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from looprl.weights.store import LocalWeightStore

@@ -1,9 +1,11 @@
-"""open_beneath / makedirs_beneath: nothing outside the directory is ever opened or created."""
+"""beneath.py: nothing outside the directory is ever opened or created, and no symlink is followed
+(in either lookup mode: openat2, or the O_NOFOLLOW component walk)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -53,14 +55,58 @@ def test_every_way_out_is_refused(tree, mode: str, path: str) -> None:
     assert e.value.errno in (errno.EXDEV, errno.ELOOP, errno.ENOTDIR)
 
 
-def test_inside_paths_open(tree, mode: str) -> None:
+def test_inside_paths_open_and_no_link_is_followed(tree, mode: str) -> None:
     root, _ = tree
     assert _read(root, "pkg/a.py") == b"inside\n"
-    if mode == "openat2":  # a link that stays inside is followed; the walk refuses every link
-        assert _read(root, "same") == b"inside\n"
-    else:
-        with pytest.raises(OSError):
-            _read(root, "same")
+    with pytest.raises(OSError) as e:  # a link that stays inside is not followed either
+        _read(root, "same")
+    assert e.value.errno == errno.ELOOP
+
+
+def test_root_sees_links_as_git_does(tree, mode: str) -> None:
+    fd, _ = tree
+    ws = beneath.Root(f"/proc/self/fd/{fd}")
+    try:
+        assert ws.blob("pkg/a.py") == (b"inside\n", 0o100644)
+        assert ws.blob("same") == (b"pkg/a.py", 0o120000)      # the link, not its target
+        assert ws.blob("esc") == (os.fsencode(os.readlink(f"/proc/self/fd/{fd}/esc")), 0o120000)
+        for absent in ("esc/secret", "pkg/up/outside/secret", "nope", "pkg", "../outside/secret"):
+            assert ws.blob(absent) is None, absent
+            assert absent == "pkg" or ws.lstat(absent) is None
+        assert stat.S_ISLNK(ws.lstat("abs").st_mode)
+        assert sorted(ws.files()) == ["abs", "esc", "pkg/a.py", "pkg/up", "same"]
+        walked = [d for d, _, _ in ws.walk()]
+        assert walked == [".", "pkg"]                             # links are never entered
+        for bad in ("esc", "same", "pkg/up"):
+            with pytest.raises(OSError):
+                next(ws.walk(bad))
+        with pytest.raises(OSError) as e:
+            ws.read("abs")
+        assert e.value.errno == errno.ELOOP
+        assert ws.link_on_path("esc/secret") == ("esc", os.readlink(f"/proc/self/fd/{fd}/esc"))
+        assert ws.link_on_path("pkg/a.py") is None
+    finally:
+        ws.close()
+
+
+def test_root_write_replaces_a_link_and_refuses_one_on_the_way(tree, mode: str) -> None:
+    fd, out = tree
+    ws = beneath.Root(f"/proc/self/fd/{fd}")
+    try:
+        ws.write("abs", b"mine\n")        # a link out: replaced by a file, its target untouched
+        assert ws.blob("abs") == (b"mine\n", 0o100644)
+        assert (out / "secret").read_text() == "SECRET\n"
+        ws.write("same", b"also\n")
+        assert ws.read("pkg/a.py") == b"inside\n" and ws.read("same") == b"also\n"
+        for bad in ("esc/secret", "esc/new.py", "pkg/up/x"):
+            with pytest.raises(OSError) as e:
+                ws.write(bad, b"pwned")
+            assert e.value.errno == errno.ELOOP, bad
+        ws.write("new/deep/f.py", b"x")
+        assert ws.read("new/deep/f.py") == b"x"
+    finally:
+        ws.close()
+    assert sorted(p.name for p in out.iterdir()) == ["secret"]
 
 
 def test_makedirs_creates_inside_only(tree, mode: str) -> None:

@@ -51,22 +51,74 @@ def test_diff_covers_edit_new_delete_binary_and_applies(base_repo: Path, tmp_pat
         assert "new file mode 100644" in d and "+X = 1" in d
         assert "deleted file mode 100644" in d and "-# repo" in d
         assert "diff --git a/pkg/sub/data.txt" in d and "\\ No newline at end of file" in d
-        assert "Binary files a/pkg/logo.bin and b/pkg/logo.bin differ" in d
-        assert "__pycache__" not in d and ".pyc" not in d
-        # the text part of the diff applies with git to a pristine copy and reproduces the edit
+        assert "GIT binary patch" in d and "__pycache__" not in d and ".pyc" not in d
+        # the whole diff, binary file included, applies with git to a pristine copy and
+        # reproduces the workspace (less the caches it ignores)
         clone = tmp_path / "clone"
         shutil.copytree(base_repo, clone)
-        patch = "".join("diff --git" + p for p in d.split("diff --git")[1:]
-                        if "Binary files" not in p)
-        (tmp_path / "p.diff").write_text(patch)
-        r = subprocess.run(["git", "apply", "--whitespace=nowarn", str(tmp_path / "p.diff")],
-                           cwd=clone, capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        assert (clone / "pkg" / "calc.py").read_text() == (ws.path / "pkg" / "calc.py").read_text()
-        assert not (clone / "README.md").exists() and not (clone / "pkg" / "sub").exists()
+        assert _git_apply(clone, d).returncode == 0
+        shutil.rmtree(ws.path / "pkg" / "__pycache__")
+        assert files(clone) == files(ws.path)
     finally:
         ws.destroy()
     assert tree_hash(base_repo) == before, "the base must never change"
+
+
+def files(root: Path) -> dict[str, tuple[int, bytes]]:
+    """Every non-directory below ``root``: (mode, content or link target) — what git records."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            if p.is_symlink():
+                out[str(p.relative_to(root))] = (st.st_mode, os.readlink(p).encode())
+            elif p.is_file():
+                out[str(p.relative_to(root))] = (st.st_mode, p.read_bytes())
+    return out
+
+
+def _git_apply(root: Path, diff: str) -> subprocess.CompletedProcess[str]:
+    (root.parent / "p.diff").write_bytes(diff.encode())
+    r = subprocess.run(["git", "apply", "--whitespace=nowarn", str(root.parent / "p.diff")],
+                       cwd=root, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def shape(ws_path: Path) -> None:
+    """What an agent can leave: a file swapped for a directory, a directory for a symlink, a
+    file for a symlink, and lines git must not split (form feed, lone CR, vertical tab, U+2028,
+    NEL), a NUL, text that is not UTF-8, names git quotes."""
+    calc = ws_path / "pkg" / "calc.py"
+    calc.write_text(calc.read_text() + "\x0c\n# a\rb\x0bc\u2028d\x85e\n")
+    os.remove(ws_path / "tests" / "test_calc.py")
+    (ws_path / "tests" / "test_calc.py").mkdir()
+    (ws_path / "tests" / "test_calc.py" / "x.py").write_text("X = 1\n")
+    shutil.rmtree(ws_path / "pkg" / "sub")
+    os.symlink("fake", ws_path / "pkg" / "sub")
+    os.remove(ws_path / "README.md")
+    os.symlink("pkg/calc.py", ws_path / "README.md")
+    (ws_path / "pkg" / "nul.py").write_bytes(b"x = 1\0\n")
+    (ws_path / "pkg" / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n")
+    (ws_path / "a b\tc\nd\"e\\f\u00e9.txt").write_text("odd name\n")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_shape_an_agent_leaves_reapplies_with_git(base_repo: Path, tmp_path: Path,
+                                                       backend: str) -> None:
+    ws = create_workspace(base_repo, backend=backend)
+    try:
+        shape(ws.path)
+        d = ws.diff()
+        clone = tmp_path / "clone"
+        shutil.copytree(base_repo, clone)
+        _git_apply(clone, d)
+        assert files(clone) == files(ws.path)
+        assert os.readlink(clone / "pkg" / "sub") == "fake"
+        assert (clone / "pkg" / "calc.py").read_bytes() == (ws.path / "pkg" / "calc.py").read_bytes()
+    finally:
+        ws.destroy()
 
 
 def test_unchanged_workspace_has_empty_diff(base_repo: Path) -> None:

@@ -272,7 +272,7 @@ def test_infra_failures_are_503_and_never_scored(tmp_path, tok, repo):
 
 
 def test_reload_swaps_in_a_promoted_policy(tmp_path, tok, repo):
-    from looprl.feedback.cycle import promote
+    from looprl.feedback.policies import promote
     from tests.feedback.test_cycle import save_tiny
 
     policies = tmp_path / "policies"

@@ -19,7 +19,7 @@ import safetensors.torch
 import torch
 
 from looprl.feedback.ab import assign_arm
-from looprl.feedback.cycle import (
+from looprl.feedback.policies import (
     CANDIDATE,
     POINTER,
     offer_candidate,

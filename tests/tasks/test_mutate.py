@@ -2,7 +2,7 @@ import ast
 
 import pytest
 
-from looprl.rewards.diffs import apply_patch, parse_diff
+from looprl.diffs import apply_patch, parse_diff
 from looprl.tasks import mutate
 from tests.example_package import CORE
 

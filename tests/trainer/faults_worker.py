@@ -18,6 +18,7 @@ from looprl.fleet.config import FleetConfig
 from looprl.harness.agent import AgentConfig
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rollout.runner import RolloutConfig
+from looprl.rundir import RunDir
 from looprl.train.config import ModelSection, TasksSection, TrainConfig
 from looprl.train.stages import train_rl
 from looprl.trainer.grpo import LoopConfig
@@ -49,7 +50,7 @@ def config() -> TrainConfig:
 def main(run_dir: Path) -> None:
     torch.set_num_threads(1)
     tok = build_tokenizer(None)
-    resume = (run_dir / "infra.json").is_file()
+    resume = RunDir(run_dir).infra_ledger.is_file()
     train_rl(config(), _model(tok), tok, run_dir / "start", _tasks(run_dir / "tasks", N_TASKS),
              run_dir, resume=resume)
 

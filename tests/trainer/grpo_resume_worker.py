@@ -42,7 +42,8 @@ from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import reward_metrics
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.sandbox import SandboxPool
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import RewardBreakdown, Task, Trajectory
 from looprl.weights.store import LocalWeightStore

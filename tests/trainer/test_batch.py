@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from looprl.trainer.batch import Credit, build_batch
-from looprl.types import StopReason
+from looprl.types import StopReason, TokenSpan
 
 from .helpers import group, segment, trajectory
 
@@ -103,7 +103,7 @@ def test_balanced_negatives_push_down_no_more_token_mass_than_passes_push_up():
 def test_a_broken_call_is_pushed_down_even_inside_a_passing_trajectory():
     # pass: prompt [1], a broken call [7, 7] (tokens 1-2), then a good call [2, 2] (tokens 3-4)
     passed = dataclasses.replace(trajectory([segment([1], [7, 7, 2, 2])], 1.0),
-                                 metadata={"broken_spans": "[[0, 1, 3]]"})
+                                 broken_spans=(TokenSpan(0, 1, 3),))
     g = group([passed, trajectory([segment([1], [3, 3])], 0.0)])
     row = {int(mb.tokens_B_T[b, 1]): mb.advantages_B_T[b].tolist()
            for mb in build_batch([g], Credit(broken_call_advantage=-0.3)).micro_batches

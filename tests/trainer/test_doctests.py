@@ -7,10 +7,10 @@ import pytest
 
 from looprl import types
 from looprl.tasks import taskset
-from looprl.trainer import advantages, batch, grpo, step
+from looprl.trainer import advantages, batch, sampler, step
 
 
-@pytest.mark.parametrize("module", [advantages, batch, grpo, step, taskset, types])
+@pytest.mark.parametrize("module", [advantages, batch, sampler, step, taskset, types])
 def test_doctests(module):
     res = doctest.testmod(module)
     assert res.attempted > 0 and res.failed == 0

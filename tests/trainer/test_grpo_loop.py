@@ -21,7 +21,8 @@ from looprl.rewards.tests import pytest_command
 from looprl.rollout.runner import RolloutConfig, RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import Grader, Task
 from looprl.weights.store import LocalWeightStore
@@ -91,7 +92,6 @@ def test_loop_on_the_torch_engine_publishes_and_swaps_weights(tmp_path):
     # the engine's own figures: prompt lookup drafted in the steps where it found a match
     assert rows[-1]["engine/spec/on_fraction"] > 0 and rows[-1]["engine/generated_tokens"] > 0
     assert "engine/spec/acceptance" in rows[-1] and "engine/spec/tokens_per_verify" in rows[-1]
-    assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("sync", [False, True])

@@ -4,7 +4,8 @@ survived) was never trained: its task goes out again, so the pass still trains e
 import asyncio
 import dataclasses
 
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import Grader, Group, GroupResult, Task
 from tests.trainer.helpers import group, segment, tiny_llama, trajectory

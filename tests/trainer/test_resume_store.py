@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from looprl.errors import WeightStoreError
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOConfig, GRPOStep
 from looprl.types import Grader, Task
 from looprl.weights.store import LocalWeightStore

@@ -3,7 +3,8 @@ trained on) handed out once more; a trained task never comes back within a pass.
 
 import dataclasses
 
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, TaskSampler
+from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.sampler import TaskSampler
 from looprl.types import Grader, Group, GroupResult, StopReason, Task
 
 from .helpers import group, segment, trajectory

@@ -179,7 +179,9 @@ def _to_call(obj: Any, call_id: str) -> ToolCall | str:
 
 
 def _skip_space(text: str, i: int) -> int:
-    return _SPACE.match(text, i).end()  # type: ignore[union-attr]  (it matches '' too)
+    m = _SPACE.match(text, i)
+    assert m is not None, "_SPACE matches the empty string, so it matches at every index"
+    return m.end()
 
 
 def _json_block(text: str, body: int) -> tuple[Any, int] | str:

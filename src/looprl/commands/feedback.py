@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from looprl.errors import TaskError
+from looprl.rundir import RunDir
 
 app = typer.Typer(help="Production feedback -> rewards -> GRPO cycle; A/B tests; promotions.",
                   no_args_is_help=True)
@@ -70,10 +71,11 @@ def loop_cmd(
     """Serve, collect a window, train, gate, A/B, promote or roll back — cycle after cycle
     (``feedback.loop``); ends with the report's line."""
     from looprl.config import load_config
-    from looprl.feedback.loop import RealtimeConfig, run_loop
+    from looprl.feedback.loop import run_loop
+    from looprl.feedback.realtime_config import RealtimeConfig
 
     res = run_loop(load_config(RealtimeConfig, config, override), runs)
-    typer.echo(f"report: {res.run / 'report.md'}")
+    typer.echo(f"report: {RunDir(res.run).report}")
     typer.echo(res.line())
     if res.stopped:
         typer.echo(f"stopped early: {res.stopped}", err=True)
@@ -110,7 +112,7 @@ def promote_cmd(
     version: Annotated[int, typer.Option(help="candidate version to make current", min=0)],
 ) -> None:
     """Make OUT/vNNNN the current policy (after an A/B test says promote)."""
-    from looprl.feedback.cycle import promote
+    from looprl.feedback.policies import promote
 
     ref = promote(out, version)
     typer.echo(f"current policy: v{ref.version} ({ref.path})")

@@ -12,7 +12,7 @@ version, which is what the cycle and the A/B report select on.
 A served policies dir is followed by itself (``--watch SECONDS``, default 5; 0: only on
 ``POST /v1/reload``): a promotion (``current.json``) goes live on arm A without a restart, and with
 the torch engine a second engine (arm B, started on A's weights, no traffic) serves the dir's
-``candidate.json`` (``feedback.cycle.offer_candidate``: version, experiment, split_b) to that
+``candidate.json`` (``feedback.policies.offer_candidate``: version, experiment, split_b) to that
 share of users until it is withdrawn. ``--policies DIR`` beside a plain model dir ``--model M``
 serves M until DIR has a ``current.json``, then follows DIR. ``--model-b`` is a fixed arm B (split
 by ``--experiment``/``--split-b``; no candidate pointer). A pointer that cannot be read is logged
@@ -92,11 +92,10 @@ def serve(
     """Serve POLICY (and a candidate) through /v1/sessions, /v1/sessions/{id}/feedback, /v1/ab."""
     import base64
 
-    from looprl.asgi import run
-    from looprl.feedback.cycle import POINTER, read_policy
+    from looprl.feedback.policies import POINTER, read_policy
     from looprl.feedback.store import FeedbackStore
     from looprl.harness.agent import AgentConfig
-    from looprl.serve.api import ServeConfig, make_app
+    from looprl.serve.api import ServeConfig
 
     for r in allowed_root:
         if not Path(r).is_dir():
@@ -104,6 +103,65 @@ def serve(
     if not drain > 0:
         raise typer.BadParameter("--drain must be > 0 seconds")
     tok = token or os.environ.get("LOOPRL_SERVE_TOKEN") or base64.urlsafe_b64encode(os.urandom(18)).decode()
+    model, policies = _followed(model, policies)
+    # arm A starts on the policies dir's current policy when there is one, else on --model
+    source_a = policies if policies is not None and (policies / POINTER).is_file() else model
+    refs = {arm: read_policy(m) for arm, m in (("A", source_a), ("B", model_b)) if m is not None}
+    # an in-process torch engine B follows the dir's candidate.json (--model-b: a fixed arm B)
+    candidate_b = engine == "torch" and policies is not None and model_b is None
+    tokenizer_dir = tokenizer or (refs["A"].path if "A" in refs else None)
+    if engine == "openai":
+        specs, chat_tok = _remote_specs(refs, _engine_options(engine_option), tokenizer_dir,
+                                        {"A": engine_url, "B": engine_url_b},
+                                        model=engine_model, api_key=engine_api_key)
+    else:
+        specs, chat_tok = _local_specs(engine, refs, _engine_options(engine_option),
+                                       tokenizer_dir, candidate_b)
+    cfg = ServeConfig(token=tok, experiment=experiment, split_b=split_b,
+                      agent=AgentConfig(max_turns=max_turns, max_new_tokens=max_new_tokens,
+                                        context_window=context_window),
+                      venv=venv, allowed_roots=tuple(allowed_root), max_concurrent=max_concurrent,
+                      min_sessions=min_sessions, drain_s=drain, watch_s=watch)
+    _run_server(engine, specs, chat_tok, refs, cfg, FeedbackStore(store), host, port,
+                sources={"A": model, "B": model_b}, policies=policies, candidate_b=candidate_b)
+
+
+def _run_server(engine: str, specs: dict[str, dict[str, Any]], chat_tok: Any,
+                refs: dict[str, Any], cfg: Any, store: Any, host: str, port: int, *,
+                sources: dict[str, Path | None], policies: Path | None, candidate_b: bool) -> None:
+    """Start the arms' engines, serve the app until SIGTERM, then stop the engines."""
+    from looprl.asgi import run
+    from looprl.serve.api import make_app
+
+    engines = _make_engines(engine, specs)
+    versions = {arm: ref.version for arm, ref in refs.items()}
+    if candidate_b:
+        versions["B"] = versions["A"]
+    try:
+        app_ = make_app(engines, chat_tok, store, cfg, policy_versions=versions,
+                        policy_sources={arm: str(m) for arm, m in sources.items() if m is not None},
+                        policies=None if policies is None else str(policies),
+                        candidate_b=candidate_b)
+        arms = ", ".join(f"{a}=v{refs[a].version} ({refs[a].path})" if a in refs
+                         else f"{a}={specs[a]['base_url']}" for a in engines
+                         if not (candidate_b and a == "B"))
+        follows = (f" — following {policies} every {cfg.watch_s:g} s"
+                   + (" (arm B: its candidate.json)" if candidate_b else "")) if policies else ""
+        typer.echo(f"looprl agent server on http://{host}:{port} — {engine} engine, arms {arms}"
+                   f"{follows} — token {cfg.token}")
+        run(app_, host=host, port=port, drain=app_.state.drain, drain_s=cfg.drain_s)
+    finally:
+        for e in engines.values():
+            close = getattr(e, "close", None)  # an in-process engine stops its decode thread
+            if close is not None:
+                close()
+
+
+def _followed(model: Path | None, policies: Path | None) -> tuple[Path | None, Path | None]:
+    """(--model, the policies dir to follow): a --model that is a policies dir is followed, and
+    a --policies dir alone is also the model until it names one."""
+    from looprl.feedback.policies import POINTER
+
     if model is not None and (model / POINTER).is_file():  # --model is a policies dir: follow it
         if policies is not None and policies.resolve() != model.resolve():
             raise typer.BadParameter(f"--model {model} is a policies dir already; drop "
@@ -115,63 +173,39 @@ def serve(
             raise typer.BadParameter(f"--policies {policies} has no {POINTER} yet: pass --model "
                                      "DIR, the model served until it has one", param_hint="--model")
         model = policies
-    # arm A starts on the policies dir's current policy when there is one, else on --model
-    source_a = policies if policies is not None and (policies / POINTER).is_file() else model
-    refs = {arm: read_policy(m) for arm, m in (("A", source_a), ("B", model_b)) if m is not None}
-    options = _engine_options(engine_option)
-    # an in-process torch engine B follows the dir's candidate.json (--model-b: a fixed arm B)
-    candidate_b = engine == "torch" and policies is not None and model_b is None
-    tokenizer_dir = tokenizer or (refs["A"].path if "A" in refs else None)
-    if engine == "openai":
-        urls = {arm: u for arm, u in (("A", engine_url), ("B", engine_url_b)) if u}
-        if "A" not in urls or set(refs) - set(urls):
-            raise typer.BadParameter("--engine openai needs --engine-url for arm A (and "
-                                     "--engine-url-b with --model-b)", param_hint="--engine-url")
-        if tokenizer_dir is None:
-            raise typer.BadParameter("a remote engine needs the served model's tokenizer to "
-                                     "render the harness's format: pass --tokenizer DIR",
-                                     param_hint="--tokenizer")
-        chat_tok = _tokenizer(tokenizer_dir)
-        specs = {arm: {"base_url": u, "model": engine_model, "api_key": engine_api_key,
-                       "tokenizer": chat_tok, **options} for arm, u in urls.items()}
-    else:
-        if "A" not in refs:
-            raise typer.BadParameter(f"--engine {engine} runs a model in this process: pass "
-                                     "--model DIR", param_hint="--model")
-        key = {"torch": "path", "vllm": "model_path"}.get(engine, "path")
-        specs = {arm: {key: str(ref.path), **options} for arm, ref in refs.items()}
-        if candidate_b:
-            specs["B"] = dict(specs["A"])  # A's weights; no traffic until a candidate is offered
-        # a torch engine has the model's own tokenizer; others may not expose one
-        chat_tok = None if engine == "torch" else _tokenizer(tokenizer_dir)
-    engines = _make_engines(engine, specs)
-    cfg = ServeConfig(token=tok, experiment=experiment, split_b=split_b,
-                      agent=AgentConfig(max_turns=max_turns, max_new_tokens=max_new_tokens,
-                                        context_window=context_window),
-                      venv=venv, allowed_roots=tuple(allowed_root), max_concurrent=max_concurrent,
-                      min_sessions=min_sessions, drain_s=drain, watch_s=watch)
-    versions = {arm: ref.version for arm, ref in refs.items()}
+    return model, policies
+
+
+def _remote_specs(refs: dict[str, Any], options: dict[str, Any], tokenizer_dir: Path | None,
+                  urls: dict[str, str | None], *, model: str, api_key: str | None
+                  ) -> tuple[dict[str, dict[str, Any]], Any]:
+    """Each arm's OpenAI-engine options and the tokenizer the harness renders with."""
+    urls = {arm: u for arm, u in urls.items() if u}
+    if "A" not in urls or set(refs) - set(urls):
+        raise typer.BadParameter("--engine openai needs --engine-url for arm A (and "
+                                 "--engine-url-b with --model-b)", param_hint="--engine-url")
+    if tokenizer_dir is None:
+        raise typer.BadParameter("a remote engine needs the served model's tokenizer to "
+                                 "render the harness's format: pass --tokenizer DIR",
+                                 param_hint="--tokenizer")
+    chat_tok = _tokenizer(tokenizer_dir)
+    return {arm: {"base_url": u, "model": model, "api_key": api_key, "tokenizer": chat_tok,
+                  **options} for arm, u in urls.items()}, chat_tok
+
+
+def _local_specs(engine: str, refs: dict[str, Any], options: dict[str, Any],
+                 tokenizer_dir: Path | None, candidate_b: bool
+                 ) -> tuple[dict[str, dict[str, Any]], Any]:
+    """Each arm's in-process engine options, and the tokenizer when the engine has none."""
+    if "A" not in refs:
+        raise typer.BadParameter(f"--engine {engine} runs a model in this process: pass "
+                                 "--model DIR", param_hint="--model")
+    key = {"torch": "path", "vllm": "model_path"}.get(engine, "path")
+    specs = {arm: {key: str(ref.path), **options} for arm, ref in refs.items()}
     if candidate_b:
-        versions["B"] = versions["A"]
-    try:
-        app_ = make_app(engines, chat_tok, FeedbackStore(store), cfg, policy_versions=versions,
-                        policy_sources={arm: str(m) for arm, m in (("A", model), ("B", model_b))
-                                        if m is not None},
-                        policies=None if policies is None else str(policies),
-                        candidate_b=candidate_b)
-        arms = ", ".join(f"{a}=v{refs[a].version} ({refs[a].path})" if a in refs
-                         else f"{a}={specs[a]['base_url']}" for a in engines
-                         if not (candidate_b and a == "B"))
-        follows = (f" — following {policies} every {watch:g} s"
-                   + (" (arm B: its candidate.json)" if candidate_b else "")) if policies else ""
-        typer.echo(f"looprl agent server on http://{host}:{port} — {engine} engine, arms {arms}"
-                   f"{follows} — token {tok}")
-        run(app_, host=host, port=port, drain=app_.state.drain, drain_s=drain)
-    finally:
-        for e in engines.values():
-            close = getattr(e, "close", None)  # an in-process engine stops its decode thread
-            if close is not None:
-                close()
+        specs["B"] = dict(specs["A"])  # A's weights; no traffic until a candidate is offered
+    # a torch engine has the model's own tokenizer; others may not expose one
+    return specs, None if engine == "torch" else _tokenizer(tokenizer_dir)  # type: ignore[arg-type]
 
 
 def _tokenizer(path: Path) -> Any:

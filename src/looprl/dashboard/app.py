@@ -65,6 +65,7 @@ from looprl.dashboard.data import (
 from looprl.dashboard.fleet_view import fleet_page
 from looprl.dashboard.infra_view import infra_section
 from looprl.dashboard.loop_view import loop_section
+from looprl.rundir import RunDir
 
 COOKIE = "looprl_dashboard_token"
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -139,7 +140,7 @@ class Dashboard:
         if file not in run.trajectory_files:
             raise HTTPException(404, f"run {run.name} has no trajectories/{file}.jsonl; it has: "
                                      + (", ".join(run.trajectory_files) or "none"))
-        path = run.path / "trajectories" / f"{file}.jsonl"
+        path = RunDir(run.path).trajectory_file(file)
         with self._lock:
             idx = self._indexes.pop(path, None) or TrajectoryIndex(path)
             self._indexes[path] = idx

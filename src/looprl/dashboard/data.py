@@ -2,7 +2,7 @@
 
     run = load_run(Path("runs/quickstart"))      # metrics rows, config, evals, report, problems
     ys = metric_values(run.rows, "train/loss")   # one value per step; None = not measured
-    index = TrajectoryIndex(run.path / "trajectories" / "train.jsonl")   # incremental listing
+    index = TrajectoryIndex(RunDir(run.path).train_trajectories)   # incremental listing
     traj = index.read(3)                         # the 4th trajectory of the file, as a record
     fleet = fetch_fleet("http://10.0.0.5:8377", token="s3cret")   # env server pool metrics
     fb = load_feedback(Path("feedback.db"))      # A/B report + cycles of a FeedbackStore
@@ -33,16 +33,18 @@ import httpx
 
 from looprl.feedback.ab import ABReport
 from looprl.feedback.store import CycleRecord
+from looprl.rundir import RunDir
 from looprl.trainer.loggers import TRAINED_ONLY, step_skipped
 from looprl.types import Trajectory
 
-EVAL_FILES: tuple[tuple[str, str, str], ...] = (
-    ("held-out functions", "start", "eval_start.json"),
-    ("held-out functions", "RL", "eval_rl.json"),
-    ("held-out packages", "start", "eval_start_packages.json"),
-    ("held-out packages", "RL", "eval_rl_packages.json"),
+EVALUATIONS: tuple[tuple[str, str, bool], ...] = (
+    ("held-out functions", "start", False),
+    ("held-out functions", "RL", False),
+    ("held-out packages", "start", True),
+    ("held-out packages", "RL", True),
 )
-"""(evaluation, policy, file) written by ``looprl train`` (``looprl.train.run``)."""
+"""(evaluation, policy, packages) written by ``looprl train`` (``looprl.train.run``): the file is
+``RunDir.evaluation(policy.lower(), packages)``."""
 
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
 """Files of a run directory the report may show (no SVG: it can carry script)."""
@@ -204,12 +206,14 @@ def _read_json(path: Path, problems: list[str], fix: str) -> dict[str, Any] | No
 def is_loop_dir(path: Path) -> bool:
     """``path`` holds a real-time loop run: its cycles, or the store the loop opens at its start
     (so a loop still in its first cycle is one too)."""
-    return (path / "cycles.jsonl").is_file() or (path / "feedback.db").is_file()
+    rd = RunDir(path)
+    return rd.cycles.is_file() or rd.feedback_db.is_file()
 
 
 def is_run_dir(path: Path) -> bool:
     """``path`` holds a run (its config or its metrics), not a folder of runs."""
-    return (path / "config.json").is_file() or (path / "metrics.jsonl").is_file()
+    rd = RunDir(path)
+    return rd.config.is_file() or rd.metrics.is_file()
 
 
 def expand_runs(paths: Sequence[Path]) -> list[Path]:
@@ -234,7 +238,8 @@ def load_run(path: Path, name: str | None = None) -> RunData:
                                          "directory written by `looprl train`",))
     rows: list[dict[str, Any]] = []
     mtimes = [path.stat().st_mtime]
-    metrics = path / "metrics.jsonl"
+    rd = RunDir(path)
+    metrics = rd.metrics
     loop = is_loop_dir(path)
     if metrics.is_file():
         mtimes.append(metrics.stat().st_mtime)
@@ -249,33 +254,33 @@ def load_run(path: Path, name: str | None = None) -> RunData:
         problems.append(f"no metrics.jsonl in {path} yet: the first training step has not "
                         "finished (this page refreshes by itself)")
     report = None
-    if (path / "report.md").is_file():
+    if rd.report.is_file():
         try:
-            report = (path / "report.md").read_text(errors="replace")
+            report = rd.report.read_text(errors="replace")
         except OSError as e:
             problems.append(f"cannot read report.md: {e}")
     evals: dict[str, dict[str, dict[str, Any]]] = {}
-    for group, policy, fname in EVAL_FILES:
-        if (path / fname).is_file():
-            obj = _read_json(path / fname, problems, "rerun the evaluation (looprl train --resume)")
+    for group, policy, packages in EVALUATIONS:
+        if (f := rd.evaluation(policy.lower(), packages)).is_file():
+            obj = _read_json(f, problems, "rerun the evaluation (looprl train --resume)")
             if obj is not None:
                 evals.setdefault(group, {})[policy] = obj
     config = None
-    if (path / "config.json").is_file():
-        config = _read_json(path / "config.json", problems,
+    if rd.config.is_file():
+        config = _read_json(rd.config, problems,
                             "it is the run's resolved config, written when the run starts")
-    trajs = path / "trajectories"
+    trajs = rd.trajectories
     files = tuple(sorted(p.stem for p in trajs.glob("*.jsonl"))) if trajs.is_dir() else ()
     cycles, final_ab, result = _read_loop(path, problems, mtimes) if loop else ((), None, None)
     books = None
-    if (path / "faults.jsonl").is_file():
+    if rd.fault_books.is_file():
         try:
-            lines, bad = parse_jsonl((path / "faults.jsonl").read_text(errors="replace"),
-                                     "faults.jsonl", "life")
+            lines, bad = parse_jsonl(rd.fault_books.read_text(errors="replace"),
+                                     rd.fault_books.name, "life")
             books = lines[-1] if lines else None
             problems += bad
         except OSError as e:
-            problems.append(f"cannot read faults.jsonl: {e}")
+            problems.append(f"cannot read {rd.fault_books.name}: {e}")
     return RunData(name, path, tuple(rows), tuple(problems), report, evals, config, files,
                    max(mtimes), loop, cycles, final_ab, result, books)
 
@@ -284,31 +289,32 @@ def _read_loop(path: Path, problems: list[str], mtimes: list[float]
                ) -> tuple[tuple[dict[str, Any], ...], dict[str, Any] | None,
                           dict[str, float | None] | None]:
     """cycles.jsonl, final_ab.json and result.txt of a loop run; each may be absent yet."""
-    for store in ("feedback.db", "feedback.db-wal"):  # sessions arrive: the loop is alive
+    rd = RunDir(path)
+    db = rd.feedback_db
+    for store in (db, db.with_name(db.name + "-wal")):  # sessions arrive: the loop is alive
         try:
-            mtimes.append((path / store).stat().st_mtime)
+            mtimes.append(store.stat().st_mtime)
         except OSError:
             pass
-    texts: dict[str, str] = {}
-    for fname in ("cycles.jsonl", "result.txt"):
-        f = path / fname
+    texts: dict[Path, str] = {}
+    for f in (rd.cycles, rd.result):
         if f.is_file():
             try:
                 mtimes.append(f.stat().st_mtime)
-                texts[fname] = f.read_text(errors="replace")
+                texts[f] = f.read_text(errors="replace")
             except OSError as e:
                 problems.append(f"cannot read {f}: {e}")
     cycles: list[dict[str, Any]] = []
-    if "cycles.jsonl" in texts:
-        cycles, bad = parse_jsonl(texts["cycles.jsonl"], "cycles.jsonl", "cycle")
+    if rd.cycles in texts:
+        cycles, bad = parse_jsonl(texts[rd.cycles], rd.cycles.name, "cycle")
         problems += bad
     final_ab = None
-    if (path / "final_ab.json").is_file():
-        final_ab = _read_json(path / "final_ab.json", problems, "it is written once, when the "
+    if rd.final_ab.is_file():
+        final_ab = _read_json(rd.final_ab, problems, "it is written once, when the "
                               "loop's final A/B ends (report.md has its tables too)")
     result = None
-    if "result.txt" in texts:
-        result, bad = parse_result(texts["result.txt"])
+    if rd.result in texts:
+        result, bad = parse_result(texts[rd.result])
         problems += bad
     return tuple(cycles), final_ab, result
 
@@ -438,7 +444,7 @@ def load_tokenizer(run: RunData) -> Any:
     configured ``model.path``."""
     from tokenizers import Tokenizer
 
-    dirs = [run.path / d for d in ("model_rl", "model_start", "model_sft", "model_init")]
+    dirs = list(RunDir(run.path).saved_models)
     model_path = ((run.config or {}).get("model") or {}).get("path")
     if isinstance(model_path, str) and model_path:
         dirs.append(Path(model_path))

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from looprl.dashboard import render
-from looprl.fleet.snapshot import SNAPSHOT_FILE, FleetSnapshot, NodeView, read_snapshot
+from looprl.fleet.snapshot import FleetSnapshot, NodeView, read_snapshot
+from looprl.rundir import RunDir
 
 STALE_S = 30.0
 """A snapshot older than this belongs to a driver that stopped (the run ended or died)."""
@@ -22,7 +23,7 @@ STALE_S = 30.0
 def load_fleet(run_dir: Path) -> tuple[FleetSnapshot | None, str | None]:
     """(snapshot, problem): the run's fleet, or why it cannot be shown; (None, None) when the run
     has no fleet."""
-    path = run_dir / SNAPSHOT_FILE
+    path = RunDir(run_dir).fleet
     if not path.exists():
         return None, None
     try:
@@ -95,5 +96,5 @@ def fleet_page(dash: Any) -> str:
     if not body:
         body.append(render.problems([
             "no run here has a Ray fleet: train with -o fleet.backend=ray (its driver writes "
-            f"{SNAPSHOT_FILE} into the run directory) and pass that run with --run"]))
+            f"{RunDir(Path('RUN')).fleet}) and pass that run with --run"]))
     return dash.html("looprl — fleet", body)

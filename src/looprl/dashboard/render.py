@@ -40,6 +40,7 @@ from looprl.dashboard.data import (
     step_skipped,
 )
 from looprl.dashboard.markdown import ImageResolver, markdown
+from looprl.rundir import eval_name
 
 STATIC = Path(__file__).parent / "static"
 SCRIPTS = ("uPlot.iife.min.js", "dashboard.js")
@@ -356,9 +357,7 @@ def eval_section(run: RunData, task_href: Callable[[str, str], str] | None = Non
                 for lb in labels:
                     pt = (by_policy[lb].get("per_task") or {}).get(t)
                     txt = "—" if pt is None else f"{fmt(pt.get('pass@1'))} ({pt.get('correct', 0)}/{pt.get('n', 0)})"
-                    file = "eval_start" if lb == "start" else "eval_rl"
-                    if "packages" in group:
-                        file += "_packages"
+                    file = eval_name(lb.lower(), packages="packages" in group)
                     cells.append(link(task_href(file, t), txt) if task_href and pt else esc(txt))
                 rows.append([esc(t), *cells])
             parts.append(f"<details><summary>per task ({len(tasks)})</summary>"

@@ -4,10 +4,15 @@
   feedback events (kept / reverted / partially_kept / follow_up) in SQLite.
 - ``signals``: events -> ``RewardBreakdown`` (``SIGNALS``); ``sentiment``: the follow-up classifier.
 - ``ab``: ``assign_arm``, per-arm metrics with bootstrap CIs, promote / keep / rollback.
-- ``cycle``: ``run_cycle`` — scored sessions -> one GRPO step -> bench gate -> promote.
+- The real-time cycle, one part per job: ``window`` (scored sessions -> trajectories -> groups),
+  ``update`` (GRPO steps -> a saved candidate, continuing Adam), ``gate`` (bench gate, A/B
+  decision), ``policies`` (versions and the pointers serve follows). ``cycle``: ``run_cycle``,
+  one cycle on demand; ``loop``: ``run_loop``, cycles beside a server it starts
+  (``realtime_config``, ``production``, ``loop_cycle``, ``accounting``, ``report``).
 - ``simulate``: ``simulate_users`` — simulated users over ``looprl serve``'s HTTP API, keeping or
   reverting edits by the tasks' hidden tests (with noise), following up.
-- ``cli``: ``looprl feedback cycle|ab|promote|sessions|simulate``. The serving side is ``looprl.serve``.
+- ``looprl.commands.feedback``: ``looprl feedback loop|cycle|ab|promote|sessions|simulate``. The
+  serving side is ``looprl.serve``.
 """
 
 from looprl.lazy import lazy_exports
@@ -15,7 +20,8 @@ from looprl.lazy import lazy_exports
 # Imported on first use: importing one module of the package (a command's, say) stays light.
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "ab": ["ABReport", "ab_report", "assign_arm"],
-    "cycle": ["CycleConfig", "CycleResult", "promote", "read_policy", "run_cycle"],
+    "cycle": ["CycleConfig", "CycleResult", "run_cycle"],
+    "policies": ["PolicyRef", "promote", "read_policy"],
     "sentiment": ["follow_up_sentiment", "is_dissatisfied"],
     "signals": ["SIGNALS", "session_reward"],
     "simulate": ["SimConfig", "SimSummary", "simulate_users"],

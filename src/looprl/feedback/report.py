@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.feedback.ab import arm_values, mean_interval
+from looprl.rundir import RunDir
 
 PLOTTED = (("resolved", "requests resolved: edits kept (share)"),
            ("edited", "sessions with an edit (share)"), ("kept", "edits kept (share)"),
@@ -174,8 +175,8 @@ def write_loop_report(res: Any, store: Any, cfg: Any) -> Path:
               "![A/B per cycle](ab.png)", "", "![gate](gate.png)", "", "```", res.line(), "```",
               ""]
     if tables:
-        plot_ab([(label, tab) for label, tab, _ in tables], run / "ab.png")
-    plot_gate(res.cycles, run / "gate.png")
-    out = run / "report.md"
+        plot_ab([(label, tab) for label, tab, _ in tables], RunDir(run).ab_plot)
+    plot_gate(res.cycles, RunDir(run).gate_plot)
+    out = RunDir(run).report
     out.write_text("\n".join(lines))
     return out

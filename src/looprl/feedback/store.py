@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from looprl.diffs import changed_files
 from looprl.errors import ConfigError
 from looprl.feedback.sentiment import follow_up_sentiment
 from looprl.types import JSONScalar, StopReason, Trajectory
@@ -172,46 +173,6 @@ class CycleRecord:
     reason: str
     metrics: dict[str, JSONScalar] = field(default_factory=dict)
     session_ids: tuple[str, ...] = ()
-
-
-_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
-
-
-def _diff_path(header: str) -> str | None:
-    p = header.split("\t")[0].strip()
-    if p == "/dev/null":
-        return None
-    return p[2:] if p.startswith(("a/", "b/")) else p
-
-
-def diff_files(diff: str) -> tuple[str, ...]:
-    """Files a unified diff touches (new path, or old path for a deletion), in diff order. Hunk
-    bodies are skipped by their line counts, so a '--- x' line inside a hunk is not a header.
-
-    >>> diff_files("--- a/x.py\\n+++ b/x.py\\n@@ -1 +1 @@\\n-a\\n+b\\n--- a/y\\n+++ /dev/null\\n")
-    ('x.py', 'y')
-    """
-    out: list[str] = []
-    lines = diff.splitlines()
-    i = 0
-    while i < len(lines):
-        ln = lines[i]
-        if ln.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            p = _diff_path(lines[i + 1][4:]) or _diff_path(ln[4:])
-            if p and p not in out:
-                out.append(p)
-            i += 2
-            continue
-        m = _HUNK.match(ln)
-        i += 1
-        if m:  # skip the body: old and new line counts
-            n_old, n_new = int(m.group(1) or 1), int(m.group(2) or 1)
-            while i < len(lines) and (n_old > 0 or n_new > 0):
-                tag = lines[i][:1] or " "
-                n_old -= tag in " -"
-                n_new -= tag in " +"
-                i += 1
-    return tuple(out)
 
 
 def validate_payload(kind: str, payload: dict[str, Any], files: tuple[str, ...]) -> dict[str, Any]:
@@ -371,7 +332,7 @@ class FeedbackStore:
         with self._tx() as db:
             db.execute("INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", (
                 sid, user, arm, int(policy_version), prompt, repo,
-                trajectory.to_json() if trajectory else None, diff, json.dumps(diff_files(diff)),
+                trajectory.to_json() if trajectory else None, diff, json.dumps(changed_files(diff)),
                 stop, created_at if created_at is not None else time.time(), float(latency_s),
                 experiment))
         return sid

@@ -1,7 +1,7 @@
 """looprl.fleet: rollouts and sandboxes spread over the nodes of a Ray cluster.
 
     cfg = FleetConfig(backend="ray", address="10.0.0.1:6379")       # the ``fleet`` config section
-    fleet = await RayFleet.start(cfg, MemberSpec(...), snapshot=run_dir / "fleet.json")
+    fleet = await RayFleet.start(cfg, MemberSpec(...), snapshot=RunDir(run_dir).fleet)
     runner = RolloutRunner.over(fleet, rollout_cfg)                  # what GRPOLoop consumes
 
 ``config.py`` (the section; no Ray import), ``actors.py`` (a node's engine replica and environment

@@ -1,7 +1,7 @@
 """RayFleet: rollouts and sandboxes on every node of a Ray cluster, the trainer as the driver.
 
     fleet = await RayFleet.start(FleetConfig(backend="ray", address="10.0.0.1:6379"), spec,
-                                 snapshot=run_dir / "fleet.json")
+                                 snapshot=RunDir(run_dir).fleet)
     runner = RolloutRunner.over(fleet, rollout_cfg)   # the runner's admission, slots and retries
     loop = GRPOLoop(step, fleet, runner, ...)          # fleet.update_weights: replicas pull
     await loop.run()

@@ -1,7 +1,7 @@
 """The fleet's state as the dashboard reads it: a JSON snapshot the driver rewrites every poll.
 
-    write_snapshot(run_dir / "fleet.json", snap)      # RayFleet, every ``fleet.poll_s``
-    snap = read_snapshot(run_dir / "fleet.json")      # the dashboard's fleet view
+    write_snapshot(RunDir(run_dir).fleet, snap)      # RayFleet, every ``fleet.poll_s``
+    snap = read_snapshot(RunDir(run_dir).fleet)      # the dashboard's fleet view
 
 Written whole to a temporary name and renamed, so a reader never sees half of one. Importing
 this module imports no Ray (the dashboard runs without it).
@@ -14,8 +14,6 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-SNAPSHOT_FILE = "fleet.json"
 
 
 @dataclass(frozen=True)

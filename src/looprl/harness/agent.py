@@ -55,6 +55,7 @@ from looprl.types import (
     SamplingParams,
     StopReason,
     Task,
+    TokenSpan,
     ToolResult,
     Trajectory,
 )
@@ -119,9 +120,8 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
         messages=tuple(run.messages), counters=Counters(**run.counters), stop_reason=stop,
         diff=diff, error=error, wall_s=time.monotonic() - t0, id=trajectory_id,
         infra_kind=kind if stop == StopReason.INFRA_ERROR else "",
+        summaries=tuple(run.summaries), broken_spans=tuple(run.broken_spans),
         metadata={"memory": json.dumps(ctx.memory), "finish_summary": ctx.finish_summary,
-                  "summaries": json.dumps(run.summaries),
-                  "broken_spans": json.dumps(run.broken_spans),
                   METADATA_KEY: tokenizer_fingerprint(fmt.tokenizer)})  # what made the ids
 
 
@@ -198,15 +198,15 @@ async def make_room(run: AgentRun, cfg: AgentConfig, on_context_full: ContextHoo
 
 
 def broken_spans(turn: ParsedTurn, results: list[ToolResult], segment: int, start: int,
-                 end: int) -> list[tuple[int, int, int]]:
-    """(segment, start, end) of each broken call's block in the open segment, for a turn
+                 end: int) -> list[TokenSpan]:
+    """The tokens of each broken call's block in the open segment ``segment``, for a turn
     sampled as tokens ``start:end``. ``results`` come in call order, then one per unparseable
     block (``execute_calls``). Without token spans (a turn parsed from text) a broken call
     spans the whole turn."""
     blocks = list(turn.call_token_spans) + list(turn.error_token_spans)
     if len(blocks) != len(turn.tool_calls) + len(turn.errors):
         blocks = [(0, end - start)] * len(results)
-    return [(segment, start + blocks[i][0], start + blocks[i][1])
+    return [TokenSpan(segment, start + blocks[i][0], start + blocks[i][1])
             for i, r in enumerate(results) if r.broken]
 
 

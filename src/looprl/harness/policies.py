@@ -18,14 +18,14 @@ import re
 import shlex
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from looprl.chat import TOOL_CLOSE, TOOL_OPEN
-from looprl.errors import PolicyError, TaskError
+from looprl.diffs import FilePatch, Hunk, apply_patch, parse_diff
+from looprl.errors import DiffError, PolicyError, TaskError
 from looprl.harness.tools.edit_file import find_all
 from looprl.harness.tools.grep import shown_path
 from looprl.types import Generation, SamplingParams, Task
@@ -77,83 +77,27 @@ class ScriptedPolicy:
 
 # --- gold patch -> tool calls ---------------------------------------------------------------
 
-@dataclass
-class Hunk:
-    old_start: int
-    old_lines: list[str] = field(default_factory=list)
-    new_lines: list[str] = field(default_factory=list)
+
+def gold_patches(task: Task) -> tuple[FilePatch, ...]:
+    """The per-file patches of ``task``'s gold patch (``TaskError`` if it has none or they do
+    not parse)."""
+    if not task.gold_patch:
+        raise TaskError(f"task {task.id} has no gold_patch; the oracle needs one")
+    try:
+        patches = parse_diff(task.gold_patch)
+    except DiffError as e:
+        raise TaskError(f"gold_patch of task {task.id} is malformed: {e}") from None
+    if not patches:
+        raise TaskError(f"gold_patch of task {task.id} contains no file diffs")
+    return patches
 
 
-@dataclass
-class FilePatch:
-    old_path: str | None  # None: the file is new
-    new_path: str | None  # None: the file is deleted
-    hunks: list[Hunk] = field(default_factory=list)
-
-
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-def _strip_prefix(p: str) -> str | None:
-    p = p.split("\t")[0].strip()
-    if p == "/dev/null":
-        return None
-    return p[2:] if p.startswith(("a/", "b/")) else p
-
-
-def parse_unified_diff(diff: str) -> list[FilePatch]:
-    """Files and hunks of a unified diff (git or plain ``diff -u`` headers). Hunk bodies are read
-    by the line counts of their ``@@`` header, so '--- x' inside a hunk is not a file header."""
-    files: list[FilePatch] = []
-    lines = diff.splitlines()
-    i = 0
-    while i < len(lines):
-        ln = lines[i]
-        if ln.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
-            files.append(FilePatch(_strip_prefix(ln[4:]), _strip_prefix(lines[i + 1][4:])))
-            i += 2
-            continue
-        m = _HUNK.match(ln)
-        if m and files:
-            h = Hunk(int(m.group(1)))
-            files[-1].hunks.append(h)
-            i = _read_hunk(lines, i + 1, h, int(m.group(2) or 1), int(m.group(4) or 1))
-            continue
-        i += 1
-    return files
-
-
-def _read_hunk(lines: list[str], i: int, h: Hunk, n_old: int, n_new: int) -> int:
-    last = " "
-    while i < len(lines) and (n_old > 0 or n_new > 0 or lines[i].startswith("\\")):
-        ln = lines[i]
-        if ln.startswith("\\"):  # '\ No newline at end of file' applies to the previous line
-            for side, tags in ((h.old_lines, " -"), (h.new_lines, " +")):
-                if last in tags and side:
-                    side[-1] = side[-1].removesuffix("\n")
-        else:
-            last, body = (ln[:1] or " "), ln[1:] + "\n"
-            if last in " -":
-                h.old_lines.append(body)
-                n_old -= 1
-            if last in " +":
-                h.new_lines.append(body)
-                n_new -= 1
-        i += 1
-    return i
-
-
-def apply_hunks(text: str, hunks: list[Hunk], path: str) -> str:
-    """Apply hunks by line number, checking the old lines match (``TaskError`` if not)."""
-    base = text.splitlines(keepends=True)
-    out, pos = [], 0
-    for h in hunks:
-        start = h.old_start - 1 if h.old_lines else h.old_start
-        if base[start:start + len(h.old_lines)] != h.old_lines:
-            raise TaskError(f"gold patch does not apply to {path} at line {h.old_start}")
-        out += base[pos:start] + h.new_lines
-        pos = start + len(h.old_lines)
-    return "".join(out + base[pos:])
+def patched(text: str, fp: FilePatch) -> str:
+    """``text`` with the gold patch ``fp`` applied (``TaskError`` if it does not apply)."""
+    try:
+        return apply_patch(text, fp)
+    except DiffError as e:
+        raise TaskError(f"gold patch does not apply: {e}") from None
 
 
 def _call(name: str, **arguments: Any) -> str:
@@ -174,11 +118,7 @@ def oracle_turns(task: Task, *, verify: bool = False,
     failing tests before ``finish`` (validation does not need it: the grader runs them).
     ``files`` (path -> text) stands in for files of ``task.repo`` that the workspace holds in
     another version (a synthetic bug written into a sandbox over a pristine tree)."""
-    if not task.gold_patch:
-        raise TaskError(f"task {task.id} has no gold_patch; the oracle needs one")
-    patches = parse_unified_diff(task.gold_patch)
-    if not patches:
-        raise TaskError(f"gold_patch of task {task.id} contains no file diffs")
+    patches = gold_patches(task)
     greps: list[str] = []
     reads: list[list[str]] = []  # reads[k]: the k-th read window of every located change
     edits: list[str] = []
@@ -328,7 +268,7 @@ def _file_edits(fp: FilePatch, target: str, text: str,
     if target == fp.old_path and (snippets := (pick or _snippets)(fp, text)) is not None:
         return [_call("edit_file", path=shown_path(target), old_string=old, new_string=new)
                 for old, new, _ in snippets]
-    return [_call("write_file", path=target, content=apply_hunks(text, fp.hunks, fp.old_path))]
+    return [_call("write_file", path=target, content=patched(text, fp))]
 
 
 def _snippets(fp: FilePatch, text: str) -> list[tuple[str, str, int]] | None:
@@ -345,7 +285,7 @@ def _snippets(fp: FilePatch, text: str) -> list[tuple[str, str, int]] | None:
         at = cur.index(old)
         out.append((old, new, cur.count("\n", 0, at) + 1))
         cur = cur[:at] + new + cur[at + len(old):]
-    return out if cur == apply_hunks(text, fp.hunks, fp.old_path) else None
+    return out if cur == patched(text, fp) else None
 
 
 def _is_word(c: str) -> bool:
@@ -419,10 +359,8 @@ def selections(task: Task, files: Mapping[str, str] | None = None) -> list[tuple
     when the prompt carries them: the code a user would select in the editor to say "this is
     wrong" (``files`` as in ``oracle_turns``). Empty when the fix is not a set of in-place
     edits."""
-    if not task.gold_patch:
-        raise TaskError(f"task {task.id} has no gold_patch; a selection is taken from it")
     out: list[tuple[str, int, str]] = []
-    for fp in parse_unified_diff(task.gold_patch):
+    for fp in gold_patches(task):
         if fp.old_path is None or fp.new_path != fp.old_path:
             return []
         picked = _selected(fp, repo_file_text(task, fp.old_path, files))
@@ -436,7 +374,7 @@ def _selected(fp: FilePatch, text: str) -> list[tuple[str, str, int]] | None:
     """(old, new, line) of the edits a user's selection points at: the tightest snippet
     (``tight_edit``) for a change on one line, else the line snippets of ``_snippets``."""
     assert fp.old_path is not None
-    one = tight_edit(text, apply_hunks(text, fp.hunks, fp.old_path))
+    one = tight_edit(text, patched(text, fp))
     return [one] if one else _snippets(fp, text)
 
 
@@ -449,7 +387,7 @@ def _edit_snippet(h: Hunk, cur: str, max_widen: int = 6) -> tuple[str, str] | No
     for widen in range(max_widen + 1):
         if widen > len(above):
             return None
-        ctx = above[len(above) - widen:] if widen else []
+        ctx = above[len(above) - widen:] if widen else ()
         if not core_old and not ctx:
             continue  # a pure insertion needs an anchor line
         o, n = "".join(ctx + core_old), "".join(ctx + core_new)

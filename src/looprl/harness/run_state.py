@@ -14,7 +14,15 @@ from typing import TypeVar
 
 from looprl.config import FieldError
 from looprl.errors import PolicyError
-from looprl.types import Generation, Message, SamplingParams, Segment, StopReason
+from looprl.types import (
+    Generation,
+    Message,
+    SamplingParams,
+    Segment,
+    SelfSummary,
+    StopReason,
+    TokenSpan,
+)
 
 T = TypeVar("T")
 
@@ -80,11 +88,11 @@ class AgentRun:
     """Set by a context hook that must end the run (a summary cut off, wall time while summarizing)."""
     infra_kind: str = ""
     """The class of the infrastructure failure a tool hit, when one ended the run."""
-    summaries: list[dict[str, int]] = field(default_factory=list)
-    """One record per self-summary: segment, tokens_before, tokens_after, summary_tokens."""
-    broken_spans: list[tuple[int, int, int]] = field(default_factory=list)
-    """(segment index, start, end) token spans of the broken tool calls' own blocks: the
-    trainer's token-level credit (``trainer.batch.broken_spans``) finds them here."""
+    summaries: list[SelfSummary] = field(default_factory=list)
+    """One record per self-summary (``Trajectory.summaries``)."""
+    broken_spans: list[TokenSpan] = field(default_factory=list)
+    """The broken tool calls' own blocks (``Trajectory.broken_spans``): the trainer's
+    token-level credit finds them there."""
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("turns", "tool_calls", "broken_tool_calls", "thinking_tokens", "output_tokens",
          "tool_call_tokens", "tool_output_tokens", "summaries", "summary_tokens"), 0))

@@ -34,9 +34,8 @@ hook declines and the run goes on until the window is full.
 
 Records: ``Counters.summaries`` counts new contexts started; ``Counters.summary_tokens`` counts
 every token sampled for summaries (also part of ``output_tokens``; summary turns are not
-``turns``). ``metadata["summaries"]`` is a JSON list of ``{"segment", "tokens_before",
-"tokens_after", "summary_tokens"}`` (segment = index of the segment summarized, tokens_before = its
-size at the trigger, tokens_after = the fresh context's size). In ``messages`` a summary reads:
+``turns``). ``Trajectory.summaries`` holds one ``SelfSummary`` per summary (the segment
+summarized, its size at the trigger, the fresh context's size, the summary's tokens). In ``messages`` a summary reads:
 user ``SUMMARIZE_INSTRUCTION`` (name "summarize"), assistant summary (name "summary"), then
 the framed summary (user, name "new_context") that marks where the new segment starts; the
 latest turn, already shown just above, is not repeated.
@@ -58,7 +57,7 @@ from looprl.harness.run_state import (
     summarize_at,
 )
 from looprl.protocols import Engine
-from looprl.types import Message, SamplingParams, StopReason
+from looprl.types import Message, SamplingParams, SelfSummary, StopReason
 
 SUMMARIZE_INSTRUCTION = (
     "Your context is nearly full and will be reset. Write a summary of your work so far for "
@@ -110,8 +109,8 @@ class Summarizer:
             run.stop = StopReason.CONTEXT_FULL
             return False
         ids, framed = fresh
-        run.summaries.append({"segment": len(run.segments), "tokens_before": tokens_before,
-                              "tokens_after": len(ids), "summary_tokens": n_summary})
+        run.summaries.append(SelfSummary(segment=len(run.segments), tokens_before=tokens_before,
+                                         tokens_after=len(ids), summary_tokens=n_summary))
         run.close_segment()
         run.add_context(ids)
         run.messages.append(framed)

@@ -160,10 +160,10 @@ class CachedForward:
         return h_B_T_E + self._mlp(i, layer.post_attention_layernorm(h_B_T_E))
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        m = self.layers[i].mlp
-        if self.wgu_L[i] is None:
+        m, wgu = self.layers[i].mlp, self.wgu_L[i]
+        if wgu is None:
             return m(x)
-        gate, up = F.linear(x, self.wgu_L[i]).chunk(2, dim=-1)
+        gate, up = F.linear(x, wgu).chunk(2, dim=-1)
         return m.down_proj(m.act_fn(gate) * up)
 
     def _out(self, h: torch.Tensor) -> ForwardOut:
@@ -174,7 +174,6 @@ class CachedForward:
     def prefill(self, ids: list[int], slot: int, start: int) -> ForwardOut:
         """Run ``ids`` at positions ``start..`` of ``slot``; returns the last one's output ``[1, 1, .]``."""
         assert ids and start + len(ids) <= self.max_len, "prefill past the slot's capacity"
-        h = None
         for c0 in range(0, len(ids), PREFILL_CHUNK):
             chunk = ids[c0:c0 + PREFILL_CHUNK]
             p0, n = start + c0, len(chunk)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from looprl.chat import MARKERS, THINK_OPEN, ChatFormat, TurnPiece, turn_pieces
+from looprl.chat import MARKERS, THINK_CLOSE, THINK_OPEN, ChatFormat, TurnPiece, turn_pieces
 from looprl.types import Message, ToolCall
 
 _END = "\ue000"
@@ -127,6 +127,9 @@ class ReplyStream:
         pieces = pieces[:broken[0]] if broken else pieces
         calls = [p.value for p in pieces if p.kind == "call"]
         content = _content(pieces)
+        if broken and pieces and pieces[-1].kind == "think" and not pieces[-1].text.endswith(
+                THINK_CLOSE):  # a call in thinking not closed yet: a later </think> takes it in
+            content = content.removesuffix(THINK_CLOSE + "\n")
         stable = content[:content.index(_END)] if _END in content else content
         stable = stable.rstrip()
         if stable == THINK_OPEN:  # an empty thinking is dropped from the content, tags and all

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import torch
@@ -162,5 +162,5 @@ def _context_full(resp: httpx.Response) -> bool:
     return "context" in resp.text.lower()
 
 
-def _finish(reason: str | None) -> str:
-    return reason if reason in ("stop", "length") else "abort"
+def _finish(reason: str | None) -> Literal["stop", "length", "abort"]:
+    return "stop" if reason == "stop" else "length" if reason == "length" else "abort"

@@ -100,6 +100,7 @@ def check_request(r: CompletionRequest | ChatRequest, *, model_name: str, max_le
     if r.model is not None and r.model != model_name:
         raise BadParam("model", f"The model `{r.model}` does not exist; this server serves "
                        f"`{model_name}` (GET /v1/models)", 404, "model_not_found")
+    limit: int | None
     if isinstance(r, ChatRequest) and r.max_completion_tokens is not None:
         if r.max_tokens is not None and r.max_tokens != r.max_completion_tokens:
             raise BadParam("max_completion_tokens", "max_tokens and max_completion_tokens "
@@ -238,7 +239,7 @@ def _check_call(c: Any, where: str) -> None:
     if not isinstance(fn.get("name"), str) or not fn["name"]:
         raise BadParam(f"{where}.function.name", "a call needs its tool's name")
     try:
-        args = json.loads(fn.get("arguments"))
+        args = json.loads(fn.get("arguments", ""))  # missing: "" is no JSON, as None is no str
     except (TypeError, ValueError):
         args = None
     if not isinstance(args, dict):

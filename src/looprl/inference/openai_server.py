@@ -45,7 +45,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -74,7 +74,7 @@ from looprl.inference.openai_params import (
     chat_messages,
     check_request,
 )
-from looprl.inference.streaming import stream_generate
+from looprl.inference.streaming import StreamPart, stream_generate
 from looprl.inference.torch_engine import TorchEngine
 from looprl.types import Generation, SamplingParams
 
@@ -149,70 +149,49 @@ async def _merge(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str | None = None,
-               drain_s: float = 30.0) -> FastAPI:
-    """The FastAPI app (serve it with ``looprl.asgi.run(app, ..., drain=app.state.drain)``).
-    ``api_key``: the bearer key every route but ``/health`` needs (None: open)."""
-    app = FastAPI(title="looprl OpenAI-compatible server")
-    tok = engine.tokenizer
-    max_len = engine.max_len
-    vocab = int(getattr(engine.model.config, "vocab_size", 0) or len(tok))
-    try:
-        fmt: ChatFormat | None = ChatFormat(tok)
-    except ValueError:  # a base model's tokenizer without a chat template: completions only
-        fmt = None
-    drain = app.state.drain = Drain()
-    weights_limit = _weights_limit(engine)
-    app.add_middleware(
-        Guard, authorized=bearer(api_key) if api_key else None, open_paths={"/health"},
-        max_body=lambda path: weights_limit if path == "/looprl/update_weights" else MAX_BODY,
-        auth_hint=f"send 'Authorization: Bearer <key>' (the server's --api-key or {API_KEY_ENV})")
+class _Server:
+    """The routes' work over one engine; ``create_app`` wires its methods to the paths."""
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
-        message, _detail = validation_message(errors)
-        loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
-        return _error(400, message, loc[0] if loc else None)
+    def __init__(self, engine: TorchEngine, model_name: str, drain: Drain, drain_s: float) -> None:
+        self.engine, self.model_name, self.drain, self.drain_s = engine, model_name, drain, drain_s
+        self.tok = engine.tokenizer
+        self.max_len = engine.max_len
+        self.vocab = int(getattr(engine.model.config, "vocab_size", 0) or len(self.tok))
+        try:
+            self.fmt: ChatFormat | None = ChatFormat(self.tok)
+        except ValueError:  # a base model's tokenizer without a chat template: completions only
+            self.fmt = None
 
-    @app.exception_handler(BadParam)
-    async def _bad(_: Request, e: BadParam) -> JSONResponse:
-        return _error(e.status, str(e), e.param, e.code)
-
-    @app.exception_handler(Draining)
-    @app.exception_handler(ClientGone)  # nobody reads this one
-    async def _gone(_: Request, e: Exception) -> JSONResponse:
-        return JSONResponse(_error_body("the server is shutting down; retry against another "
-                                        "server or after it restarts", None, "shutting_down",
-                                        "server_error"), status_code=503)
-
-    def budget(r: CompletionRequest | ChatRequest, ids: list[int], param: str) -> int:
+    def budget(self, r: CompletionRequest | ChatRequest, ids: list[int], param: str) -> int:
         """The tokens a choice may sample (after checking the prompt fits the context)."""
-        if len(ids) >= max_len:
+        if len(ids) >= self.max_len:
             raise BadParam(param, f"the prompt is {len(ids)} tokens; this model's context is "
-                           f"{max_len} tokens", code="context_length_exceeded")
+                           f"{self.max_len} tokens", code="context_length_exceeded")
         asked = r.max_completion_tokens if isinstance(r, ChatRequest) else None
-        return asked or r.max_tokens or max_len - len(ids)
+        return asked or r.max_tokens or self.max_len - len(ids)
 
+    @staticmethod
     def group_of(r: CompletionRequest | ChatRequest, ids: list[int]) -> str | None:
         """n choices share the prompt's KV: one group per prompt unless the client names one."""
         if r.group_id is not None or r.n == 1:
             return r.group_id
         return "prompt-" + hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:24]
 
-    async def run(request: Request, ids: list[int], r: CompletionRequest | ChatRequest,
+    async def run(self, request: Request, ids: list[int], r: CompletionRequest | ChatRequest,
                   param: str) -> list[Generation]:
-        n_new, group = budget(r, ids, param), group_of(r, ids)
-        work = asyncio.gather(*(engine.generate(ids, _params(r, i, n_new), session_id=r.session_id,
-                                                group_id=group) for i in range(r.n)))
+        n_new, group = self.budget(r, ids, param), self.group_of(r, ids)
+        work = asyncio.gather(*(self.engine.generate(ids, _params(r, i, n_new),
+                                                     session_id=r.session_id, group_id=group)
+                                for i in range(r.n)))
         try:
-            return list(await unless_gone(request, drain, work, grace_s=max(0.1, drain_s - 0.5)))
+            return list(await unless_gone(request, self.drain, work,
+                                          grace_s=max(0.1, self.drain_s - 0.5)))
         except ContextFullError as e:
             raise BadParam(param, str(e), code="context_length_exceeded") from None
         except ValueError as e:
             raise BadParam(param, str(e)) from None
 
-    def streamed(events: AsyncIterator[str]) -> StreamingResponse:
+    def streamed(self, events: AsyncGenerator[str, None]) -> StreamingResponse:
         """SSE of ``events``, then ``[DONE]``; a failure mid-stream is an error event (as OpenAI
         sends one) instead of a cut connection."""
         async def body() -> AsyncIterator[str]:
@@ -226,41 +205,40 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
                 return
             yield _sse("[DONE]")
 
-        if drain.started:
+        if self.drain.started:
             raise Draining
         return StreamingResponse(body(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
-    def stream_parts(r: CompletionRequest | ChatRequest, ids: list[int], i: int, n_new: int,
-                     group: str | None):
-        return stream_generate(engine, ids, _params(r, i, n_new), tokenizer=tok,
+    def stream_parts(self, r: CompletionRequest | ChatRequest, ids: list[int], i: int, n_new: int,
+                     group: str | None) -> AsyncGenerator[StreamPart, None]:
+        return stream_generate(self.engine, ids, _params(r, i, n_new), tokenizer=self.tok,
                                session_id=r.session_id, group_id=group)
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        if drain.started:
+    async def health(self) -> JSONResponse:
+        if self.drain.started:
             return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": model_name,
-                             "policy_version": engine.policy_version})
+        return JSONResponse({"status": "ok", "model": self.model_name,
+                             "policy_version": self.engine.policy_version})
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "looprl", "max_model_len": max_len}]}
+    async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                            "created": 0, "owned_by": "looprl",
+                                            "max_model_len": self.max_len}]}
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(r: CompletionRequest, request: Request
+    async def completions(self, r: CompletionRequest, request: Request
                           ) -> dict[str, Any] | StreamingResponse:
-        check_request(r, model_name=model_name, max_len=max_len)
+        check_request(r, model_name=self.model_name, max_len=self.max_len)
+        tok = self.tok
         ids = list(r.prompt) if isinstance(r.prompt, list) else tok.encode(r.prompt)
-        if not ids or not all(0 <= i < vocab for i in ids):
+        if not ids or not all(0 <= i < self.vocab for i in ids):
             raise BadParam("prompt", f"the prompt must be text or token ids between 0 and "
-                           f"{vocab - 1} (at least one)")
+                           f"{self.vocab - 1} (at least one)")
         base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": model_name}
+                "created": int(time.time()), "model": self.model_name}
         if r.stream:  # the prompt is checked before the stream starts: a 400, not an event
-            return streamed(completion_events(r, ids, base, budget(r, ids, "prompt")))
-        gens = await run(request, ids, r, "prompt")
+            return self.streamed(self.completion_events(r, ids, base, self.budget(r, ids, "prompt")))
+        gens = await self.run(request, ids, r, "prompt")
         choices = []
         for i, g in enumerate(gens):
             choice: dict[str, Any] = {"index": i, "text": g.text, "finish_reason": g.finish_reason,
@@ -274,14 +252,14 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
         return {**base, "choices": choices,
                 "usage": _usage(len(ids), sum(len(g.token_ids) for g in gens))}
 
-    async def completion_events(r: CompletionRequest, ids: list[int], base: dict[str, Any],
-                                n_new: int) -> AsyncIterator[str]:
-        group, done = group_of(r, ids), [0] * r.n
+    async def completion_events(self, r: CompletionRequest, ids: list[int], base: dict[str, Any],
+                                n_new: int) -> AsyncGenerator[str, None]:
+        group, done, tok = self.group_of(r, ids), [0] * r.n, self.tok
 
         async def choice(i: int) -> AsyncIterator[str]:
             out: list[int] = []
             sent = ""
-            async with contextlib.aclosing(stream_parts(r, ids, i, n_new, group)) as parts:
+            async with contextlib.aclosing(self.stream_parts(r, ids, i, n_new, group)) as parts:
                 async for part in parts:
                     out += part.token_ids
                     text = tok.decode(out, skip_special_tokens=False)
@@ -303,9 +281,9 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
         if (r.stream_options or {}).get("include_usage"):
             yield _sse({**base, "choices": [], "usage": _usage(len(ids), sum(done))})
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(r: ChatRequest, request: Request) -> dict[str, Any] | StreamingResponse:
-        check_request(r, model_name=model_name, max_len=max_len)
+    async def chat(self, r: ChatRequest, request: Request) -> dict[str, Any] | StreamingResponse:
+        check_request(r, model_name=self.model_name, max_len=self.max_len)
+        fmt = self.fmt
         if fmt is None:
             raise BadParam("messages", "this model's tokenizer has no chat template: use "
                            "/v1/completions, or serve a chat checkpoint")
@@ -315,29 +293,32 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
             raise BadParam("messages", f"the chat template cannot render these messages: "
                            f"{type(e).__name__}: {e}") from None
         base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-                "model": model_name}
+                "model": self.model_name}
         if r.stream:  # the prompt is checked before the stream starts: a 400, not an event
-            return streamed(chat_events(r, ids, fmt, {**base, "object": "chat.completion.chunk"},
-                                        budget(r, ids, "messages")))
-        gens = await run(request, ids, r, "messages")
-        choices = []
-        for i, g in enumerate(gens):
-            reply = parse_reply(fmt, g.token_ids, _call_prefix(), g.finish_reason)
-            choice: dict[str, Any] = {"index": i, "finish_reason": reply.finish_reason,
-                                      "message": reply.message(), "token_ids": list(g.token_ids),
-                                      "policy_versions": list(g.policy_versions), "logprobs": None}
-            if r.logprobs:
-                choice["logprobs"] = {"content": [
-                    {"token": t, "logprob": lp, "token_id": t_id} for t, lp, t_id in
-                    zip(tok.convert_ids_to_tokens(list(g.token_ids)), g.logprobs, g.token_ids,
-                        strict=True)]}
-            choices.append(choice)
-        return {**base, "object": "chat.completion", "choices": choices,
+            return self.streamed(self.chat_events(r, ids, fmt,
+                                                  {**base, "object": "chat.completion.chunk"},
+                                                  self.budget(r, ids, "messages")))
+        gens = await self.run(request, ids, r, "messages")
+        return {**base, "object": "chat.completion",
+                "choices": [self.chat_choice(r, fmt, i, g) for i, g in enumerate(gens)],
                 "usage": _usage(len(ids), sum(len(g.token_ids) for g in gens))}
 
-    async def chat_events(r: ChatRequest, ids: list[int], fmt: ChatFormat, base: dict[str, Any],
-                          n_new: int) -> AsyncIterator[str]:
-        group, done = group_of(r, ids), [0] * r.n
+    def chat_choice(self, r: ChatRequest, fmt: ChatFormat, i: int, g: Generation
+                    ) -> dict[str, Any]:
+        reply = parse_reply(fmt, g.token_ids, _call_prefix(), g.finish_reason)
+        choice: dict[str, Any] = {"index": i, "finish_reason": reply.finish_reason,
+                                  "message": reply.message(), "token_ids": list(g.token_ids),
+                                  "policy_versions": list(g.policy_versions), "logprobs": None}
+        if r.logprobs:
+            choice["logprobs"] = {"content": [
+                {"token": t, "logprob": lp, "token_id": t_id} for t, lp, t_id in
+                zip(self.tok.convert_ids_to_tokens(list(g.token_ids)), g.logprobs, g.token_ids,
+                    strict=True)]}
+        return choice
+
+    async def chat_events(self, r: ChatRequest, ids: list[int], fmt: ChatFormat,
+                          base: dict[str, Any], n_new: int) -> AsyncGenerator[str, None]:
+        group, done = self.group_of(r, ids), [0] * r.n
 
         def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> str:
             return _sse({**base, "choices": [{"index": i, "delta": delta, "logprobs": None,
@@ -347,7 +328,7 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
             live = ReplyStream(fmt, _call_prefix())
             out: list[int] = []
             yield chunk(i, {"role": "assistant", "content": ""})
-            async with contextlib.aclosing(stream_parts(r, ids, i, n_new, group)) as parts:
+            async with contextlib.aclosing(self.stream_parts(r, ids, i, n_new, group)) as parts:
                 async for part in parts:
                     out += part.token_ids
                     done[i] = len(out)
@@ -369,8 +350,7 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
         if (r.stream_options or {}).get("include_usage"):
             yield _sse({**base, "choices": [], "usage": _usage(len(ids), sum(done))})
 
-    @app.post("/looprl/update_weights")
-    async def update_weights(request: Request) -> dict[str, int]:
+    async def update_weights(self, request: Request) -> dict[str, int]:
         version = request.headers.get("x-policy-version")
         if version is None or not version.lstrip("-").isdigit():
             raise HTTPException(400, "send the new version as an integer X-Policy-Version header")
@@ -379,18 +359,57 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
         except (SafetensorError, ValueError) as e:
             raise HTTPException(400, f"the body is not a safetensors file: {e}") from None
         try:
-            await engine.update_weights(state_dict, int(version))
+            await self.engine.update_weights(state_dict, int(version))
         except Exception as e:
             raise HTTPException(400, f"update_weights failed: {e}") from None
-        return {"policy_version": engine.policy_version}
+        return {"policy_version": self.engine.policy_version}
 
-    @app.post("/looprl/release")
-    async def release(body: ReleaseRequest) -> dict[str, bool]:
-        await engine.release(body.session_id)
+    async def release(self, body: ReleaseRequest) -> dict[str, bool]:
+        await self.engine.release(body.session_id)
         return {"ok": True}
 
-    @app.get("/looprl/version")
-    async def version() -> dict[str, int]:
-        return {"policy_version": engine.policy_version}
+    async def version(self) -> dict[str, int]:
+        return {"policy_version": self.engine.policy_version}
 
+
+async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+    errors = e.errors()
+    message, _detail = validation_message(errors)
+    loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
+    return _error(400, message, loc[0] if loc else None)
+
+
+async def _bad(_: Request, e: BadParam) -> JSONResponse:
+    return _error(e.status, str(e), e.param, e.code)
+
+
+async def _gone(_: Request, e: Exception) -> JSONResponse:
+    return JSONResponse(_error_body("the server is shutting down; retry against another "
+                                    "server or after it restarts", None, "shutting_down",
+                                    "server_error"), status_code=503)
+
+
+def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str | None = None,
+               drain_s: float = 30.0) -> FastAPI:
+    """The FastAPI app (serve it with ``looprl.asgi.run(app, ..., drain=app.state.drain)``).
+    ``api_key``: the bearer key every route but ``/health`` needs (None: open)."""
+    app = FastAPI(title="looprl OpenAI-compatible server")
+    drain = app.state.drain = Drain()
+    server = _Server(engine, model_name, drain, drain_s)
+    weights_limit = _weights_limit(engine)
+    app.add_middleware(
+        Guard, authorized=bearer(api_key) if api_key else None, open_paths={"/health"},
+        max_body=lambda path: weights_limit if path == "/looprl/update_weights" else MAX_BODY,
+        auth_hint=f"send 'Authorization: Bearer <key>' (the server's --api-key or {API_KEY_ENV})")
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(BadParam, _bad)  # type: ignore[arg-type]
+    app.add_exception_handler(Draining, _gone)
+    app.add_exception_handler(ClientGone, _gone)  # nobody reads this one
+    app.get("/health")(server.health)
+    app.get("/v1/models")(server.models)
+    app.post("/v1/completions", response_model=None)(server.completions)
+    app.post("/v1/chat/completions", response_model=None)(server.chat)
+    app.post("/looprl/update_weights")(server.update_weights)
+    app.post("/looprl/release")(server.release)
+    app.get("/looprl/version")(server.version)
     return app

@@ -49,7 +49,7 @@ from torch import nn
 
 from looprl.errors import ConfigError
 from looprl.inference.sampling import sampling_logprobs_B_V
-from looprl.models.mtp import MTPHeads
+from looprl.models.mtp import MTPHeads, input_embeddings, lm_head
 
 MODES = ("auto", "on", "off")
 
@@ -125,8 +125,8 @@ class Drafter:
 
     def __init__(self, model: nn.Module, heads: MTPHeads | None, lookup: int = 0) -> None:
         self.heads, self.lookup = heads, lookup
-        self.embed = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
+        self.embed = input_embeddings(model)
+        self.lm_head = lm_head(model)
 
     @property
     def num_heads(self) -> int:
@@ -150,17 +150,18 @@ class Drafter:
         mixed = not all_greedy and bool(greedy.any())
         V = self.lm_head.weight.shape[0]
         forced_B_K = torch.full((B, K), -1, dtype=torch.long, device=dev)
-        for b, toks in enumerate(looked_B or ()):
-            if toks:
-                forced_B_K[b, :len(toks)] = torch.tensor(toks[:K], device=dev)
+        for b, looked in enumerate(looked_B or ()):
+            if looked:
+                forced_B_K[b, :len(looked)] = torch.tensor(looked[:K], device=dev)
         state, tok = hidden_B_H, torch.tensor(last_B, device=dev)
         toks, probs = [], []
         for j in range(K):
             f, has = forced_B_K[:, j], forced_B_K[:, j] >= 0
             q = None
-            if j < self.num_heads:
-                state = self.heads.heads[j](state, self.embed(tok))
-                logits = self.lm_head(self.heads.heads[j].lm_input(state)).float()
+            if self.heads is not None and j < self.heads.num_heads:
+                head = self.heads.head(j)
+                state = head(state, self.embed(tok))
+                logits = self.lm_head(head.lm_input(state)).float()
                 if all_greedy:
                     drafted = logits.argmax(dim=-1)
                 else:

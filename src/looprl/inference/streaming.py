@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +65,7 @@ def stop_at(tokenizer: Any, before: list[int], new: list[int], stops: tuple[str,
 
 async def stream_generate(engine: Engine, prompt_ids: list[int], params: SamplingParams, *,
                           tokenizer: Any, session_id: str | None = None,
-                          group_id: str | None = None) -> AsyncIterator[StreamPart]:
+                          group_id: str | None = None) -> AsyncGenerator[StreamPart, None]:
     """The generation ``engine.generate(prompt_ids, params)`` would make, in parts as it is
     sampled (module docstring). Close it (``contextlib.aclosing``) to release its session."""
     session = session_id or f"stream-{uuid.uuid4().hex}"

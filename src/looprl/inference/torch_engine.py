@@ -42,6 +42,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -83,12 +84,18 @@ class _Request:
     out_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    finish: str | None = None
+    finish: Literal["stop", "length"] | None = None
     hidden: torch.Tensor | None = None
     """The LM head's input that gave the last sampled token's distribution (drafting starts there)."""
     index: NgramIndex | None = None
     """The n-grams of ``prompt_ids + out_ids`` (prompt lookup), built at the request's first
     speculative step."""
+
+    @property
+    def live_entry(self) -> _Entry:
+        """``entry`` of a request in the batch (``_rows``): ``_start`` set it before adding it."""
+        assert self.entry is not None, "only a request admitted by _start has a cache entry"
+        return self.entry
 
 
 @dataclass
@@ -287,7 +294,7 @@ class TorchEngine:
         """A slot for a new entry: a free one, else the LRU idle entry's (evicted)."""
         free = [s for s in range(len(self._rows), self.num_slots) if self._owner[s] is None]
         if not free:
-            pinned = {id(r.entry.prefix) for r in self._rows if r.entry.prefix is not None}
+            pinned = {id(r.live_entry.prefix) for r in self._rows if r.live_entry.prefix is not None}
             idle = [e for e in self._entries.values()
                     if not e.active and e.key not in keep and id(e) not in pinned]
             if not idle:
@@ -336,7 +343,7 @@ class TorchEngine:
         n = _lcp(e.tokens, prompt)
         g = self._entries.get(req.group_key) if req.group_key else None
         gn = _lcp(g.tokens, prompt) if g is not None else 0
-        if gn > n:
+        if g is not None and gn > n:  # gn > n >= 0 only when g exists
             self.fwd.copy_slot(g.slot, e.slot, gn)
             g.last_used = e.last_used
             self.stats.reused_group_tokens += gn
@@ -379,15 +386,18 @@ class TorchEngine:
         rows = list(self._rows)  # finished rows leave self._rows during the step
         B = len(rows)
         k = self.spec.draft_len(B)
-        if k and max(len(r.entry.tokens) for r in rows) + k + 2 > self.max_len:
+        if k and max(len(r.live_entry.tokens) for r in rows) + k + 2 > self.max_len:
             k = 0  # a row is near the end of its context: the draft would not fit
-        prefix_B = [self._prefix(r.entry) for r in rows] if self.cascade else None
-        pos_B = [len(r.entry.tokens) for r in rows]
+        prefix_B = [self._prefix(r.live_entry) for r in rows] if self.cascade else None
+        pos_B = [len(r.live_entry.tokens) for r in rows]
         t0 = time.perf_counter()
         before = self.stats.generated_tokens
         # k is the most a row drafts; the verify forward is as long as the longest draft
-        looked_B = [self._looked_up(r, k) for r in rows] if k and self.drafter.lookup else None
-        n = max(min(k, self.drafter.num_heads), *map(len, looked_B or [[]])) if k else 0
+        looked_B, n = None, 0
+        if k:
+            assert self.drafter is not None, "without a drafter SpecController drafts nothing"
+            looked_B = [self._looked_up(r, k) for r in rows] if self.drafter.lookup else None
+            n = max(min(k, self.drafter.num_heads), *map(len, looked_B or [[]]))
         if n:
             accepted = self._speculate(rows, n, pos_B, prefix_B, looked_B)
         else:
@@ -416,8 +426,12 @@ class TorchEngine:
         # CPU generators, as in sample_B: a seeded request draws the same uniforms on any device
         u_B = torch.stack([torch.rand(2 * k + 1, generator=r.generator or self._gen) for r in rows]).to(dev)
         last_B = [r.out_ids[-1] for r in rows]
-        draft = self.drafter.draft(torch.stack([r.hidden for r in rows]), last_B, temps, top_ps,
-                                   u_B[:, :k], looked_B)
+        assert self.drafter is not None, "_step speculates only with a drafter"
+        hidden_B: list[torch.Tensor] = []
+        for r in rows:
+            assert r.hidden is not None, "_emit sets hidden from a request's first sampled token on"
+            hidden_B.append(r.hidden)
+        draft = self.drafter.draft(torch.stack(hidden_B), last_B, temps, top_ps, u_B[:, :k], looked_B)
         ids_B_T = [[t, *d] for t, d in zip(last_B, draft.tokens_B_K.tolist(), strict=True)]
         out = self.fwd.decode(ids_B_T, pos_B, prefix_B)
         acc = accept(out.logits_B_T_V, draft, temps, top_ps, u_B[:, k:2 * k], u_B[:, 2 * k])
@@ -431,6 +445,7 @@ class TorchEngine:
             r.index = NgramIndex(r.prompt_ids)
         seen = len(r.index) - len(r.prompt_ids)
         r.index.extend(r.out_ids[seen:])
+        assert self.drafter is not None, "_step looks up only when it drafts, which needs a drafter"
         return r.index.propose(min(k, self.drafter.lookup))
 
     def _emit(self, reqs: list[_Request], tokens_B_T: list[list[int]], lps_B_T: list[list[float]],
@@ -444,7 +459,7 @@ class TorchEngine:
             j = 0
             for j, (t, lp) in enumerate(zip(tokens_B_T[b], lps_B_T[b], strict=True)):
                 if fed_B_T is not None:
-                    r.entry.tokens.append(fed_B_T[b][j])
+                    r.live_entry.tokens.append(fed_B_T[b][j])
                 r.out_ids.append(t)
                 r.logprobs.append(lp)
                 r.versions.append(self._version)
@@ -456,12 +471,12 @@ class TorchEngine:
         for r in [r for r in reqs if r.finish or r.future.cancelled()]:
             self._retire(r)
 
-    def _finish_reason(self, r: _Request) -> str | None:
+    def _finish_reason(self, r: _Request) -> Literal["stop", "length"] | None:
         if r.out_ids[-1] in self.eos_ids:
             return "stop"
         if r.params.stop and self._hit_stop_string(r):
             return "stop"
-        if len(r.out_ids) >= r.params.max_new_tokens or len(r.entry.tokens) + 1 >= self.max_len:
+        if len(r.out_ids) >= r.params.max_new_tokens or len(r.live_entry.tokens) + 1 >= self.max_len:
             return "length"
         return None
 
@@ -474,7 +489,7 @@ class TorchEngine:
         """Take a finished request out of the batch (its KV stays cached) and answer it."""
         i = self._rows.index(r)
         last = len(self._rows) - 1
-        e = r.entry
+        e = r.live_entry
         self._move(e, last)  # keep running rows packed in slots 0..B-1
         self._rows[i], self._rows[last] = self._rows[last], self._rows[i]
         self._rows.pop()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -82,7 +82,9 @@ class VLLMEngine:
         lps = [float(d[t].logprob) for t, d in zip(ids, o.logprobs or [], strict=False)]
         if len(lps) != len(ids):
             raise PolicyError("vLLM returned logprobs for fewer tokens than it generated")
-        finish = o.finish_reason if o.finish_reason in ("stop", "length") else "abort"
+        r = o.finish_reason
+        finish: Literal["stop", "length", "abort"] = (
+            "stop" if r == "stop" else "length" if r == "length" else "abort")
         return Generation(tuple(ids), tuple(lps), (version,) * len(ids), finish, o.text)
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:

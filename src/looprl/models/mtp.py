@@ -39,9 +39,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -116,12 +117,31 @@ class MTPHeads(nn.Module):
     def num_heads(self) -> int:
         return self.config.num_heads
 
+    def head(self, j: int) -> MTPHead:
+        """Head ``j`` of the chain, 0-based (it predicts token t+j+2)."""
+        h = self.heads[j]
+        assert isinstance(h, MTPHead), "only MTPHead modules are put in the list (typed as Modules)"
+        return h
+
+
+def input_embeddings(model: nn.Module) -> nn.Embedding:
+    """An HF causal LM's token embeddings (its ``get_input_embeddings()``)."""
+    # cast: torch's stubs type an attribute nn.Module does not declare as ``Tensor | Module``
+    # (its __getattr__), so HF's method is not known to be callable; it returns an nn.Embedding
+    return cast(Callable[[], nn.Embedding], model.get_input_embeddings)()
+
+
+def lm_head(model: nn.Module) -> nn.Linear:
+    """An HF causal LM's LM head (its ``get_output_embeddings()``)."""
+    # cast: as in input_embeddings (torch types the attribute ``Tensor | Module``); an nn.Linear
+    return cast(Callable[[], nn.Linear], model.get_output_embeddings)()
+
 
 def new_heads(model: nn.Module, num_heads: int = 3, intermediate_size: int | None = None) -> MTPHeads:
     """Fresh heads shaped for ``model`` (same dtype). The MLP is hidden/2 wide unless given: a
     draft step reads all of a head's weights, and decoding small batches is bound by weight
     reads, so a narrow head drafts cheaply."""
-    H = model.get_output_embeddings().weight.shape[1]
+    H = lm_head(model).weight.shape[1]
     cfg = MTPConfig(num_heads=num_heads, hidden_size=H, intermediate_size=intermediate_size or H // 2,
                     rms_norm_eps=float(getattr(model.config, "rms_norm_eps", 1e-6)))
     return MTPHeads(cfg).to(next(model.parameters()).dtype)
@@ -139,14 +159,15 @@ def heads_of(model: nn.Module) -> MTPHeads | None:
 
 def attach_heads(model: nn.Module, heads: MTPHeads) -> MTPHeads:
     """Make ``heads`` the submodule ``model.mtp_heads`` (kept out of ``save_pretrained``'s file)."""
-    H = model.get_output_embeddings().weight.shape[1]
+    H = lm_head(model).weight.shape[1]
     if heads.config.hidden_size != H:
         raise ConfigError(f"MTP heads of hidden size {heads.config.hidden_size} do not fit a model of "
                           f"hidden size {H}; train new heads for this model")
     setattr(model, HEADS_ATTR, heads)
     skip = getattr(model, "_keys_to_ignore_on_save", None)
     keys = {f"{HEADS_ATTR}.{k}" for k in heads.state_dict()}
-    model._keys_to_ignore_on_save = set(skip or ()) | keys
+    # torch types Module.__setattr__'s value as Tensor | Module; HF reads this attribute as a set
+    model._keys_to_ignore_on_save = set(skip or ()) | keys  # type: ignore[assignment]
     return heads
 
 
@@ -202,7 +223,7 @@ def capture_hidden(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     block (in order): the hidden states any HF causal LM computes anyway. The LM head of them
     gives the forward's logits, which is how the distillation targets are computed."""
     seen: list[torch.Tensor] = []
-    hook = _unwrap(model).get_output_embeddings().register_forward_hook(
+    hook = lm_head(_unwrap(model)).register_forward_hook(
         lambda _m, args, _out: seen.append(args[0]))
     try:
         yield seen
@@ -231,8 +252,8 @@ def _distill(heads: MTPHeads, model: nn.Module, hidden_N_H: torch.Tensor, tokens
     token i + j and is compared with the model's distribution at i + j (``lm_head(hidden)``)
     where ``ok_K_N[j - 1, i]`` (that target exists, in the same sequence)."""
     m = _unwrap(model)
-    emb_w = m.get_input_embeddings().weight.detach()
-    lm = m.get_output_embeddings()
+    emb_w = input_embeddings(m).weight.detach()
+    lm = lm_head(m)
     lm_w = lm.weight.detach()
     lm_b = lm.bias.detach() if getattr(lm, "bias", None) is not None else None
     N = tokens_N.shape[0]
@@ -240,7 +261,8 @@ def _distill(heads: MTPHeads, model: nn.Module, hidden_N_H: torch.Tensor, tokens
     state = hidden_N_H[starts]
     total = torch.zeros((), dtype=torch.float32, device=hidden_N_H.device)
     kls, accs = [], []
-    for j, head in enumerate(heads.heads, start=1):
+    for j in range(1, heads.num_heads + 1):
+        head = heads.head(j - 1)
         w = ok_K_N[j - 1, starts]
         if not bool(w.any()):
             break

@@ -27,6 +27,7 @@ import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -98,7 +99,7 @@ def python_sources(max_chars: int = 2_000_000, seed: int = 0, repos: Iterable[Pa
                           "with some Python source")
 
 
-_TOOLS = [
+_TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": n, "description": d, "parameters": {
         "type": "object", "properties": {k: {"type": "string"} for k in args}, "required": args}}}
     for n, d, args in [
@@ -123,17 +124,22 @@ def chat_examples(n: int = 200, seed: int = 0) -> list[str]:
         calls = [("read_file", {"path": path}), ("grep", {"pattern": f"def {w}", "path": "src"}),
                  ("run", {"command": f"python -m pytest tests/test_{w}.py -q"}),
                  ("edit_file", {"path": path, "old": f"return {w}", "new": f"return {w} or None"})]
-        msgs = [{"role": "user", "content": f"The function `{w}` in {path} fails on empty input. Fix it."}]
+        msgs: list[dict[str, Any]] = [
+            {"role": "user", "content": f"The function `{w}` in {path} fails on empty input. Fix it."}]
         for name, args in rng.sample(calls, k=rng.randint(1, 4)):
-            call = {"id": f"c{rng.randint(0, 999)}", "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args)}}
+            call: dict[str, Any] = {"id": f"c{rng.randint(0, 999)}", "type": "function",
+                                    "function": {"name": name, "arguments": json.dumps(args)}}
             msgs.append({"role": "assistant", "content": rng.choice(["", f"<think>Look at {w}.</think>"]),
                          "tool_calls": [call]})
             msgs.append({"role": "tool", "tool_call_id": call["id"], "name": name,
                          "content": f"{path}:{rng.randint(1, 300)}: def {w}(x):\n    return {w}\n"})
         msgs.append({"role": "assistant", "content": "", "tool_calls": [
             {"id": "f", "type": "function", "function": {"name": "finish", "arguments": "{}"}}]})
-        out.append(tok.apply_chat_template(msgs, tools=_TOOLS, tokenize=False))
+        # transformers types tools as an (invariant) list of dict | Callable: a list of dicts
+        # is one, but not to mypy
+        text = tok.apply_chat_template(msgs, tools=_TOOLS, tokenize=False)  # type: ignore[arg-type]
+        assert isinstance(text, str), "tokenize=False renders the conversation as text"
+        out.append(text)
     return out
 
 
@@ -155,10 +161,17 @@ def model_config(size: str, tokenizer_vocab: int, pad_id: int, eos_id: int) -> L
     return cfg
 
 
+def _rope_theta(cfg: LlamaConfig) -> float:
+    rope = cfg.rope_parameters
+    # transformers fills in rope_parameters, rope_theta included, in every LlamaConfig
+    assert rope is not None and rope["rope_theta"] is not None, "a LlamaConfig without rope_theta"
+    return rope["rope_theta"]
+
+
 def _rotary_freqs(cfg: LlamaConfig) -> torch.Tensor:
     """Angle per position of each rotary pair (pair p = dims p and p + head_dim/2, HF layout)."""
     hd = cfg.hidden_size // cfg.num_attention_heads
-    theta = float(cfg.rope_parameters["rope_theta"])
+    theta = float(_rope_theta(cfg))
     return 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
 
 
@@ -202,7 +215,7 @@ def plant_copy_circuit(model: LlamaForCausalLM, seed: int = 0, *, span: int = 20
     m = min(2 * len(low), H - D - 1)
     low = low[len(low) - m // 2:]
     if len(high) < 2 or m < 8:
-        raise ConfigError(f"head_dim {hd} with rope_theta {cfg.rope_parameters['rope_theta']} "
+        raise ConfigError(f"head_dim {hd} with rope_theta {_rope_theta(cfg)} "
                           "leaves too few rotary pairs for the copy circuit")
     S = slice(C + 1, C + 1 + m)
     gen = torch.Generator().manual_seed(seed)
@@ -278,7 +291,9 @@ def init_default_model(out_dir: str | Path, size: str = DEFAULT_SIZE, seed: int 
     tok = build_tokenizer(texts, vocab_size=vocab_size)
     assert tok.chat_template == CHAT_TEMPLATE
     torch.manual_seed(seed)
-    cfg = model_config(size, len(tok), tok.pad_token_id, tok.convert_tokens_to_ids(tok.eos_token))
+    eos_id = tok.convert_tokens_to_ids(tok.eos_token)
+    assert isinstance(eos_id, int), "one token's id is an int"
+    cfg = model_config(size, len(tok), tok.pad_token_id, eos_id)
     model = LlamaForCausalLM(cfg)
     if copy_circuit:
         plant_copy_circuit(model, seed=seed)

@@ -6,20 +6,31 @@ runner's report; the workspace paths that reach the runner besides the package u
     line = cmd.isolated(f"{sandbox.tools_dir}/{RUNNER}", new_report_name())
     # 'exec 3>&1; COLUMNS=240 PYTHONPATH=src python -I /.looprl/bin/pytest_runner.py .looprl-..'
     report = RunnerReport.parse(report_bytes, exec_stdout)   # .outcomes, .status, .intact
-    runner_paths(diff), shadowing_paths(task, diff)   # what the grader restores from the base
+    runner_paths(task, diff), shadowing_paths(task, diff)   # what the grader keeps as in the base
 
 The command keeps the task's options and environment; only the interpreter's start changes
 (``-I``, the runner instead of ``-m pytest``), so a grade means what the task's own command
 measured when the task was built. ``runner_config_paths``, ``startup_hook_paths`` and
 ``shadowing_paths`` feed ``hacking``'s detectors of the same names.
+
+What pytest reads besides the package, and how each is kept from the agent: the inifile (the
+names the installed pytest discovers, ``pytest_config_names``, searched up from the test paths;
+the rootdir, moved by a ``setup.py``, when there is none) and every ``conftest.py`` are graded as
+the base has them, wherever they are; ``pytest11`` entry points and ``-p`` plugins load before
+the workspace is on ``sys.path`` (``pytest_runner.py``), and workspace distribution metadata is
+graded as the base has it; plugins a pristine conftest names (``pytest_plugins``) are package
+code, watched by ``hacking.tampering_lines``. After the run the runner lists the inifile and
+conftests pytest read (``RunnerReport.config``), so a config name a later pytest adds is caught
+even where this list lacks it.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
+import importlib.util
 import json
-import os
 import posixpath
 import re
 import secrets
@@ -28,8 +39,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from looprl.errors import RewardError
-from looprl.rewards.diffs import FilePatch, apply_patch, parse_diff, touched_paths
+from looprl.diffs import FilePatch, apply_patch, parse_diff, touched_paths
+from looprl.errors import DiffError, RewardError
+from looprl.sandbox.beneath import Root
 from looprl.types import Task
 
 RUNNER = "pytest_runner.py"
@@ -122,6 +134,9 @@ class RunnerReport:
     with the same nonce; the report's bytes match the digest. Anything else (a rewritten report,
     a test reported twice, a line added to the printed ones) was written by the code under
     test."""
+    config: tuple[str, ...] = ()
+    """Workspace files pytest took configuration from (its inifile, the conftest modules it
+    loaded), as the runner's last line lists them."""
 
     @classmethod
     def parse(cls, report: bytes, digest: str) -> RunnerReport:
@@ -131,7 +146,7 @@ class RunnerReport:
         >>> lines = '{"begin": 7}\n' + json.dumps(
         ...     {"done": 0, "sha256": hashlib.sha256(rep).hexdigest(), "nonce": 7})
         >>> RunnerReport.parse(rep, lines)
-        RunnerReport(outcomes={'t.py::a': 'passed'}, status=0, intact=True)
+        RunnerReport(outcomes={'t.py::a': 'passed'}, status=0, intact=True, config=())
         >>> RunnerReport.parse(rep.replace(b"passed", b"failed"), lines).intact
         False
         >>> RunnerReport.parse(rep, lines.replace('"nonce": 7', '"nonce": 8')).intact
@@ -153,7 +168,7 @@ class RunnerReport:
                 outcomes[rec["id"]] = rec["outcome"]
             else:  # a last line cut by a kill mid-write; anything else is foreign
                 intact = intact and i == len(lines) - 1
-        status = None
+        status, config = None, ()
         printed = [ln for ln in digest.splitlines() if ln.strip()]
         try:
             first, last = (json.loads(printed[0]), json.loads(printed[-1])) if printed else ({}, {})
@@ -165,7 +180,9 @@ class RunnerReport:
                       and first.get("begin") is not None
                       and first.get("begin") == last.get("nonce")
                       and last.get("sha256") == hashlib.sha256(report).hexdigest())
-        return cls(outcomes, status, intact)
+            listed = last.get("config")
+            config = tuple(p for p in listed if isinstance(p, str)) if isinstance(listed, list) else ()
+        return cls(outcomes, status, intact, config)
 
 
 # ------------------------------------------------------------------ what else reaches the runner
@@ -176,47 +193,119 @@ class RunnerReport:
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
                             "pygments", "exceptiongroup", "tomli", "colorama"})
 """pytest and what it imports: a workspace module of one of these names shadows the runner."""
-RUNNER_CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
-                                 "pyproject.toml", "conftest.py"})
-"""Files pytest reads options, plugins or hooks from, wherever they are (rootdir and inifile are
-found by searching up from the test paths)."""
 STARTUP_HOOK_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
 """Modules Python imports at start-up (``*.pth`` files too): code that would run before pytest."""
+ROOTDIR_MARKER = "setup.py"
+"""Without an inifile, pytest's rootdir is the nearest ancestor of the test paths holding this
+file (``findpaths.determine_setup``): creating or deleting one moves the rootdir, and with it
+which ``conftest.py`` files load."""
 _DIST_SUFFIXES = (".dist-info", ".egg-info")  # distribution metadata: entry points load plugins
 _PYTEST_SECTION = {"pyproject.toml": r"tool\.pytest[\w.\-]*", "setup.cfg": r"tool:pytest",
                    "tox.ini": r"pytest"}
+"""Config files pytest reads only a section of; it reads every other config name whole."""
+_EARLIEST_NAMES = frozenset({"pytest.ini", "tox.ini", "setup.cfg"})  # every pytest since 2.x
 
 
-def runner_paths(diff: str) -> tuple[str, ...]:
+def _findpaths(venv: str | None) -> Path | None:
+    """The ``_pytest/config/findpaths.py`` of the pytest that ``venv`` holds (None: the one this
+    interpreter imports)."""
+    if venv:
+        return next(Path(venv).glob("lib/python*/site-packages/_pytest/config/findpaths.py"), None)
+    spec = importlib.util.find_spec("_pytest.config.findpaths")
+    return Path(spec.origin) if spec and spec.origin else None
+
+
+def config_names_in(source: str) -> frozenset[str]:
+    r"""The config file names a ``findpaths.py`` discovers: the keys of its
+    ``CONFIG_LOADERS_BY_NAME`` (pytest 9), else the literal ``config_names`` list of its
+    ``locate_config`` (older pytest).
+
+    >>> sorted(config_names_in('CONFIG_LOADERS_BY_NAME = {"pytest.toml": f, "tox.ini": g}'))
+    ['pytest.toml', 'tox.ini']
+    >>> sorted(config_names_in('def locate_config():\n    config_names = ["pytest.ini"]'))
+    ['pytest.ini']
+    """
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        target = (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1
+                  else node.target if isinstance(node, ast.AnnAssign) else None)
+        if not isinstance(target, ast.Name) or target.id not in ("CONFIG_LOADERS_BY_NAME",
+                                                                  "config_names"):
+            continue
+        value = node.value  # type: ignore[union-attr]
+        items = (value.keys if isinstance(value, ast.Dict) else
+                 value.elts if isinstance(value, (ast.List, ast.Tuple)) else [])
+        names |= {k.value for k in items if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=64)
+def pytest_config_names(venv: str | None = None) -> frozenset[str]:
+    """The names pytest finds its inifile by, read from the pytest that grades (``venv``'s) and
+    the one this interpreter has: a name a later pytest adds is known without a release of
+    looprl. (What neither names is still caught after the run: ``tests.grade_in`` checks the
+    inifile pytest reports.)"""
+    names = set(_EARLIEST_NAMES)
+    for path in {_findpaths(venv), _findpaths(None)}:
+        if path is not None:
+            try:
+                names |= config_names_in(path.read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, UnicodeDecodeError):
+                continue  # this pytest's layout is unknown: the other one and the floor stand
+    return frozenset(names)
+
+
+def _is_config(path: str, venv: str | None) -> bool:
+    name = posixpath.basename(path)
+    return name == "conftest.py" or name in pytest_config_names(venv)
+
+
+def _is_runner_path(path: str, venv: str | None) -> bool:
+    parts = posixpath.normpath(path).split("/")
+    return (_is_config(path, venv) or parts[-1] in STARTUP_HOOK_FILES or parts[-1].endswith(".pth")
+            or any(d.endswith(_DIST_SUFFIXES) for d in parts))
+
+
+def _moves_rootdir(fp: FilePatch) -> bool:
+    """A ``setup.py`` created or deleted (its content does not matter to pytest)."""
+    return posixpath.basename(fp.path) == ROOTDIR_MARKER and (fp.old_path is None) != (
+        fp.new_path is None)
+
+
+def runner_paths(task: Task, diff: str) -> tuple[str, ...]:
     r"""Paths of ``diff`` that pytest or the interpreter read before or besides the package under
-    test — config files, start-up hooks, distribution metadata — whatever their content: the
-    grader restores them all from the base (``pyproject.toml`` and ``setup.cfg`` included, whose
-    other sections do not matter to a test run from the workspace).
+    test, whatever their content: every config file name pytest discovers
+    (``pytest_config_names``) and ``conftest.py``, anywhere; start-up hooks; distribution
+    metadata; a ``setup.py`` created or deleted (``ROOTDIR_MARKER``). The grader grades the base's
+    version of each (``pyproject.toml`` and ``setup.cfg`` included, whose other sections do not
+    matter to a test run from the workspace).
 
-    >>> runner_paths("--- a/src/m.py\n+++ b/src/m.py\n@@ -1 +1 @@\n-a\n+b\n"
-    ...              "--- /dev/null\n+++ b/x.pth\n@@ -0,0 +1 @@\n+import os\n")
-    ('x.pth',)
+    >>> from looprl.types import Grader
+    >>> t = Task("t", "/nonexistent", "p", Grader("pytest"))
+    >>> runner_paths(t, "--- a/src/m.py\n+++ b/src/m.py\n@@ -1 +1 @@\n-a\n+b\n"
+    ...                 "--- /dev/null\n+++ b/x.pth\n@@ -0,0 +1 @@\n+import os\n"
+    ...                 "--- /dev/null\n+++ b/tests/pytest.toml\n@@ -0,0 +1 @@\n+[pytest]\n")
+    ('x.pth', 'tests/pytest.toml')
     """
     out = []
-    for p in touched_paths(diff):
-        parts = posixpath.normpath(p).split("/")
-        if (parts[-1] in RUNNER_CONFIG_FILES or parts[-1] in STARTUP_HOOK_FILES
-                or parts[-1].endswith(".pth") or any(d.endswith(_DIST_SUFFIXES) for d in parts)):
-            out.append(p)
-    return tuple(out)
+    for fp in parse_diff(diff):
+        out += [p for p in fp.paths if _is_runner_path(p, task.venv)]
+        if _moves_rootdir(fp):
+            out.append(fp.path)
+    return tuple(dict.fromkeys(out))
 
 
 def startup_hook_paths(diff: str) -> tuple[str, ...]:
     """Start-up hooks the diff creates or edits: ``sitecustomize.py``, ``usercustomize.py``,
     ``*.pth`` files, anywhere."""
-    return tuple(p for p in runner_paths(diff)
+    return tuple(p for p in touched_paths(diff)
                  if posixpath.basename(p) in STARTUP_HOOK_FILES or p.endswith(".pth"))
 
 
 def _section(text: str, name: str) -> str:
     """The lines of ini/TOML sections whose header matches ``name`` (a regex)."""
     out, inside = [], False
-    for line in text.splitlines():
+    for line in text.split("\n"):
         header = re.match(r"\s*\[+\s*([^\]]+?)\s*\]+\s*$", line)
         if header:
             inside = re.fullmatch(name, header.group(1)) is not None
@@ -230,27 +319,33 @@ def _changes_pytest_section(task: Task, fp: FilePatch) -> bool:
     file's sections decide; without it, whether a changed line mentions pytest)."""
     name = _PYTEST_SECTION[posixpath.basename(fp.path)]
     try:
-        old = "" if fp.old_path is None else Path(task.repo, fp.old_path).read_text()
+        old = ""
+        if fp.old_path is not None:
+            with Root(task.repo) as base:
+                old = base.read_text(fp.old_path)
         new = "" if fp.new_path is None else apply_patch(old, fp)
-    except (OSError, UnicodeDecodeError, RewardError):
-        return any("pytest" in ln for ln in fp.added_lines + fp.removed_lines)
+    except (OSError, UnicodeDecodeError, DiffError):
+        return any("pytest" in ln for ln in fp.added_lines + fp.removed_lines) or fp.binary
     return _section(old, name) != _section(new, name)
 
 
 def runner_config_paths(task: Task, diff: str) -> tuple[str, ...]:
-    """Paths of ``diff`` that change how pytest runs: any ``conftest.py`` or ``pytest.ini``, the
-    pytest section of ``pyproject.toml``/``setup.cfg``/``tox.ini``, entry points (a ``pytest11``
-    plugin) in distribution metadata."""
+    """Paths of ``diff`` that change how pytest runs: any ``conftest.py``, any config file pytest
+    reads whole (``pytest.toml``, ``pytest.ini``, ... : every ``pytest_config_names`` name but
+    those of ``_PYTEST_SECTION``), the pytest section of ``pyproject.toml``/``setup.cfg``/
+    ``tox.ini``, a ``setup.py`` created or deleted, entry points (a ``pytest11`` plugin) in
+    distribution metadata."""
     hits = []
     for fp in parse_diff(diff):
         name = posixpath.basename(fp.path)
-        if name in ("conftest.py", "pytest.ini", ".pytest.ini"):
-            hits.append(fp.path)
-        elif name in _PYTEST_SECTION and _changes_pytest_section(task, fp):
+        if name in _PYTEST_SECTION:
+            if _changes_pytest_section(task, fp):
+                hits.append(fp.path)
+        elif _is_config(fp.path, task.venv) or _moves_rootdir(fp):
             hits.append(fp.path)
         elif (name == "entry_points.txt" and any(d.endswith(_DIST_SUFFIXES) for d in
                                                   fp.path.split("/"))
-              and any("pytest11" in ln for ln in fp.added_lines)):
+              and (fp.binary or any("pytest11" in ln for ln in fp.added_lines))):
             hits.append(fp.path)
     return tuple(dict.fromkeys(hits))
 
@@ -287,6 +382,15 @@ def _import_roots(task: Task) -> set[str]:
     return {"" if r in (".", "") else posixpath.normpath(r) for r in roots}
 
 
+def _in_base(task: Task, rel: str) -> bool:
+    """Whether the base has an entry at ``rel`` (looked up beneath it, no link followed)."""
+    try:
+        with Root(task.repo) as base:
+            return base.lstat(rel) is not None
+    except FileNotFoundError:
+        return False
+
+
 def shadowing_paths(task: Task, diff: str) -> tuple[str, ...]:
     r"""Modules or packages the diff adds where they would shadow the test runner, a module of the
     standard library or one the task's venv provides: at an import root (``_import_roots``)
@@ -313,6 +417,6 @@ def shadowing_paths(task: Task, diff: str) -> tuple[str, ...]:
             module = top if "/" in rel else top.split(".", 1)[0] if top.endswith(
                 (".py", ".pyc", ".so", ".pyd")) else ""
             here = posixpath.join(r, top)
-            if module in protected and not os.path.lexists(os.path.join(task.repo, here)):
+            if module in protected and not _in_base(task, here):
                 hits.append(here)
     return tuple(dict.fromkeys(hits))

@@ -13,8 +13,9 @@ interpreter in isolated mode, from the read-only tools dir (``Sandbox.tools_dir`
   script honours the three the grader's commands use (``PYTHONPATH``, ``PYTHONDONTWRITEBYTECODE``,
   ``PYTHONUNBUFFERED``).
 - pytest, its dependencies, the plugins the venv's distributions register (``pytest11`` entry
-  points) and the (pristine, restored by the grader) configuration all load while the workspace
-  is still off ``sys.path``. Only then — first thing in ``pytest_load_initial_conftests``, before
+  points), ``-p`` plugins (so a workspace module named by ``-p`` does not import at all) and the
+  (pristine: the grader keeps the base's) configuration all load while the workspace is still
+  off ``sys.path``. Only then — first thing in ``pytest_load_initial_conftests``, before
   any conftest — does the workspace go where ``python -m pytest`` with ``PYTHONPATH`` puts it (the
   current directory, then the ``PYTHONPATH`` entries, ahead of the standard library), so the
   package under test is the workspace's copy, as when the task was built.
@@ -25,7 +26,8 @@ interpreter in isolated mode, from the read-only tools dir (``Sandbox.tools_dir`
   host: what is written there cannot be rewritten, only appended to. Before any workspace code
   runs the runner writes ``{"begin": nonce}`` there (a random nonce kept in a local variable),
   and when pytest returns ``{"done": exit status, "sha256": digest of REPORT's bytes, "nonce":
-  nonce}``. Printed "PASSED" lines change nothing; a rewritten report no longer matches the
+  nonce, "config": [the workspace files pytest took configuration from: its inifile and the
+  conftest modules it loaded]}``. Printed "PASSED" lines change nothing; a rewritten report no longer matches the
   digest; a line the code under test adds makes three lines or carries another nonce; a run
   without the last line ended early (``os._exit``, a signal, ``SystemExit`` out of a conftest
   import). Both descriptors are moved to random high numbers first.
@@ -102,6 +104,23 @@ def _make_plugin(pytest: object, fd: int, roots: list[str], start_path: list[str
         def pytest_configure(self, config: object) -> None:
             self.config = config
 
+        def config_read(self) -> list:
+            """Workspace files pytest took configuration from: its inifile and every conftest
+            module it loaded (the grader checks none of them is one the diff changed)."""
+            config = self.config
+            if config is None:
+                return []
+            here = os.path.realpath(os.getcwd())
+            files = [str(config.inipath)] if getattr(config, "inipath", None) else []
+            files += [getattr(p, "__file__", None) or "" for p in config.pluginmanager.get_plugins()]
+            out = set()
+            for f in files:
+                if f and (f == str(config.inipath) or os.path.basename(f) == "conftest.py"):
+                    real = os.path.realpath(f)
+                    if real.startswith(here + os.sep):
+                        out.add(os.path.relpath(real, here))
+            return sorted(out)
+
         def pytest_runtest_logreport(self, report: object) -> None:
             r = report  # a TestReport: when, outcome, nodeid, maybe wasxfail
             node = self.config.cwd_relative_nodeid(r.nodeid)  # type: ignore[union-attr]
@@ -143,7 +162,7 @@ def main(argv: list[str]) -> int:
     plugin = _make_plugin(pytest, report, roots, start_path)
     status = int(pytest.main(argv[2:], plugins=[plugin]))
     line = {"done": status, "sha256": plugin.digest.hexdigest(),  # type: ignore[attr-defined]
-            "nonce": nonce}
+            "nonce": nonce, "config": plugin.config_read()}  # type: ignore[attr-defined]
     os.write(digest, (json.dumps(line) + "\n").encode())
     return status
 

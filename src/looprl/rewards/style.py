@@ -18,6 +18,7 @@ Failures of the machinery (ruff missing or crashing, a diff that does not apply 
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
@@ -28,9 +29,10 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from looprl.errors import ConfigError, RewardError
+from looprl.diffs import SYMLINK, apply_patch, lines_changed, parse_diff
+from looprl.errors import ConfigError, DiffError, RewardError
 from looprl.paths import installed_program
-from looprl.rewards.diffs import apply_patch, lines_changed, parse_diff
+from looprl.sandbox.beneath import Root
 from looprl.types import Task, Trajectory
 
 
@@ -104,7 +106,10 @@ def _safe_join(root: Path, rel: str) -> Path:
 @functools.lru_cache(maxsize=256)
 def _lint_delta_cached(repo: str, diff: str, rules: tuple[str, ...], timeout_s: float) -> int:
     # The base snapshot is immutable, so (repo, diff, rules) determines the answer.
-    patches = [fp for fp in parse_diff(diff) if fp.path.endswith(".py") and not fp.binary]
+    # Python files only: not binary content, not a symlink's target (both sides of a type change
+    # are their own patches)
+    patches = [fp for fp in parse_diff(diff) if fp.path.endswith(".py") and not fp.binary
+               and SYMLINK not in (fp.old_mode, fp.new_mode)]
     if not patches:
         return 0
     with tempfile.TemporaryDirectory(prefix="looprl-style-") as tmp:
@@ -112,18 +117,27 @@ def _lint_delta_cached(repo: str, diff: str, rules: tuple[str, ...], timeout_s: 
         for fp in patches:
             original = ""
             if fp.old_path is not None:
-                src = _safe_join(Path(repo), fp.old_path)
-                if not src.is_file():
+                try:  # looked up beneath the base, no link followed
+                    with Root(repo) as base:
+                        original = base.read_text(fp.old_path, errors="surrogateescape")
+                except OSError as e:
+                    if e.errno == errno.EXDEV:
+                        raise RewardError(f"diff path {fp.old_path!r} escapes the repository") \
+                            from None
                     raise RewardError(f"diff edits {fp.old_path!r}, which is not in the task's "
-                                      f"base snapshot {repo}; the diff is not against this task")
-                original = src.read_text(encoding="utf-8", errors="surrogateescape")
+                                      f"base snapshot {repo}; the diff is not against this task") \
+                        from None
                 dst = _safe_join(before, fp.old_path)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.write_text(original, encoding="utf-8", errors="surrogateescape")
             if fp.new_path is not None:
                 dst = _safe_join(after, fp.new_path)
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_text(apply_patch(original, fp), encoding="utf-8", errors="surrogateescape")
+                try:
+                    after_text = apply_patch(original, fp)
+                except DiffError as e:
+                    raise RewardError(f"the diff does not apply to the task's base: {e}") from None
+                dst.write_text(after_text, encoding="utf-8", errors="surrogateescape")
         # one ruff run over both trees (ruff's start-up dominates), split by side afterwards
         counts = _ruff_counts(Path(tmp), rules, timeout_s)
     old: Counter[tuple[str, str]] = Counter()

@@ -10,27 +10,30 @@ Every test run in looprl (fetching a package, screening a mutation, grading) goe
 (never cut by the sandbox's output cap) and is parsed from pytest's ``-rA`` short summary.
 
 Grading (``grade_in``, also what screening a mutation runs) trusts nothing in the workspace but
-the package under test:
-- Pristine tests and runner: every test file and test config (``grader.test_files``, any
-  ``conftest.py``, test dirs) the diff touches, and every file in ``grader.test_files``, every
-  file pytest or the interpreter reads besides the package (pytest.ini / setup.cfg /
-  pyproject.toml / tox.ini anywhere, ``sitecustomize.py``, ``*.pth``, distribution metadata:
-  ``isolation.runner_paths``) and every module the diff adds where it would shadow pytest, the
-  standard library or the venv (``isolation.shadowing_paths``) is restored from the base (or
-  deleted) before the hidden ``grader.test_patch`` is applied and the tests run.
+the package under test, and grades every workspace the agent can leave:
+- Pristine tests and runner: the agent's diff is applied (real ``git apply``) without the patches
+  of any test file, test path or test config, any file pytest or the interpreter reads besides
+  the package (the config names the installed pytest discovers, ``conftest.py``, ``setup.py``
+  created or deleted, ``sitecustomize.py``, ``*.pth``, distribution metadata:
+  ``isolation.runner_paths``), any module that would shadow pytest, the standard library or
+  the venv (``isolation.shadowing_paths``), and anything below or in place of one of those
+  (``graded_diff``): those are graded as the base has them, whatever shape (file, directory,
+  symlink, deleted) the workspace gave them. Then the hidden ``grader.test_patch`` is applied.
 - A clean runner: ``run_isolated`` runs the task's pytest options through ``pytest_runner.py``
   (``python -I`` from the read-only tools dir; see its docstring), and outcomes come from that
   runner's report, not from the console: every graded id must be reported passed (a missing id
-  fails), by a session that ended with the process's own exit status.
+  fails), by a session that ended with the process's own exit status. The runner also lists
+  the config pytest read (its inifile, the conftest modules it loaded); one the diff changed
+  means the run was not clean: flag ``runner_config``, score 0.
 - What cannot be neutralised is scored: library code that acts on the test run
   (``hacking.tampering_lines``) or test files changed while the tests ran score 0.
 ``GradeResult.flags`` names every monitor the diff tripped (``hacking.RUNNER_CHECKS``, and
-``tests_not_run``); ``edited_tests`` says it touched tests. A grader that cannot run (sandbox
-failure, a diff that does not apply, pytest usage/internal errors, a task command that is not
-pytest) raises ``RewardError``: infrastructure, never 0. One exception: when pytest cannot run
-with the agent's diff but runs on the task's base (e.g. the diff broke an import in a
-``conftest.py``, or its code exited the process early), the diff is at fault and scores 0
-(``broke_test_run``).
+``hacking.GRADER_FLAGS``); ``edited_tests`` says it touched tests. Only what fails outside the
+workspace raises ``RewardError`` (infrastructure, never 0): the sandbox, a diff the sandbox did
+not write that does not apply (a task's patches), pytest usage/internal errors on the task's
+base, a task command that is not pytest. When pytest cannot run with the agent's diff but runs
+on the task's base (e.g. the diff broke an import in a ``conftest.py``, or its code exited the
+process early), the diff is at fault and scores 0 (``broke_test_run``).
 """
 
 from __future__ import annotations
@@ -43,11 +46,10 @@ import shlex
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from looprl.diffs import parse_diff, touched_paths
 from looprl.errors import RewardError, SandboxError, ToolError
 from looprl.protocols import Sandbox
-from looprl.rewards.diffs import touched_paths
 from looprl.rewards.hacking import edited_test_paths, is_test_path, runner_attempts
 from looprl.rewards.isolation import (
     RUNNER,
@@ -163,7 +165,10 @@ async def run_tests(sandbox: Sandbox, command: str, targets: list[str] | tuple[s
     Raises ``SandboxError`` when the sandbox itself fails (never a test outcome)."""
     args = " ".join(shlex.quote(t) for t in targets)
     t0 = time.monotonic()
-    res = await sandbox.exec(f"{command} {args} > {OUTPUT_FILE} 2>&1", timeout_s=timeout_s)
+    # (removed first: the host reads it back and follows no link, so a link or directory the
+    # workspace has there would lose the output)
+    res = await sandbox.exec(f"rm -rf -- {OUTPUT_FILE}; {command} {args} > {OUTPUT_FILE} 2>&1",
+                             timeout_s=timeout_s)
     wall = time.monotonic() - t0
     try:
         text = (await sandbox.read(OUTPUT_FILE)).decode("utf-8", "replace")
@@ -260,30 +265,56 @@ async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
                           f"{(r.stderr or r.stdout)[-600:]}")
 
 
-async def _restore_pristine(sb: Sandbox, task: Task, diff: str) -> None:
-    """Put back the base's version of every test, test config and runner-reachable path the
-    diff touched, and of every ``grader.test_files`` file; delete the ones the base lacks."""
-    base = Path(task.repo)
-    paths = set(task.grader.test_files)
-    paths |= {p for p in touched_paths(diff) if is_test_path(p, task.grader.test_files)}
-    paths |= {*edited_test_paths(task, diff), *runner_paths(diff), *shadowing_paths(task, diff)}
-    gone = []
-    for p in sorted(paths):
-        src = base / p
-        if src.is_file():
-            data = src.read_bytes()
-            try:
-                if await sb.read(p) == data:
-                    continue
-            except ToolError:
-                pass
-            await sb.write(p, data)
-        elif not src.exists():
-            gone.append(p)
-    if gone:
-        r = await sb.exec("rm -rf -- " + " ".join(shlex.quote(p) for p in gone), timeout_s=30)
-        if not r.ok:
-            raise SandboxError(f"could not remove {gone[:5]} before grading: {r.stderr[-300:]}")
+def _within(path: str, roots: set[str]) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in roots)
+
+
+@dataclass(frozen=True)
+class GradedDiff:
+    """What of an agent's diff the grader applies (``graded_diff``)."""
+
+    text: str
+    """The diff less every patch that touches a path graded as the base has it."""
+    pristine: tuple[str, ...]
+    """The paths graded as in the base: tests, test and runner config, shadowing modules."""
+    unrecorded: tuple[str, ...]
+    """Paths the diff says changed but holds no content for (over ``diffs.MAX_BLOB_BYTES``)."""
+
+
+def graded_diff(task: Task, diff: str) -> GradedDiff:
+    """The agent's diff as the grader applies it over the base: without the patches of any
+    test, test config or runner-reachable path (``grader.test_files``, test paths,
+    ``isolation.runner_paths``, ``isolation.shadowing_paths``), of anything below one (a test
+    file turned into a directory) or of a file or link put in place of a directory holding one
+    (``rm -rf tests && ln -s x tests``), so those are graded exactly as the base has them,
+    whatever shape the workspace gave them; and without the patches that carry no content.
+
+    Filtering the diff, rather than repairing the workspace after applying it, keeps grading
+    to one ``git apply`` of patches the sandbox wrote, whatever the agent left.
+
+    >>> from looprl.diffs import unified_diff
+    >>> from looprl.types import Grader
+    >>> t = Task("t", "/nonexistent", "p", Grader("pytest", test_files=("tests/test_m.py",)))
+    >>> d = unified_diff("m.py", "a\\n", "b\\n") + unified_diff("tests/test_m.py", "x\\n", None)
+    >>> g = graded_diff(t, d)
+    >>> g.text == unified_diff("m.py", "a\\n", "b\\n"), g.pristine
+    (True, ('tests/test_m.py',))
+    """
+    patches = parse_diff(diff)
+    touched = {p for fp in patches for p in fp.paths}
+    pristine = {*task.grader.test_files, *edited_test_paths(task, diff), *runner_paths(task, diff),
+                *shadowing_paths(task, diff)}
+    pristine |= {p for p in touched if is_test_path(p, task.grader.test_files)}
+    kept, unrecorded = [], []
+    for fp in patches:
+        covers = fp.new_path is not None and any(r.startswith(fp.new_path + "/") for r in pristine)
+        if covers or any(_within(p, pristine) for p in fp.paths):
+            continue
+        if fp.carried:
+            kept.append(fp.text)
+        else:
+            unrecorded.append(fp.path)
+    return GradedDiff("".join(kept), tuple(sorted(pristine & touched)), tuple(unrecorded))
 
 
 async def _read_files(sb: Sandbox, paths: list[str]) -> dict[str, bytes]:
@@ -311,9 +342,11 @@ async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
         raise RewardError(f"task {task.id} has no fail_to_pass/pass_to_pass tests; rebuild it")
     command = PytestCommand.parse(g.test_command)
     flags = runner_attempts(task, diff)
-    if diff.strip():
-        await apply_diff(sb, diff, "agent's diff")
-    await _restore_pristine(sb, task, diff)
+    graded = graded_diff(task, diff)
+    if graded.unrecorded:
+        flags += ("unrecorded_file",)
+    if graded.text:
+        await apply_diff(sb, graded.text, "agent's diff")
     if g.test_patch.strip():
         await apply_diff(sb, g.test_patch, "task's hidden test patch")
     watched = await _read_files(sb, sorted({*g.test_files, *touched_paths(g.test_patch)}))
@@ -324,6 +357,10 @@ async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
     forged = status is not None and not run.report.intact  # someone else wrote to the report
     if (changed or forged) and "runner_tampering" not in flags:
         flags += ("runner_tampering",)
+    # config pytest read that the agent changed: a name the grader did not know reached the run
+    reached = set(run.report.config) & set(touched_paths(graded.text))
+    if reached and "runner_config" not in flags:
+        flags += ("runner_config",)
     if not run.timed_out and (status != run.exit_code or status in _GRADER_FAILURE_EXIT):
         how = (f"exit {run.exit_code}" if status == run.exit_code else f"exit {run.exit_code}, "
                f"the session {'never ended' if status is None else f'ended with {status}'}")
@@ -334,7 +371,7 @@ async def grade_in(sb: Sandbox, task: Task, diff: str) -> GradeResult:
     if "missing" in tests.values() and not run.timed_out:
         flags += ("tests_not_run",)
     passed = all(o == "passed" for o in tests.values()) and not run.timed_out
-    score = 1.0 if passed and "runner_tampering" not in flags else 0.0
+    score = 1.0 if passed and "runner_tampering" not in flags and not reached else 0.0
     return GradeResult(score, tests, bool(edited_test_paths(task, diff)),
                        time.monotonic() - t0, run.timed_out, run.output_tail[-2000:], flags=flags)
 

@@ -56,6 +56,7 @@ import contextlib
 import errno
 import functools
 import os
+import posixpath
 import re
 import resource
 import shutil
@@ -70,7 +71,7 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from looprl.errors import PathEscapeError, SandboxError, SandboxUnavailableError, ToolError
-from looprl.sandbox.beneath import makedirs_beneath, open_beneath
+from looprl.sandbox.beneath import Root
 from looprl.sandbox.cgroups import Cgroup, cgroup_janitor
 from looprl.sandbox.idmap import FIRST_UID, UID_POOL, as_fsuid
 from looprl.sandbox.launch import (
@@ -156,7 +157,10 @@ def check_bwrap() -> str:
             raise SandboxUnavailableError(f"`{tool}` is missing: install util-linux "
                                           "(`apt-get install util-linux`)")
     drop = functools.partial(_drop_to, FIRST_UID) if os.geteuid() == 0 else None
-    r = subprocess.run([path, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"],
+    # The probe binds what a sandbox binds (the read-only system), not the whole host root: a
+    # recursive bind of / also takes in every other sandbox's mounts, and one that goes away
+    # meanwhile (another process closing a sandbox) failed the probe as if namespaces were off.
+    r = subprocess.run([path, "--unshare-all", "--unshare-user", *system_binds(), "true"],
                        capture_output=True, text=True, timeout=30, preexec_fn=drop)
     if r.returncode != 0:
         raise SandboxUnavailableError(
@@ -655,7 +659,9 @@ class BwrapSandbox:
             if not (self.workspace.closed or self._closing):
                 self._schedule_prime()
 
-    def _resolve(self, path: str) -> Path:
+    def _check_path(self, path: str) -> str:
+        """``path`` normalised, or the model's ``ToolError`` for one no lookup may take; the
+        lookup itself (``beneath.Root``) is what keeps every access inside the workspace."""
         self._check_open()
         if not isinstance(path, str) or not path or "\0" in path:
             raise ToolError(f"invalid path {path!r}: give a workspace-relative path like 'src/a.py'")
@@ -668,102 +674,74 @@ class BwrapSandbox:
             raise PathEscapeError(f"path {path!r} is absolute; use a path relative to the workspace root")
         if ".." in p.parts:
             raise PathEscapeError(f"path {path!r} contains '..'; paths must stay inside the workspace")
-        try:  # a friendly error for the common case; the open itself is what is safe
-            real = os.path.realpath(os.path.join(self._root, *p.parts))
-        except OSError:  # changed under us by a running command: the open decides
-            return Path(self._root, *p.parts)
-        if real != self._root and not real.startswith(self._root + os.sep):
-            raise PathEscapeError(f"path {path!r} resolves outside the workspace (through a symlink)")
-        return Path(real)
+        return str(p)
 
-    def _open(self, path: str, flags: int, mode: int = 0o644) -> int:
-        """Open a (``_resolve``-checked) workspace path without ever leaving the workspace,
-        whatever its commands rename meanwhile (``beneath.py``)."""
-        root = os.open(self._root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            return open_beneath(root, path, flags, mode)
-        except OSError as e:
-            raise self._os_error(path, e) from None
-        finally:
-            os.close(root)
-
-    @staticmethod
-    def _os_error(path: str, e: OSError) -> ToolError:
+    def _os_error(self, ws: Root, path: str, e: OSError) -> ToolError:
         if e.errno == errno.ENOENT:
             return ToolError(f"file not found: {path}")
-        if e.errno in (errno.EXDEV, errno.ELOOP):
-            return PathEscapeError(f"path {path!r} resolves outside the workspace (through a symlink)")
+        if e.errno == errno.ELOOP:
+            link = ws.link_on_path(path)
+            if link is None:  # (gone again: a command is swapping it)
+                return PathEscapeError(f"path {path!r} goes through a symlink; the file tools "
+                                       "do not follow symlinks")
+            name, target = link
+            # where it leads, as commands see it (the workspace is mounted at ``workdir``)
+            inner = posixpath.join(self.workdir, posixpath.dirname(name), target,
+                                   path[len(name) + 1:])
+            where = posixpath.relpath(posixpath.normpath(inner), self.workdir)
+            hint = ("it leads outside the workspace" if where == ".." or where.startswith("../")
+                    else f"use the path it points to ({where!r})")
+            what = "is a symlink" if name == path else f"goes through the symlink {name!r}"
+            return PathEscapeError(f"path {path!r} {what} (-> {target!r}); the file tools do not "
+                                   f"follow symlinks: {hint}")
+        if e.errno == errno.EXDEV:
+            return PathEscapeError(f"path {path!r} resolves outside the workspace")
+        if e.errno == errno.EISDIR:
+            return ToolError(f"{path} is a directory, not a regular file")
+        if e.errno == errno.EINVAL:
+            return ToolError(f"{path} is not a regular file")
         return ToolError(f"cannot access {path}: {e.strerror}")
 
     async def read(self, path: str) -> bytes:
-        self._resolve(path)
-        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ToolError(f"{path} is not a regular file")
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                return f.read()
-        finally:
-            os.close(fd)
+        rel = self._check_path(path)
+        with Root(self._root) as ws:
+            try:
+                return ws.read(rel)
+            except OSError as e:
+                raise self._os_error(ws, path, e) from None
 
     async def write(self, path: str, data: bytes) -> None:
-        real = self._resolve(path)
-        if real == Path(self._root):
+        rel = self._check_path(path)
+        if rel == ".":
             raise ToolError("cannot write to the workspace root; name a file")
-        await asyncio.to_thread(self._write_as_owner, path, data)
+        await asyncio.to_thread(self._write_as_owner, path, rel, data)
 
-    def _write_as_owner(self, path: str, data: bytes) -> None:
-        parent, name = os.path.split(os.path.normpath(path))
-        with as_fsuid(self.workspace.uid):  # new files belong to the sandbox, like its own
-            root = os.open(self._root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    def _write_as_owner(self, path: str, rel: str, data: bytes) -> None:
+        with as_fsuid(self.workspace.uid), Root(self._root) as ws:  # new files: the sandbox's
             try:
-                dfd = makedirs_beneath(root, parent)
-                try:
-                    fd = open_beneath(dfd, name,  # (O_NONBLOCK: a FIFO fails, never blocks)
-                                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK)
-                finally:
-                    os.close(dfd)
+                ws.write(rel, data)
             except OSError as e:
-                raise self._os_error(path, e) from None
-            finally:
-                os.close(root)
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise ToolError(f"{path} is not a regular file")
-                with os.fdopen(fd, "wb", closefd=False) as f:
-                    f.write(data)
-            except OSError as e:
-                raise ToolError(f"cannot write {path}: {e.strerror}") from None
-            finally:
-                os.close(fd)
+                raise self._os_error(ws, path, e) from None
 
     async def walk(self, under: str = ".", *, max_entries: int = 100_000) -> list[FileEntry]:
-        self._resolve(under)
-        try:
-            top = self._open(under, os.O_RDONLY | os.O_DIRECTORY)
-        except PathEscapeError:
-            raise
-        except ToolError:
-            raise ToolError(f"{under} is not a directory in the workspace") from None
-        prefix = os.path.normpath(under)
+        rel = self._check_path(under)
         out: list[FileEntry] = []
-        try:  # by directory fds: a directory swapped for a symlink meanwhile is not entered
-            for dirpath, dirnames, filenames, dfd in os.fwalk(".", dir_fd=top):
-                dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_NAMES)
-                rel_dir = os.path.normpath(os.path.join(prefix, dirpath))
-                for name in sorted(dirnames + filenames):
-                    try:
-                        st = os.lstat(name, dir_fd=dfd)
-                    except FileNotFoundError:
-                        continue  # removed by a running command
-                    rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-                    kind = ("link" if stat.S_ISLNK(st.st_mode) else
-                            "dir" if stat.S_ISDIR(st.st_mode) else "file")
-                    out.append(FileEntry(rel, kind, st.st_size if kind == "file" else 0))
-                    if len(out) >= max_entries:
-                        return sorted(out, key=lambda e: e.path)
-        finally:
-            os.close(top)
+        with Root(self._root) as ws:
+            try:
+                for d, _, entries in ws.walk(rel):
+                    entries[:] = [e for e in entries if e[0] not in IGNORED_NAMES
+                                  or not stat.S_ISDIR(e[1].st_mode)]
+                    for name, st in entries:
+                        kind = ("link" if stat.S_ISLNK(st.st_mode) else
+                                "dir" if stat.S_ISDIR(st.st_mode) else "file")
+                        out.append(FileEntry(name if d == "." else f"{d}/{name}", kind,
+                                             st.st_size if kind == "file" else 0))
+                        if len(out) >= max_entries:
+                            return sorted(out, key=lambda e: e.path)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                    raise ToolError(f"{under} is not a directory in the workspace") from None
+                raise self._os_error(ws, under, e) from None
         return sorted(out, key=lambda e: e.path)
 
     async def diff(self) -> str:
@@ -771,10 +749,13 @@ class BwrapSandbox:
         return await asyncio.to_thread(self.workspace.diff)
 
     async def snapshot(self) -> Snapshot:
-        """Freeze the current state (waits for running commands; blocks new ones meanwhile)."""
+        """Freeze the current state (waits for running commands; blocks new ones meanwhile).
+        The copy (``cp -a``, which copies links as links) walks by path: it runs only once no
+        process of this sandbox is left to rename anything (the gate, then ``settle``)."""
         self._check_open()
         await self._gate.enter(True)
         try:
+            await settle()  # finished commands' trees reaped: their orphans are gone too
             return await asyncio.to_thread(self.workspace.snapshot)
         finally:
             await self._gate.leave(True)

@@ -3,9 +3,10 @@
 ``RemoteSandbox`` implements ``looprl.protocols.Sandbox`` against this server, so the harness
 cannot tell a remote sandbox from a local one. Every route but ``/v1/health`` needs
 ``Authorization: Bearer <token>``. A model-actionable failure (bad path, missing file) comes back
-as HTTP 422 ``{"error": "tool"}`` and is raised as ``ToolError``; anything else (the sandbox
-crashed, the lease was released, the server is gone or refused the request) is raised as
-``SandboxError`` — infrastructure, never the model's fault.
+as HTTP 422 ``{"error": "tool"}`` and is raised as ``ToolError`` (with ``"kind": "path_escape"``
+as ``PathEscapeError``: a path that leaves the workspace or goes through a symlink); anything
+else (the sandbox crashed, the lease was released, the server is gone or refused the request) is
+raised as ``SandboxError`` — infrastructure, never the model's fault.
 
     looprl sandbox serve --port 8377 --token s3cret --allowed-root /data/repos
     sb = await RemoteSandbox.create("http://127.0.0.1:8377", "s3cret", "/data/repos/attrs")
@@ -74,7 +75,7 @@ from looprl.asgi import (
     make_server,
     unless_gone,
 )
-from looprl.errors import InfraKind, SandboxError, ToolError
+from looprl.errors import InfraKind, PathEscapeError, SandboxError, ToolError
 from looprl.sandbox.mounts import venv_paths
 from looprl.sandbox.pool import PooledSandbox, SandboxPool
 from looprl.sandbox.workspace import Snapshot, sandbox_root
@@ -281,7 +282,8 @@ def create_app(pool: SandboxPool, token: str, cfg: EnvServerConfig | None = None
 
     @app.exception_handler(ToolError)
     async def _tool_error(_: Request, e: ToolError) -> JSONResponse:
-        return JSONResponse({"error": "tool", "message": str(e)}, status_code=422)
+        escape = {"kind": "path_escape"} if isinstance(e, PathEscapeError) else {}
+        return JSONResponse({"error": "tool", "message": str(e), **escape}, status_code=422)
 
     @app.exception_handler(SandboxError)
     async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
@@ -523,7 +525,7 @@ async def _call(client: httpx.AsyncClient, method: str, url: str,
         payload = {"message": r.text}
     msg = payload.get("message") or payload.get("detail") or r.text
     if r.status_code == 422 and payload.get("error") == "tool":
-        raise ToolError(msg)
+        raise PathEscapeError(msg) if payload.get("kind") == "path_escape" else ToolError(msg)
     if r.status_code == 401:
         raise SandboxError(f"environment server refused the token: {msg}; pass the server's "
                            "--token (or LOOPRL_SANDBOX_TOKEN)", kind=InfraKind.INTERNAL)

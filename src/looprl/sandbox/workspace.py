@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import difflib
 import functools
 import logging
 import os
@@ -40,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from looprl.diffs import blob_diff
 from looprl.errors import SandboxError
+from looprl.sandbox.beneath import Root
 from looprl.sandbox.idmap import idmapped_clone
 
 log = logging.getLogger(__name__)
@@ -360,26 +361,32 @@ class Workspace:
 
     def changed_paths(self) -> list[str]:
         """Workspace-relative paths that may differ from the base (a superset, cheap to compute)."""
-        if self.cow_backend == "copy":
-            return sorted(set(_rel_files(self.base)) | set(_rel_files(self.path)))
-        cands: set[str] = set()
-        for layer in (str(self.upper), *self.layers):
-            for rel, opaque_or_gone in _layer_entries(Path(layer)):
-                cands.add(rel)
-                if opaque_or_gone:  # a deleted/replaced dir hides every base file below it
-                    cands.update(f"{rel}/{sub}" for sub in _rel_files(self.base / rel))
+        with Root(self.base) as base:
+            if self.cow_backend == "copy":
+                with Root(self.path) as ws:
+                    return sorted(set(base.files(skip=IGNORED_NAMES)) |
+                                  set(ws.files(skip=IGNORED_NAMES)))
+            cands: set[str] = set()
+            for layer in (str(self.upper), *self.layers):
+                for rel, opaque_or_gone in _layer_entries(layer):
+                    cands.add(rel)
+                    if opaque_or_gone:  # a deleted/replaced dir hides every base file below it
+                        cands.update(base.files(rel, skip=IGNORED_NAMES))
         return sorted(cands)
 
     def diff(self) -> str:
-        """Unified (git-style) diff of the workspace against its base; caches are ignored."""
+        """Unified (git-style) diff of the workspace against its base; caches are ignored. Read
+        by ``beneath.Root``: a symlink is diffed as a symlink (its target's text), and nothing
+        under a symlinked directory is read — a file there is absent, as it is to git."""
         self._check_open()
         parts = []
-        for rel in self.changed_paths():
-            if _ignored(rel):
-                continue
-            d = file_diff(rel, self.base / rel, self.path / rel)
-            if d:
-                parts.append(d)
+        with Root(self.base) as base, Root(self.path) as ws:
+            for rel in self.changed_paths():
+                if _ignored(rel):
+                    continue
+                d = file_diff(rel, base, ws)
+                if d:
+                    parts.append(d)
         return "".join(parts)
 
 
@@ -525,89 +532,26 @@ def _ignored(rel: str) -> bool:
     return any(p in IGNORED_NAMES for p in parts) or rel.endswith(IGNORED_SUFFIXES)
 
 
-def _rel_files(root: Path) -> list[str]:
-    """Non-directory entries below ``root`` (workspace-relative), not following symlinks."""
+def _layer_entries(layer: str) -> list[tuple[str, bool]]:
+    """(path, hides-base-subtree) for every entry of an overlay upper/layer dir: a whiteout, a
+    file or link (replacing whatever the base had there), or an opaque directory."""
     out = []
-    if not root.is_dir() or root.is_symlink():
-        return out
-    for dirpath, dirnames, filenames in os.walk(root):
-        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        dirnames[:] = [d for d in dirnames if d not in IGNORED_NAMES and d not in links]
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in filenames + links:
-            out.append(name if rel_dir == "." else f"{rel_dir}/{name}")
-    return out
-
-
-def _layer_entries(layer: Path) -> list[tuple[str, bool]]:
-    """(path, hides-base-subtree) for every entry of an overlay upper/layer dir."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(layer):
-        rel_dir = os.path.relpath(dirpath, layer)
-        for name in dirnames + filenames:
-            full = os.path.join(dirpath, name)
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            st = os.lstat(full)
-            if stat.S_ISDIR(st.st_mode):
+    with Root(layer) as root:
+        for d, fd, entries in root.walk():
+            if d != ".":
                 try:
-                    opaque = os.getxattr(full, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+                    opaque = os.getxattr(fd, "trusted.overlay.opaque") == b"y"
                 except OSError:
                     opaque = False
-                out.append((rel, opaque))
-            else:
-                out.append((rel, True))  # a whiteout or file replacing a base dir hides it
+                out.append((d, opaque))
+            out += [(name if d == "." else f"{d}/{name}", True)
+                    for name, st in entries if not stat.S_ISDIR(st.st_mode)]
     return out
 
 
-def _blob(p: Path) -> tuple[bytes | None, int]:
-    """(content, git mode) of a path; content None when absent or a directory."""
-    try:
-        st = os.lstat(p)
-    except (FileNotFoundError, NotADirectoryError):
-        return None, 0
-    if stat.S_ISLNK(st.st_mode):
-        return os.readlink(p).encode(), 0o120000
-    if not stat.S_ISREG(st.st_mode):
-        return None, 0
-    return p.read_bytes(), 0o100755 if st.st_mode & 0o111 else 0o100644
-
-
-def _is_binary(data: bytes) -> bool:
-    if b"\0" in data[:8192]:
-        return True
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return True
-    return False
-
-
-def _lines(text: str) -> list[str]:
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n\\ No newline at end of file\n"
-    return lines
-
-
-def file_diff(rel: str, old_path: Path, new_path: Path) -> str:
-    """Git-style diff of one path ('' when unchanged). Binary files are noted, not inlined."""
-    old, old_mode = _blob(old_path)
-    new, new_mode = _blob(new_path)
-    if old == new and old_mode == new_mode:
-        return ""
-    head = [f"diff --git a/{rel} b/{rel}\n"]
-    if old is None:
-        head.append(f"new file mode {new_mode:o}\n")
-    elif new is None:
-        head.append(f"deleted file mode {old_mode:o}\n")
-    elif old_mode != new_mode:
-        head += [f"old mode {old_mode:o}\n", f"new mode {new_mode:o}\n"]
-    if old == new:
-        return "".join(head)
-    a = f"a/{rel}" if old is not None else "/dev/null"
-    b = f"b/{rel}" if new is not None else "/dev/null"
-    if _is_binary(old or b"") or _is_binary(new or b""):
-        return "".join(head) + f"Binary files {a} and {b} differ\n"
-    body = difflib.unified_diff(_lines((old or b"").decode()), _lines((new or b"").decode()),
-                                fromfile=a, tofile=b)
-    return "".join(head) + "".join(body)
+def file_diff(rel: str, old_root: Root, new_root: Root) -> str:
+    """Git diff of one path ('' when unchanged), as ``diffs.blob_diff`` writes it: ``git apply``
+    reproduces it exactly. Each side is looked up beneath its root without following a link
+    (``beneath.Root.blob``); a directory, or anything but a file or a symlink, is absent here
+    (a directory's files have diffs of their own)."""
+    return blob_diff(rel, old_root.blob(rel), new_root.blob(rel))

@@ -301,7 +301,7 @@ class HFEmbedder:
         self.model_id = f"hf:{path.resolve()}:{_dir_digest(path)}"
         self.max_len = max_len
         try:
-            from sentence_transformers import SentenceTransformer  # type: ignore[import-not-found]
+            from sentence_transformers import SentenceTransformer
             self.st = SentenceTransformer(str(path), device="cpu")
             self.dim = int(self.st.get_sentence_embedding_dimension())
         except ImportError:

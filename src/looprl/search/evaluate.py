@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def grep_rank(chunks: list[Chunk], query: str, k: int,
     return [chunks[n] for n in top if scored[n][0] > 0]
 
 
-def _rank(hits: list[Hit] | list[Chunk], q: EvalQuery) -> int | None:
+def _rank(hits: Sequence[Hit | Chunk], q: EvalQuery) -> int | None:
     for r, h in enumerate(hits):
         if h.path == q.path and h.start_line == q.start_line:
             return r

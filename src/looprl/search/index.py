@@ -28,14 +28,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 
 import hnswlib
 import numpy as np
-
-try:
-    import xxhash as _xxhash  # installed with `datasets`
-except ImportError:  # pragma: no cover - the fallback is only slower
-    _xxhash = None
 
 from looprl import paths
 from looprl.config import check_choice
@@ -49,6 +45,12 @@ from looprl.search.chunk import (
     path_matches,
 )
 from looprl.search.embed import Embedder
+
+_xxhash: ModuleType | None
+try:
+    import xxhash as _xxhash  # installed with `datasets`
+except ImportError:  # pragma: no cover - the fallback is only slower
+    _xxhash = None
 
 CHUNK_WORKERS = 2
 """Processes that chunk files during a build (0 = in this process). On this 2-core machine

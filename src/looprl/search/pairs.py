@@ -76,7 +76,7 @@ def split_identifier(name: str) -> str:
 
 
 def _leading_comment(lines: list[str], start: int, code: str) -> str | None:
-    above = []
+    above: list[str] = []
     i = start - 2  # 0-based line just above the definition
     while i >= 0 and lines[i].strip().startswith("#"):
         above.insert(0, lines[i].strip().lstrip("#").strip())
@@ -119,7 +119,7 @@ def pairs_from_source(package: str, path: str, text: str) -> Iterator[Pair]:
 
 def package_files(root: Path, exclude: tuple[str, ...] = HELDOUT_PACKAGES) -> list[tuple[str, Path]]:
     """(package, file) for every ``.py`` file under ``root``, sorted, held-out packages excluded."""
-    out = []
+    out: list[tuple[str, Path]] = []
     for top in sorted(root.iterdir()):
         name = top.name.split("-")[0]
         if name in exclude or name.endswith((".dist-info", ".egg-info")) or name.startswith("__"):

@@ -83,6 +83,7 @@ from pydantic import Field
 from looprl import paths
 from looprl.asgi import Drain, Guard, StrictBody, bearer, install_error_handlers, unless_gone
 from looprl.chat import ChatFormat
+from looprl.diffs import changed_files
 from looprl.errors import ConfigError, LooprlError, PolicyError, SandboxError
 from looprl.feedback.ab import ab_report, assign_arm
 from looprl.feedback.signals import session_reward
@@ -92,7 +93,6 @@ from looprl.feedback.store import (
     FeedbackStore,
     FeedbackTooLargeError,
     UnknownSessionError,
-    diff_files,
 )
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.tools import DEFAULT_TOOLS, make_tools
@@ -100,7 +100,7 @@ from looprl.protocols import Engine, Sandbox
 from looprl.types import Grader, Message, Task, Trajectory
 
 if TYPE_CHECKING:
-    from looprl.feedback.cycle import PolicyRef
+    from looprl.feedback.policies import PolicyRef
 
 SandboxFactory = Callable[[str, str | None], Awaitable[Sandbox]]
 log = logging.getLogger(__name__)
@@ -340,7 +340,7 @@ class Server:
             raise InfraFailure(f"the agent run failed for infrastructure reasons: {traj.error}", sid)
         return {"session_id": sid, "arm": arm, "policy_version": version,
                 "experiment": experiment, "diff": traj.diff,
-                "files": list(diff_files(traj.diff)),
+                "files": list(changed_files(traj.diff)),
                 "stop_reason": traj.stop_reason.value, "turns": traj.counters.turns,
                 "tool_calls": traj.counters.tool_calls, "latency_s": round(latency, 3),
                 "final": traj.metadata.get("finish_summary") or "",
@@ -365,7 +365,7 @@ class Server:
         """Swap in each arm's newly promoted (or offered) weights; returns arm -> {version, path,
         changed} and ``live()``. Raises when a pointer cannot be read (nothing half-applied:
         an arm changes only once its engine holds the new weights)."""
-        from looprl.feedback.cycle import POINTER, read_candidate, read_policy
+        from looprl.feedback.policies import POINTER, read_candidate, read_policy
 
         self._reload_lock = self._reload_lock or asyncio.Lock()
         out: dict[str, Any] = {}
@@ -450,6 +450,44 @@ class Server:
                 "policy_versions": versions, **rep.to_dict()}
 
 
+_SESSION_ERRORS: list[tuple[tuple[type[Exception], ...], int, str]] = [
+    ((UnknownSessionError,), 404, "not_found"),
+    ((FailedSessionError, EventConflictError), 409, "conflict"),
+    ((FeedbackTooLargeError,), 413, "too_large"),
+    ((OutsideRootsError,), 403, "forbidden"),
+    ((ConfigError,), 422, "bad_request"),
+]
+"""(errors, HTTP status, error code) of what a request can get wrong; the most specific class
+of an error's MRO picks its answer."""
+
+
+def _answer(status: int, code: str) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    async def handler(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"error": code, "message": str(e)}, status_code=status)
+    return handler
+
+
+async def _infra(_: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, InfraFailure)
+    return JSONResponse({"error": "infrastructure", "infrastructure": True, "message": str(e),
+                         "session_id": e.session_id}, status_code=503)
+
+
+async def _infra_raw(_: Request, e: Exception) -> JSONResponse:
+    return JSONResponse({"error": "infrastructure", "infrastructure": True,
+                         "message": f"{type(e).__name__}: {e}"}, status_code=503)
+
+
+def _install_session_errors(app: FastAPI) -> None:
+    """Each error a session route raises, as its HTTP answer (infrastructure ones say so)."""
+    for classes, status, code in _SESSION_ERRORS:
+        for cls in classes:
+            app.add_exception_handler(cls, _answer(status, code))
+    app.add_exception_handler(InfraFailure, _infra)
+    for cls in (SandboxError, PolicyError):
+        app.add_exception_handler(cls, _infra_raw)
+
+
 def make_app(engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
              cfg: ServeConfig, *, policy_versions: dict[str, int] | None = None,
              policy_sources: dict[str, str] | None = None, policies: str | None = None,
@@ -482,37 +520,7 @@ def make_app(engines: dict[str, Engine], tokenizer: Any, store: FeedbackStore,
                        max_body=body_limit)
     install_error_handlers(app)
 
-    @app.exception_handler(UnknownSessionError)
-    async def _unknown(_: Request, e: UnknownSessionError) -> JSONResponse:
-        return JSONResponse({"error": "not_found", "message": str(e)}, status_code=404)
-
-    @app.exception_handler(FailedSessionError)
-    @app.exception_handler(EventConflictError)
-    async def _conflict(_: Request, e: ConfigError) -> JSONResponse:
-        return JSONResponse({"error": "conflict", "message": str(e)}, status_code=409)
-
-    @app.exception_handler(FeedbackTooLargeError)
-    async def _too_large(_: Request, e: FeedbackTooLargeError) -> JSONResponse:
-        return JSONResponse({"error": "too_large", "message": str(e)}, status_code=413)
-
-    @app.exception_handler(OutsideRootsError)
-    async def _forbidden(_: Request, e: OutsideRootsError) -> JSONResponse:
-        return JSONResponse({"error": "forbidden", "message": str(e)}, status_code=403)
-
-    @app.exception_handler(ConfigError)
-    async def _bad(_: Request, e: ConfigError) -> JSONResponse:
-        return JSONResponse({"error": "bad_request", "message": str(e)}, status_code=422)
-
-    @app.exception_handler(InfraFailure)
-    async def _infra(_: Request, e: InfraFailure) -> JSONResponse:
-        return JSONResponse({"error": "infrastructure", "infrastructure": True, "message": str(e),
-                             "session_id": e.session_id}, status_code=503)
-
-    @app.exception_handler(SandboxError)
-    @app.exception_handler(PolicyError)
-    async def _infra_raw(_: Request, e: LooprlError) -> JSONResponse:
-        return JSONResponse({"error": "infrastructure", "infrastructure": True,
-                             "message": f"{type(e).__name__}: {e}"}, status_code=503)
+    _install_session_errors(app)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

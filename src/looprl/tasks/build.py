@@ -41,9 +41,9 @@ from pathlib import Path
 
 from looprl import paths
 from looprl.config import FieldError, check_choice
+from looprl.diffs import lines_changed
 from looprl.errors import RewardError, SandboxError, TaskError, ToolError
 from looprl.pypi import normalize
-from looprl.rewards.diffs import lines_changed
 from looprl.rewards.tests import (
     OUTPUT_FILE,
     GradeResult,

@@ -24,8 +24,8 @@ from looprl.errors import LooprlError, TaskError, ToolError
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.policies import (
     OracleAgent,
-    apply_hunks,
-    parse_unified_diff,
+    gold_patches,
+    patched,
     repo_file_text,
 )
 from looprl.harness.tools import make_tools
@@ -39,15 +39,13 @@ DemoSource = tuple[Task, Mapping[str, str] | None]
 
 def expected_files(task: Task, files: Mapping[str, str] | None = None) -> dict[str, str | None]:
     """path -> text after the gold patch (None: the file is deleted)."""
-    if not task.gold_patch:
-        raise TaskError(f"task {task.id} has no gold_patch")
     out: dict[str, str | None] = {}
-    for fp in parse_unified_diff(task.gold_patch):
+    for fp in gold_patches(task):
         if fp.old_path is None:
             assert fp.new_path is not None
             out[fp.new_path] = "".join(ln for h in fp.hunks for ln in h.new_lines)
             continue
-        after = apply_hunks(repo_file_text(task, fp.old_path, files), fp.hunks, fp.old_path)
+        after = patched(repo_file_text(task, fp.old_path, files), fp)
         if fp.new_path != fp.old_path:
             out[fp.old_path] = None
         if fp.new_path is not None:
@@ -102,7 +100,7 @@ async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt
             return None
         if not slip:
             return traj
-        ((_, cut, _),) = traj.broken_spans()
+        ((_, cut, _),) = traj.broken_spans
         turn = next(k for k, (a, b) in enumerate(traj.segments[0].model_turns()) if a <= cut < b)
         return without_turn_loss(dataclasses.replace(
             traj, metadata={**traj.metadata, "slip": "cut"}), turn)

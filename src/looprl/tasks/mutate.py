@@ -6,7 +6,7 @@ formatting elsewhere is untouched and the gold patch (mutated -> original) is a 
 
     muts = candidates(source_text, "pkg/mod.py", kinds=("compare_flip", "off_by_one"))
     new_text = apply_edits(source_text, muts[0].edits)
-    gold = unified_diff("pkg/mod.py", new_text, source_text)     # the reverse diff
+    gold = unified_diff("pkg/mod.py", new_text, source_text)  # (looprl.diffs) the reverse diff
 
 Kinds: compare_flip, arith_flip, bool_flip, off_by_one, negate_condition, drop_condition,
 drop_guard, swap_args, drop_statement, drop_return, change_default, and feature_deletion
@@ -17,11 +17,12 @@ drop_guard, swap_args, drop_statement, drop_return, change_default, and feature_
 from __future__ import annotations
 
 import ast
-import difflib
 import hashlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from looprl.diffs import unified_diff
 
 _CMP_FLIP = {ast.Lt: ("<", ">="), ast.GtE: (">=", "<"), ast.Gt: (">", "<="), ast.LtE: ("<=", ">"),
              ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.Is: ("is", "is not"),
@@ -115,30 +116,6 @@ def apply_edits(text: str, edits: tuple[Edit, ...] | list[Edit]) -> str:
         out += [text[pos:e.start], e.new]
         pos = e.end
     return "".join(out) + text[pos:]
-
-
-def _diff_lines(text: str) -> list[str]:
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n\\ No newline at end of file\n"
-    return lines
-
-
-def unified_diff(path: str, old: str | None, new: str | None) -> str:
-    """A git-style unified diff of one file (the format the sandbox reports); ``None`` means
-    the file is absent (created or deleted)."""
-    if old == new:
-        return ""
-    a = f"a/{path}" if old is not None else "/dev/null"
-    b = f"b/{path}" if new is not None else "/dev/null"
-    body = "".join(difflib.unified_diff(_diff_lines(old or ""), _diff_lines(new or ""),
-                                        fromfile=a, tofile=b))
-    head = f"diff --git a/{path} b/{path}\n"
-    if old is None:
-        head += "new file mode 100644\n"
-    elif new is None:
-        head += "deleted file mode 100644\n"
-    return head + body if body else ""
 
 
 # ------------------------------------------------------------------ walking

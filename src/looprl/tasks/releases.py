@@ -19,12 +19,11 @@ import sys
 from pathlib import Path
 
 from looprl import paths
+from looprl.diffs import lines_changed, unified_diff
 from looprl.errors import RewardError, TaskError
 from looprl.pypi import download_sdist, normalize, sha256, unpack
-from looprl.rewards.diffs import lines_changed
 from looprl.rewards.tests import run_tests
 from looprl.tasks.build import BuildConfig, Progress, _module_of, validate_all
-from looprl.tasks.mutate import unified_diff
 from looprl.tasks.prompts import Evidence, make_prompt
 from looprl.tasks.sources import PackageSnapshot, find_layout
 from looprl.tasks.timing import stage

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from looprl.bench.gate import Comparison, compare
 from looprl.bench.turns import TurnAccuracy
+from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
 from looprl.train.stages import RLSummary
 from looprl.train.tasks import TaskSets
@@ -154,9 +155,9 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
         q = pkg_gate.diffs[0]
         last += (f" packages_pass1_sft={q.a:.4f} packages_pass1_rl={q.b:.4f} "
                  f"packages_ci_low={q.lo:.4f} packages_ci_high={q.hi:.4f}")
-    path = run_dir / "report.md"
+    path = RunDir(run_dir).report
     path.write_text("\n".join([*lines, last]) + "\n")
     if turns:
-        (run_dir / "turn_accuracy.json").write_text(json.dumps(
+        RunDir(run_dir).turn_accuracy.write_text(json.dumps(
             {lab: acc.to_json() for lab, acc in turns.items()}, indent=1))
     return path

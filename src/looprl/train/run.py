@@ -42,8 +42,10 @@ from looprl.config import save_config, to_dict
 from looprl.errors import ConfigError
 from looprl.models.loading import load_model
 from looprl.models.pretrain import save_loss_png
+from looprl.rundir import RunDir
 from looprl.train import stages
 from looprl.train.config import TrainConfig
+from looprl.train.plots import plot_curves
 from looprl.train.report import Evals, loss_ends, write_report
 from looprl.train.tasks import TaskSets, build_tasks
 from looprl.trainer import ddp
@@ -67,7 +69,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def check_resumable(cfg: TrainConfig, run_dir: Path) -> None:
     """A resumed run must be the run that was started: same config but for its budgets."""
-    saved_path = run_dir / "config.json"
+    saved_path = RunDir(run_dir).config
     if not saved_path.is_file():
         raise ConfigError(f"--resume: {run_dir} holds no run (no config.json); start it "
                           "without --resume")
@@ -125,8 +127,8 @@ class Start:
 
 
 def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.device) -> Start:
-    start_dir, record_path = run_dir / "model_start", run_dir / "start.json"
-    val_path = run_dir / "demos_validation.jsonl"
+    rd = RunDir(run_dir)
+    start_dir, record_path, val_path = rd.model_start, rd.start_record, rd.validation_demos
     record = _cached_json(record_path)
     if record is not None:  # resumed after this stage
         loaded = load_model(start_dir)
@@ -156,7 +158,7 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
         first, last = loss_ends(res.losses)
         console.print(f"SFT: {res.steps} steps, {res.tokens:,} model tokens, loss "
                       f"{first:.3f} -> {last:.3f} in {res.wall_s:.0f} s")
-        save_loss_png(res.losses, run_dir / "sft_loss.png", title="SFT",
+        save_loss_png(res.losses, rd.sft_loss, title="SFT",
                       ylabel="NLL per model token")
         sft_record = {"steps": res.steps, "losses": res.losses, "wall_s": res.wall_s}
     # The start of RL, SFT or not, in the run directory: what --resume reloads and the
@@ -172,15 +174,17 @@ def _evaluate(cfg: TrainConfig, run_dir: Path, model_dir: Path, sets: TaskSets, 
     """The bench summaries of ``model_dir`` on the held-out functions and packages (cached in
     ``eval_<label>.json`` / ``eval_<label>_packages.json``; their trajectories in
     ``trajectories/eval_<label>*.jsonl``)."""
+    rd = RunDir(run_dir)
     out = []
-    for suffix, tasks in (("", sets.heldout), ("_packages", sets.heldout_packages)):
-        path = run_dir / f"eval_{label}{suffix}.json"
+    for packages, tasks in ((False, sets.heldout), (True, sets.heldout_packages)):
+        path = rd.evaluation(label, packages)
         rep = _cached_json(path)
         if rep is None and tasks:
-            trajs = run_dir / "trajectories" / f"eval_{label}{suffix}.jsonl"
+            trajs = rd.eval_trajectories(label, packages)
             trajs.parent.mkdir(exist_ok=True)
             trajs.unlink(missing_ok=True)  # a killed evaluation's are started over
-            rep = stages.evaluate(model_dir, tasks, cfg, label + suffix, trajs)
+            rep = stages.evaluate(model_dir, tasks, cfg, label + ("_packages" if packages else ""),
+                                  trajs)
             _json(path, rep)
         out.append(rep)
     return out[0], out[1]
@@ -205,12 +209,13 @@ def run(cfg: TrainConfig, runs_root: Path = Path("runs"), *, resume: bool = Fals
 
 
 def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) -> Path | None:
-    run_dir = runs_root / cfg.name
+    rd = RunDir(runs_root / cfg.name)
+    run_dir = rd.root
     ddp.per_rank(cfg.loop.groups_per_step, dist, "loop.groups_per_step")  # before hours of SFT
     if dist.is_main:
         if resume:
             check_resumable(cfg, run_dir)
-        elif (run_dir / "config.json").is_file():
+        elif rd.config.is_file():
             raise ConfigError(f"{run_dir} holds an earlier run; continue it with --resume, or "
                               "pick another name (-o name=...)")
     else:
@@ -222,7 +227,7 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
 
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.json")
+        save_config(cfg, rd.config)
     cfg = stages.fit_precision(cfg, device)  # config.json keeps what was asked: --resume checks it
     if dist.is_main:
         sets = _tasks(cfg, run_dir)
@@ -236,12 +241,14 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
         assert sets is not None, "rank 0 saved the tasks before the barrier"
         start = _start_model(cfg, run_dir, sets, device)
 
-    rl_dir, rl_path = run_dir / "model_rl", run_dir / "rl.json"
+    rl_dir, rl_path = rd.model_rl, rd.rl_record
     done = _cached_json(rl_path)
     if done is None:
         summary, trained = stages.train_rl(cfg, start.model, start.tok, start.dir, sets.train,
                                            run_dir, resume=resume, dist=dist)
         if dist.is_main:
+            if summary.history:
+                plot_curves(summary.history, rd.reward_curve)
             stages.save_model(trained, start.tok, rl_dir)
             _json(rl_path, dataclasses.asdict(summary))  # marks RL done: --resume evaluates next
     else:
@@ -258,7 +265,7 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
                           total_minutes=(time.monotonic() - t_start) / 60, turns=turns)
     from looprl.dashboard import DashboardConfig, export_html
 
-    page = export_html(DashboardConfig(runs=(run_dir,)), run_dir / "dashboard.html")
+    page = export_html(DashboardConfig(runs=(run_dir,)), rd.dashboard_page)
     console.print(f"[bold green]report:[/] {report}  (charts: {page}; live: looprl dashboard "
                   f"--run {run_dir})")
     console.print(report.read_text().splitlines()[-1])

@@ -28,6 +28,7 @@ from looprl.errors import ConfigError
 from looprl.faults import InfraLedger
 from looprl.progress import Bar
 from looprl.rewards.composite import reward_metrics
+from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
 from looprl.trainer.ddp import ONE_PROCESS, DistInfo
 from looprl.types import Task, Trajectory
@@ -101,7 +102,7 @@ def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
         return path
     with console.status(f"the default model ({cfg.model.size}) and its tokenizer"):
         cache = default_model_dir(cfg.model.size, cfg.seed)
-    dest = run_dir / "model_init"
+    dest = RunDir(run_dir).model_init
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(cache, dest)
     return dest
@@ -275,7 +276,8 @@ def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: lis
 def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
               run_dir: Path, resume: bool, dist: DistInfo) -> tuple[RLSummary, Any]:
     from looprl.inference import TorchEngine, make_engine
-    from looprl.trainer.grpo import GRPOLoop, TaskSampler
+    from looprl.trainer.grpo import GRPOLoop
+    from looprl.trainer.sampler import TaskSampler
     from looprl.trainer.step import GRPOStep
     from looprl.weights.retry import RetryingStore
     from looprl.weights.store import FsspecWeightStore
@@ -289,9 +291,9 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
         with only_gpu(next(model.parameters()).device):
             engine = make_engine(cfg.model.engine, model_path=str(start_dir),
                                  **cfg.model.engine_options)
-    weights_url = cfg.fleet.weights_url or str(run_dir / "weights")
+    weights_url = cfg.fleet.weights_url or str(RunDir(run_dir).weights)
     # rank 0 counts the run's infrastructure failures and alone is failed on purpose (drills)
-    ledger = InfraLedger(run_dir / "infra.json" if dist.is_main else None, resumed=resume)
+    ledger = InfraLedger(RunDir(run_dir).infra_ledger if dist.is_main else None, resumed=resume)
     store = RetryingStore(FsspecWeightStore(weights_url), ledger=ledger) if dist.is_main else None
     # KL is measured against the model RL starts from (the SFT checkpoint), frozen
     ref = copy.deepcopy(model).eval() if cfg.grpo.kl_coef else None
@@ -341,8 +343,8 @@ def _injector(cfg: TrainConfig, run_dir: Path) -> faults.FaultInjector | None:
     if not fc.active:
         return None
     console.print(f"[bold red]fault injection on[/]: {fc.rates} (seed {fc.seed}); books in "
-                  f"{run_dir / 'faults.jsonl'}")
-    return faults.FaultInjector(fc, books=run_dir / "faults.jsonl")
+                  f"{RunDir(run_dir).fault_books}")
+    return faults.FaultInjector(fc, books=RunDir(run_dir).fault_books)
 
 
 async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, run_dir: Path,
@@ -367,7 +369,7 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
             str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
             faults=injector.cfg if injector is not None else None,
             http_roots=task_roots(tasks) if cfg.fleet.sandboxes == "http" else None),
-            snapshot=run_dir / "fleet.json", ledger=ledger)
+            snapshot=RunDir(run_dir).fleet, ledger=ledger)
         return RolloutRunner.over(fleet, cfg.rollout, ledger=ledger), fleet, fleet.close
     from looprl.chat import ChatFormat
     from looprl.sandbox import SandboxPool

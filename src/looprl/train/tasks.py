@@ -17,9 +17,13 @@ from pathlib import Path
 
 from looprl.errors import TaskError
 from looprl.plugins import find
+from looprl.rundir import RunDir
 from looprl.tasks.taskset import load_tasks, split_by_function, write_tasks
 from looprl.train.config import TasksSection
 from looprl.types import Task
+
+SPLITS = ("train", "heldout", "heldout_packages")
+"""The sets of a run, each saved as ``tasks/<split>.jsonl`` (``TaskSets`` fields by name)."""
 
 Progress = Callable[[str], None]
 """Called with the package spec being built (for a progress bar)."""
@@ -37,19 +41,18 @@ class TaskSets:
 
     def save(self, run_dir: Path) -> None:
         """``run_dir/tasks/{train,heldout,heldout_packages}.jsonl``: what ``--resume`` reloads."""
-        out = run_dir / "tasks"
-        out.mkdir(parents=True, exist_ok=True)
-        for name in ("train", "heldout", "heldout_packages"):
-            write_tasks(getattr(self, name), out / f"{name}.jsonl")
+        rd = RunDir(run_dir)
+        rd.tasks.mkdir(parents=True, exist_ok=True)
+        for name in SPLITS:
+            write_tasks(getattr(self, name), rd.task_file(name))
 
     @classmethod
     def load(cls, run_dir: Path) -> TaskSets | None:
         """The sets saved by ``save``, or None if the run never got that far."""
-        out = run_dir / "tasks"
-        names = ("train", "heldout", "heldout_packages")
-        if not all((out / f"{n}.jsonl").is_file() for n in names):
+        files = [RunDir(run_dir).task_file(name) for name in SPLITS]
+        if not all(f.is_file() for f in files):
             return None
-        return cls(*(load_tasks(out / f"{n}.jsonl") for n in names))
+        return cls(*(load_tasks(f) for f in files))
 
 
 def select_code(task: Task, files: dict[str, str] | None = None) -> Task:

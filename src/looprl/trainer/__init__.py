@@ -16,6 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "batch": ["MicroBatch", "TrainBatch", "build_batch", "pack_segments"],
     "checkpoint": ["Resumed", "latest_checkpoint", "load_checkpoint", "save_checkpoint"],
     "losses": ["LOSSES", "LossInputs", "LossOutput", "LossParams", "get_loss"],
+    "sampler": ["TaskSampler"],
     "sft": ["SFTConfig", "SFTResult", "sft"],
     "step": ["GRPOConfig", "GRPOStep", "StepMetrics", "make_optimizer", "token_logprobs", "train_step"],
 })

@@ -16,7 +16,7 @@ remaining rewards are all equal has no signal: it is counted, and skipped when
 A group whose ``metadata["baseline"]`` is a number takes its advantages against it,
 ``A_i = r_i - baseline``, instead of against the group's mean: production traffic has one sample
 of most prompts, so its baseline is a value estimate made outside the group
-(``feedback.loop.window_groups``). Such a group may hold a single trajectory.
+(``feedback.window.window_groups``). Such a group may hold a single trajectory.
 
 Rows are packed so that each micro-batch's cost stays within ``micro_batch_tokens``. The cost
 counts what the forward runs (``step.token_logprobs``): a row that repeats another runs once
@@ -176,7 +176,7 @@ def balance_negatives(advantages_G: Sequence[float], tokens_G: Sequence[int]) ->
 
 
 def _trajectory_rows(t: Trajectory, advantage: float, credit: Credit) -> list[_Row]:
-    spans = t.broken_spans() if credit.broken_call_advantage is not None else []
+    spans = t.broken_spans if credit.broken_call_advantage is not None else ()
     rows = []
     for i, seg in enumerate(t.segments):
         if seg.num_model_tokens == 0:

@@ -1,8 +1,8 @@
 """Checkpoint and resume: model, optimizer, RNG states, data position, weight version, config.
 
-    save_checkpoint(run_dir / "ckpt", step, model, opt, sampler_state={"next": i},
+    save_checkpoint(RunDir(run_dir).ckpt, step, model, opt, sampler_state={"next": i},
                     weight_version=v, config=cfg)
-    path = latest_checkpoint(run_dir / "ckpt")
+    path = latest_checkpoint(RunDir(run_dir).ckpt)
     if path: r = load_checkpoint(path, model, opt)    # restores RNGs; r.step, r.sampler_state, ...
 
 Layout: ``<root>/step_00000012/`` holding ``model.safetensors``, ``optimizer.pt``, ``rng.pt``

@@ -31,11 +31,11 @@ from __future__ import annotations
 import copy
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as td
@@ -126,9 +126,11 @@ def _fsdp() -> Any:
         import torch.distributed.fsdp as fsdp
 
         fsdp.fully_shard  # noqa: B018 -- absent before torch 2.6
+        return fsdp
     except AttributeError:
-        import torch.distributed._composable.fsdp as fsdp
-    return fsdp
+        import torch.distributed._composable.fsdp as composable_fsdp
+
+        return composable_fsdp
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -183,10 +185,11 @@ def checkpoints_activations(model: nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
-def _full_options(**kw: bool) -> Any:
+def _full_options(*, cpu_offload: bool = False, broadcast_from_rank0: bool = False) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True, **kw)
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload,
+                            broadcast_from_rank0=broadcast_from_rank0)
 
 
 def _cpu_replica(model: nn.Module) -> nn.Module:
@@ -226,7 +229,9 @@ class Sharding:
             return self.module.state_dict()
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(self.model, options=_full_options())
+        # cast: full_state_dict gathers plain tensors; torch's return type covers sharded ones too
+        return cast(dict[str, torch.Tensor],
+                    get_model_state_dict(self.model, options=_full_options()))
 
     def gathered(self) -> nn.Module | None:
         """The trained model as one plain module on rank 0 (``save_pretrained`` it): the model
@@ -273,7 +278,9 @@ class Sharding:
             weights = replica.state_dict()
             opt_state = get_optimizer_state_dict(replica, replica_opt, options=_full_options())
         _set_full_state(self.model, optimizer, weights, opt_state, broadcast=True)
-        return broadcast_object(resumed, self.dist)
+        resumed = broadcast_object(resumed, self.dist)
+        assert resumed is not None, "rank 0 loaded the checkpoint and sent what it resumed"
+        return resumed
 
     def _replica_pair(self, optimizer: torch.optim.Optimizer
                       ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -287,7 +294,10 @@ class Sharding:
             groups = [{**{k: v for k, v in g.items() if k != "params"},
                        "params": [mine[names[id(p)]] for p in g["params"]]}
                       for g in optimizer.param_groups]
-            self._replica_opt = type(optimizer)(groups)
+            # cast: an optimizer class takes its param groups alone (the base class's signature,
+            # which torch gives type(optimizer), also asks for the defaults each subclass fills in)
+            make = cast(Callable[[list[dict[str, Any]]], torch.optim.Optimizer], type(optimizer))
+            self._replica_opt = make(groups)
         return self._replica, self._replica_opt
 
 
@@ -295,7 +305,9 @@ def _full_weights_on_rank0(model: nn.Module) -> dict[str, torch.Tensor]:
     """A sharded model's full weights on rank 0's CPU (a collective; empty on other ranks)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+    # cast: as in Sharding.state_dict, full_state_dict gives plain tensors
+    return cast(dict[str, torch.Tensor],
+                get_model_state_dict(model, options=_full_options(cpu_offload=True)))
 
 
 def _set_full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -307,7 +319,9 @@ def _set_full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     )
 
     opts = _full_options(broadcast_from_rank0=broadcast)
-    set_model_state_dict(model, weights, options=opts)
+    # torch types the dict it only reads as dict[str, ValueType], invariant: Tensor values are
+    # ValueType ones, but a dict[str, Tensor] is not a dict[str, ValueType]
+    set_model_state_dict(model, weights, options=opts)  # type: ignore[arg-type]
     set_optimizer_state_dict(model, optimizer, opt_state, options=opts)
 
 

@@ -51,8 +51,9 @@ of them resume from its checkpoint.
 
 ``sync=True`` runs the same code synchronously (generate a step's groups, then train), the
 baseline for ``benchmarks/async.py``. Per-step metrics go to ``metrics.jsonl`` and the trackers of
-``LoopConfig.loggers`` (``looprl.trainer.loggers``: TensorBoard, W&B, plugins);
-``reward_curve.png`` is written at the end.
+``LoopConfig.loggers`` (``looprl.trainer.loggers``: TensorBoard, W&B, plugins); ``looprl
+train`` draws them in its report once the loop ends (``looprl.train.plots``). Which task comes
+next is the ``TaskSampler``'s (``trainer.sampler``).
 """
 
 from __future__ import annotations
@@ -62,10 +63,8 @@ import dataclasses
 import json
 import math
 import os
-import random
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,11 +73,13 @@ from looprl.config import FieldError
 from looprl.errors import WeightStoreError
 from looprl.faults import InfraLedger
 from looprl.protocols import GroupSource, WeightSink, WeightStore
+from looprl.rundir import RunDir
 from looprl.trainer import ddp
 from looprl.trainer.checkpoint import Resumed, latest_checkpoint
-from looprl.trainer.loggers import Loggers, make_loggers, read_metrics, scalars
+from looprl.trainer.loggers import Loggers, make_loggers, read_metrics
+from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOStep
-from looprl.types import Group, GroupResult, Task, Trajectory
+from looprl.types import Group, GroupResult, Trajectory
 
 if TYPE_CHECKING:
     import torch
@@ -133,156 +134,6 @@ class LoopConfig:
             raise FieldError("passes", f"must be at least 1 (walks over the task set), got {self.passes}")
 
 
-class TaskSampler:
-    """Walks the task set ``passes`` times, each pass in its own seeded order; remembers how
-    often each task was trained so a resumed run neither loses nor repeats a task within a pass.
-    A task whose group was dropped untrained (stale) can be handed out once more (``requeue``):
-    it was never trained on, and tasks are the scarce thing. With ``max_screens`` (for a runner
-    with ``RolloutConfig.screen``), a task screened out (the policy could not solve it yet) waits
-    (``defer``) and is handed out again once the fresh tasks run out, to the policy as it is
-    then, up to ``max_screens`` times in all. While none is left to hand out in the last pass but
-    some are still out (``returned`` not yet called for them: they may come back screened out,
-    stale or emptied by infrastructure failures, to go out again), the walk yields None, meaning
-    ask again; ``waits`` (the loop sets it: it returns every task it takes) does so always,
-    else only with ``max_screens``.
-
-    >>> from looprl.types import Grader
-    >>> s = TaskSampler([Task(i, "/r", "p", Grader("pytest")) for i in "abc"], passes=2)
-    >>> first = [next(it := iter(s)).id]; s.mark_trained(first)
-    >>> walked = first + [t.id for t in it]
-    >>> sorted(walked[:3]) == sorted(walked[3:]) == ["a", "b", "c"], s.passes_begun
-    (True, 2)
-
-    With ``signal_first`` a later pass orders the tasks by what their last group showed
-    (``record``): mixed outcomes first, all failed or unseen next, all passed last.
-    """
-
-    def __init__(self, tasks: Sequence[Task], seed: int = 0, trained: Sequence[str] = (),
-                 max_screens: int = 0, passes: int = 1, signal_first: bool = False):
-        self.tasks = list(tasks)
-        self.seed, self.passes, self.signal_first = seed, passes, signal_first
-        self.signal: dict[str, int] = {}
-        """Each recorded task's last group: ``MIXED``, ``NO_PASS`` or ``ALL_PASS``."""
-        self.trained: Counter[str] = Counter(trained)
-        """Times each task was trained (once a pass at most)."""
-        self.max_screens = max_screens
-        self.waits = False
-        """Wait for the tasks still out at the end of the walk (module docstring)."""
-        self.issued = 0
-        self.passes_begun = 0
-        self.out = 0
-        """Tasks handed out whose group has not come back (``returned``)."""
-        self._again: deque[Task] = deque()
-        self._requeued: set[tuple[str, int]] = set()
-        self._later: deque[Task] = deque()
-        self._screens: dict[str, int] = {}
-
-    MIXED, NO_PASS, ALL_PASS = 0, 1, 2
-    """A group's outcome classes, in the order ``signal_first`` hands tasks out."""
-
-    def _order(self, n: int) -> list[Task]:
-        order = list(self.tasks)
-        random.Random(self.seed if n == 0 else f"{self.seed}/{n}").shuffle(order)
-        if self.signal_first and n > 0:  # stable: the pass's own order within each class
-            order.sort(key=lambda t: self.signal.get(t.id, self.NO_PASS))
-        return order
-
-    def record(self, groups: Sequence[Group]) -> None:
-        """What ``groups`` (trained this step) showed, for ``signal_first``'s next pass: infra
-        errors are left out; a group with none left says nothing.
-
-        >>> from looprl.types import Grader
-        >>> tasks = [Task(i, "/r", "p", Grader("pytest")) for i in "abcd"]
-        >>> s = TaskSampler(tasks, passes=2, signal_first=True)
-        >>> it = iter(s); first = [next(it) for _ in tasks]; s.mark_trained([t.id for t in first])
-        >>> s.signal.update(a=s.ALL_PASS, b=s.MIXED, c=s.NO_PASS)   # what record() would note
-        >>> second = [t.id for t in it]
-        >>> second[0], sorted(second[1:3]), second[3]   # d, unseen, goes with the no-pass
-        ('b', ['c', 'd'], 'a')
-        """
-        for g in groups:
-            passed = [t.passed for t in g.trajectories if not t.is_infra_error]
-            if passed:
-                self.signal[g.task_id] = (self.ALL_PASS if all(passed) else
-                                          self.MIXED if any(passed) else self.NO_PASS)
-
-    def _done(self, task_id: str) -> bool:
-        """Trained in the pass under way."""
-        return self.trained[task_id] >= self.passes_begun
-
-    def __iter__(self) -> Iterator[Task | None]:
-        for n in range(self.passes):
-            self.passes_begun = n + 1
-            fresh = iter(self._order(n))
-            while True:
-                t = self._again.popleft() if self._again else next(fresh, None)
-                if t is None and self._later:
-                    t = self._later.popleft()
-                if t is None:
-                    if n + 1 < self.passes or not (self.out and (self.waits or self.max_screens)):
-                        break
-                    yield None
-                    continue
-                if not self._done(t.id):
-                    self.issued += 1
-                    self.out += 1
-                    yield t
-
-    def returned(self) -> None:
-        """A handed-out task's group came back (trained, dropped, stale or screened out)."""
-        self.out = max(self.out - 1, 0)
-
-    def requeue(self, task: Task) -> bool:
-        """Hand ``task`` out again, next (once per task); False if it was requeued before or
-        trained since.
-
-        >>> from looprl.types import Grader
-        >>> s = TaskSampler([Task(i, "/r", "p", Grader("pytest")) for i in "ab"])
-        >>> it = iter(s); first = next(it)
-        >>> s.requeue(first), s.requeue(first), next(it) is first
-        (True, False, True)
-        """
-        key = (task.id, self.passes_begun)
-        if key in self._requeued or self._done(task.id):
-            return False
-        self._requeued.add(key)
-        self._again.append(task)
-        return True
-
-    def defer(self, task: Task) -> bool:
-        """``task`` was screened out: hand it out again after the fresh tasks, unless it has been
-        screened ``max_screens`` times (False: given up).
-
-        >>> from looprl.types import Grader
-        >>> s = TaskSampler([Task(i, "/r", "p", Grader("pytest")) for i in "ab"], max_screens=2)
-        >>> it = iter(s); a = next(it); s.returned(); s.defer(a)
-        True
-        >>> b = next(it); b is not a, next(it) is a   # the fresh task first
-        (True, True)
-        >>> s.returned(); s.defer(a), next(it)        # b is still out: wait for it
-        (False, None)
-        >>> s.returned(); next(it, "done")
-        'done'
-        """
-        self._screens[task.id] = n = self._screens.get(task.id, 0) + 1
-        if n >= self.max_screens or self._done(task.id):
-            return False
-        self._later.append(task)
-        return True
-
-    def mark_trained(self, task_ids: Sequence[str]) -> None:
-        self.trained.update(task_ids)
-
-    def state_dict(self) -> dict[str, Any]:
-        """``trained`` lists a task once per pass it was trained in; ``signal`` is ``record``'s."""
-        return {"trained": sorted(self.trained.elements()), "signal": dict(self.signal)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A checkpoint's ``state_dict`` (one from before ``signal`` was kept has none)."""
-        self.mark_trained(state.get("trained", []))
-        self.signal.update(state.get("signal", {}))
-
-
 @dataclass
 class LoopStats:
     steps: int = 0
@@ -329,7 +180,7 @@ class GRPOLoop:
         """The run's infrastructure failures by class (``looprl.faults``): each row logs them."""
         sampler.waits = True  # every task taken comes back through _admit: none left behind
         self.store = store
-        self._ckpt_root = Path(run_dir) / "ckpt" if run_dir else None
+        self._ckpt_root = RunDir(run_dir).ckpt if run_dir else None
         # the log and the trackers are rank 0's (about every rank's groups)
         self.run_dir = Path(run_dir) if run_dir and self.dist.is_main else None
         self.version = start_version
@@ -374,10 +225,10 @@ class GRPOLoop:
         a row cut short by a kill is dropped. Rewritten atomically."""
         if self.run_dir is None:
             return
-        self.stats.history = read_metrics(self.run_dir / "metrics.jsonl", last_step)
+        self.stats.history = read_metrics(RunDir(self.run_dir).metrics, last_step)
         if self._loggers is not None:
             self._loggers.rewind(last_step)
-        trajs = self.run_dir / "trajectories" / "train.jsonl"
+        trajs = RunDir(self.run_dir).train_trajectories
         if trajs.exists():  # the lost steps' trajectories go with their metrics rows
             kept = [line for line in trajs.read_text(encoding="utf-8").splitlines()
                     if _train_step(line) <= last_step]
@@ -563,9 +414,8 @@ class GRPOLoop:
             self._loggers.log(self.stats.steps, row)
         if self.run_dir:
             if self.cfg.save_trajectories:
-                (self.run_dir / "trajectories").mkdir(exist_ok=True)
-                with open(self.run_dir / "trajectories" / "train.jsonl", "a",
-                          encoding="utf-8") as f:
+                RunDir(self.run_dir).trajectories.mkdir(exist_ok=True)
+                with open(RunDir(self.run_dir).train_trajectories, "a", encoding="utf-8") as f:
                     f.writelines(dataclasses.replace(
                         t, metadata={**t.metadata, "train_step": self.stats.steps}).to_json() + "\n"
                         for t in trajs)
@@ -589,8 +439,6 @@ class GRPOLoop:
     def _finish(self) -> None:
         if self._loggers is not None:
             self._loggers.close()
-        if self.run_dir and self.stats.history:
-            plot_curves(self.stats.history, self.run_dir / "reward_curve.png")
 
 
 def _as_dict(config: Any) -> dict[str, Any] | None:
@@ -606,44 +454,3 @@ def _train_step(line: str) -> int:
         return int(json.loads(line)["metadata"]["train_step"])
     except (ValueError, KeyError, TypeError):
         return 1 << 62
-
-
-def rolling_mean(ys: Sequence[float], w: int) -> list[float]:
-    """Mean of each value and the ``w - 1`` before it, skipping NaN (a step that logged none).
-
-    >>> rolling_mean([1.0, float("nan"), 3.0, 5.0], 2)
-    [1.0, 1.0, 3.0, 4.0]
-    """
-    out = []
-    for i in range(len(ys)):
-        window = [y for y in ys[max(0, i - w + 1):i + 1] if y == y]
-        out.append(sum(window) / len(window) if window else float("nan"))
-    return out
-
-
-def plot_curves(history: list[dict[str, float]], path: Path) -> Path:
-    """Reward, pass rate and KL per step in one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in history]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, key, title in ((axes[0], "reward/total_mean", "mean reward"),
-                           (axes[1], "rollout/pass_rate", "pass rate (hidden tests)"),
-                           (axes[2], "train/is_ratio_mean", "IS ratio trainer/engine (mean)")):
-        ys = [scalars(h).get(key, float("nan")) for h in history]  # a skipped step: a gap
-        trend = key != "train/is_ratio_mean" and len(ys) >= 20
-        ax.plot(steps, ys, marker="o", ms=3, lw=0.8, alpha=0.4 if trend else 1.0, label="per step")
-        if trend:  # one step's 4 groups swing widely: the trend is what tells whether RL learns
-            w = len(ys) // 10
-            ax.plot(steps, rolling_mean(ys, w), lw=2.2, label=f"mean of the last {w} steps")
-            ax.legend(fontsize=8, loc="lower right")
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from looprl.errors import ConfigError
 from looprl.plugins import find
+from looprl.rundir import RunDir
 
 
 @runtime_checkable
@@ -108,7 +109,7 @@ class JsonlLogger:
     """``run_dir/metrics.jsonl``: one JSON object per step, appended as it is trained."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = RunDir(run_dir).metrics
 
     def log(self, step: int, row: Mapping[str, Any]) -> None:
         with open(self.path, "a") as f:
@@ -135,7 +136,7 @@ class TensorBoardLogger:
             raise ConfigError(f"loop.loggers has 'tensorboard' but it cannot be imported ({e}): "
                               "pip install tensorboard, or drop it from loop.loggers") from None
         self._cls = SummaryWriter
-        self.dir = Path(run_dir) / "tb"
+        self.dir = RunDir(run_dir).tensorboard
         self.writer = SummaryWriter(str(self.dir))
 
     def log(self, step: int, row: Mapping[str, Any]) -> None:
@@ -160,7 +161,7 @@ class WandbLogger:
             raise ConfigError("loop.loggers has 'wandb' but wandb is not installed: "
                               "pip install 'looprl[wandb]', or drop it from loop.loggers") from None
         run_dir = Path(run_dir)
-        id_file = run_dir / "wandb_run_id"
+        id_file = RunDir(run_dir).wandb_run_id
         if not id_file.exists():
             id_file.write_text(secrets.token_hex(8) + "\n")
         try:

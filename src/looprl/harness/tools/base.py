@@ -1,5 +1,6 @@
 """Shared pieces of the harness tools: the run context, argument validation against a tool's JSON
-schema, workspace-path checks and deterministic output truncation.
+schema, workspace-path checks, deterministic output truncation, and how the harness runs its own
+commands in the agent's sandbox (``harness_command``).
 
 Every tool is a small class (one file each) with ``name``, ``description``, ``parameters`` (a JSON
 schema object), ``read_only`` and ``async run(args, ctx) -> str``. The agent validates arguments
@@ -23,7 +24,8 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 PATH_RULE = ("paths are relative to the workspace root (e.g. 'src/pkg/mod.py' or '.'); "
-             "absolute paths, '..' and symlinks leading outside the workspace are not allowed")
+             "absolute paths, '..' and paths through a symlink are not allowed (file tools do "
+             "not follow symlinks; terminal commands do)")
 MAX_PATH_BYTES = 4096
 """Longest path a tool accepts (Linux's PATH_MAX); each name in it at most 255 bytes (NAME_MAX)."""
 
@@ -117,8 +119,9 @@ def check_path(path: str) -> str:
     """Normalise a workspace-relative path; reject absolute paths and '..' escapes
     (``PathEscapeError``) and paths no file system takes (``ToolError``).
 
-    Symlinks that lead out are refused by the sandbox itself (it knows the real tree) with
-    ``PathEscapeError``; tools wrap its refusal with the same rule (``PATH_RULE``).
+    Symlinks are refused by the sandbox itself (it knows the real tree; its host side follows
+    none, ``sandbox/beneath.py``) with ``PathEscapeError``; tools wrap its refusal with the same
+    rule (``PATH_RULE``).
     """
     raw = path.strip()
     if not raw:
@@ -149,6 +152,19 @@ def outside_error(path: str, err: Exception) -> ToolError:
     if "not found" in msg or "No such file" in msg:
         return ToolError(f"{path}: no such file (use list_dir or glob to find files)")
     return ToolError(f"{path}: {msg}")
+
+
+def harness_command(cmd: str) -> str:
+    """``cmd`` as the harness runs a program of its own in the agent's sandbox (the test tool's
+    pytest): in a fresh, empty home (removed after) with Python's user site-packages off. The
+    sandbox's home (/tmp) outlives each command, so without this a ``usercustomize.py`` the agent
+    left under ``~/.local`` — or a ``~/.config`` file — would run in or steer the harness's run,
+    and nothing of it would show in the diff. The agent's own commands keep their home: it is
+    their machine. The workspace is the agent's either way: its ``conftest.py`` and
+    ``sitecustomize.py`` reach a test run as they reach any run of those tests (the grader's run,
+    in a fresh sandbox, restores them and flags the attempt)."""
+    return ('h="$(mktemp -d)" || exit 125; export HOME="$h" PYTHONNOUSERSITE=1; '
+            f'trap \'rm -rf "$h"\' EXIT; {cmd}')
 
 
 def truncate_middle(text: str, max_chars: int) -> str:

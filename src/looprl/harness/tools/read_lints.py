@@ -17,6 +17,7 @@ import re
 import shlex
 from typing import Any
 
+from looprl.diffs import SYMLINK, parse_diff
 from looprl.errors import SandboxError, ToolError
 from looprl.harness.tools.base import ToolContext, check_path, obj_schema, walk_dir
 
@@ -26,9 +27,17 @@ or ``line:col: invalid-syntax: message`` (``SyntaxError:`` before ruff 0.9)."""
 
 
 def changed_python_files(diff: str) -> list[str]:
-    """Workspace paths of .py files added or modified in a unified diff (deleted ones excluded)."""
-    paths = {m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", diff, re.MULTILINE)}
-    return sorted(p for p in paths if p.endswith(".py"))
+    """Workspace paths of .py files added or modified in a unified diff (deleted ones, symlinks
+    and binary content excluded).
+
+    >>> from looprl.diffs import unified_diff
+    >>> d = unified_diff("a b.py", "x\\n", "y\\n") + unified_diff("n.md", None, "++ b/x.py\\n")
+    >>> changed_python_files(d)   # the added line '+++ b/x.py' of n.md is no file
+    ['a b.py']
+    """
+    return sorted({fp.new_path for fp in parse_diff(diff)
+                   if fp.new_path and fp.new_path.endswith(".py") and not fp.binary
+                   and fp.new_mode != SYMLINK})
 
 
 def ruff_command(ruff: str, files: list[str]) -> str:

@@ -14,7 +14,7 @@ import shlex
 from typing import Any
 
 from looprl.errors import ToolError
-from looprl.harness.tools.base import ToolContext, obj_schema, truncate_middle
+from looprl.harness.tools.base import ToolContext, harness_command, obj_schema, truncate_middle
 
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)")
 _SUMMARY = re.compile(r"^=*\s*(?P<body>.*?) in [\d.]+s(?: \([\d:.]+\))?\s*=*\s*$")
@@ -92,7 +92,7 @@ class RunTests:
                + " ".join(shlex.quote(t) for t in tests))
         # --verbosity=-1 after the task's own flags: exactly one summary line, whatever -q/-v
         # the task's command already holds (-qq would drop the counts)
-        res = await ctx.sandbox.exec(cmd.strip(), timeout_s=self.timeout_s)
+        res = await ctx.sandbox.exec(harness_command(cmd.strip()), timeout_s=self.timeout_s)
         if res.timed_out:
             return (f"Tests timed out after {self.timeout_s:g} s and were killed. Run a subset "
                     "with tests=[...]. Output so far:\n"
