@@ -1,0 +1,42 @@
+#!/bin/bash
+# The fault drill (issue 51, docs/faults.md): `looprl train` on quickstart tasks with every fault
+# class of the taxonomy injected at >= 5% of its boundary's crossings, for >= 10 minutes of RL,
+# relaunched with --resume after each injected process kill until it exits 0; then
+# scripts/fault_drill_check.py checks the run directory.
+#
+#     nice -n 10 scripts/fault_drill.sh [RUNS_DIR] [NAME]     # from the repo root; default runs/fault_drill
+#
+# What it runs: configs/quickstart.toml's inflection tasks (its build, from the task cache),
+# four held out; no pretraining or SFT (the drill need not learn); rollouts on a Ray fleet of
+# this machine (a one-node Ray the run starts; node_lost kills that node's actors) whose
+# sandboxes are reached over HTTP (env_server_5xx, connection_dropped); every class at 5%.
+# Each life's output goes to RUNS_DIR/NAME.lifeN.log, one line per life to RUNS_DIR/NAME.lives.
+set -u
+RUNS=${1:-runs}
+NAME=${2:-fault_drill}
+PY=${PYTHON:-.venv/bin/python}
+ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
+  -o 'tasks.train_packages=["inflection==0.5.1"]' -o 'tasks.train_only_packages=[]'
+  -o 'tasks.heldout_packages=[]' -o tasks.max_heldout=4
+  -o demos.oracle=false -o demos.synthetic=0 -o model.pretrain_steps=0 -o model.drills=0 -o eval.k=1
+  -o fleet.backend=ray -o fleet.node_ip=127.0.0.2 -o fleet.sandboxes=http
+  -o fleet.sandboxes_per_node=8 -o fleet.wait_for_nodes_s=600
+  -o rollout.group_size=4 -o rollout.max_in_flight=8 -o rollout.max_infra_retries=10
+  -o loop.groups_per_step=2 -o loop.queue_size=2 -o loop.max_minutes=11 -o loop.passes=1000
+  -o loop.checkpoint_every=1 -o loop.max_staleness=1000
+  -o faults.rates.all=0.05 -o faults.seed=1)
+mkdir -p "$RUNS"
+life=0
+resume=()
+while true; do
+  start=$(date +%s)
+  "$PY" -m looprl train "${ARGS[@]}" "${resume[@]}" > "$RUNS/$NAME.life$life.log" 2>&1
+  rc=$?
+  echo "life $life exit $rc $(date -Is) wall $(( $(date +%s) - start ))s" >> "$RUNS/$NAME.lives"
+  [ $rc -eq 0 ] && break
+  [ $rc -ne 137 ] && { echo "life $life failed (exit $rc): $RUNS/$NAME.life$life.log" >&2; exit $rc; }
+  life=$((life + 1))
+  resume=(--resume)
+  [ $life -ge 20 ] && { echo "20 lives without finishing" >&2; exit 1; }
+done
+"$PY" scripts/fault_drill_check.py "$RUNS/$NAME"
