@@ -232,7 +232,8 @@ class EnvServer:
 
     def stats(self) -> dict[str, float]:
         """The pool's sandboxes (busy, idle, queued, warm, ...) and rollouts on this node."""
-        pool = self.pool.metrics().to_dict() if self.pool is not None else {}
+        seen = self.pool.metrics() if self.pool is not None else None
+        pool = seen.to_dict() if seen is not None else {}
         return {**pool, "rollouts_in_flight": self.in_flight, "rollouts_finished": self.finished}
 
     async def close(self) -> None:

@@ -19,15 +19,22 @@ import os
 from collections.abc import AsyncIterator, Iterable, Iterator
 
 from looprl.protocols import Sandbox
+from looprl.sandbox.pool import PoolMetrics, SandboxPool
 from looprl.sandbox.server import EnvServer, EnvServerConfig, RemoteSandbox, default_token
 from looprl.types import Task
 
 
 class RemotePool:
-    """``lease`` over HTTP from the environment server at ``url``."""
+    """``lease`` over HTTP from the environment server at ``url``; ``served``: that server's own
+    pool when it runs in this process (``serving``), whose ``metrics`` this pool reports."""
 
-    def __init__(self, url: str, token: str) -> None:
-        self.url, self.token = url, token
+    def __init__(self, url: str, token: str, served: SandboxPool | None = None) -> None:
+        self.url, self.token, self.served = url, token, served
+
+    def metrics(self) -> PoolMetrics | None:
+        """The served pool's view (the fleet's node stats read it); None for a server elsewhere
+        (its own ``/health`` says)."""
+        return self.served.metrics() if self.served is not None else None
 
     @contextlib.asynccontextmanager
     async def lease(self, base_dir: str | os.PathLike[str], venv: str | None = None
@@ -61,4 +68,4 @@ def serving_roots(roots: tuple[str, ...], max_running: int = 16) -> Iterator[Rem
     token = default_token()
     with EnvServer(token, max_running=max_running,
                    cfg=EnvServerConfig(allowed_roots=roots, drain_s=2.0)) as srv:
-        yield RemotePool(srv.url, token)
+        yield RemotePool(srv.url, token, srv.pool)
