@@ -9,7 +9,9 @@
 # What it runs: configs/quickstart.toml's inflection tasks (its build, from the task cache),
 # four held out; no pretraining or SFT (the drill need not learn); rollouts on a Ray fleet of
 # this machine (a one-node Ray the run starts; node_lost kills that node's actors) whose
-# sandboxes are reached over HTTP (env_server_5xx, connection_dropped); every class at 5%.
+# sandboxes are reached over HTTP (env_server_5xx, connection_dropped); every class at 5%, the
+# process kill at 20% of step rows (about ten steps in the 11 minutes: at 5% most drills would
+# see no kill).
 # Short rollouts (2 turns of 64 tokens, groups of 2, 4 in flight): with one node, a node_lost at
 # 5% of attempts takes every attempt in flight, and the node's restart costs about a minute on 2
 # busy cores; groups of 4 with 8 in flight trained no step in 5 minutes.
@@ -29,7 +31,7 @@ ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
   -o rollout.agent.max_total_new_tokens=128
   -o loop.groups_per_step=2 -o loop.queue_size=2 -o loop.max_minutes=11 -o loop.passes=1000
   -o loop.checkpoint_every=1 -o loop.max_staleness=1000
-  -o faults.rates.all=0.05 -o faults.seed=1)
+  -o faults.rates.all=0.05 -o faults.rates.process_killed=0.2 -o faults.seed=1)
 mkdir -p "$RUNS"
 life=0
 resume=()

@@ -6,8 +6,11 @@ facts issue 51 asks of it, and print the per-class table the docs quote.
 1. It finished: RL's record (``rl.json``) and the report are there.
 2. Every injectable class was set to >= 5% and injected, and at the last metrics row each class's
    count (``infra/<class>``) equals the injector's own settled count (``faults.reconcile``).
-3. No task lost: the walk over the train tasks completed at least one pass, and every train task
-   was trained in every completed pass (a task whose group infrastructure emptied went out again).
+3. No task lost: every group infrastructure emptied had its task handed out again
+   (``loop/groups_dropped`` + ``loop/groups_stale`` = ``loop/groups_requeued`` at every row: the
+   counters start again in each life of the trainer), every train task
+   was trained at least once, and no task fell a pass behind the others (the counts differ by
+   one at most: the run stops at ``loop.max_minutes`` with the last pass under way).
 4. None trained twice: no task was trained more often than the passes begun, the checkpoint's
    sampler agrees with the metrics rows, and no trajectory was trained twice.
 5. No infrastructure failure scored: no trained trajectory is an infrastructure error or holds an
@@ -69,17 +72,32 @@ def check(run: Path) -> list[str]:
 
     tasks = [t["id"] for t in _jsonl(rd.task_file("train"))]
     trained = Counter(t for r in rows for t in r["tasks"])
-    done = int(last["loop/pass"]) - 1  # passes completed: the last one begun may be under way
-    lost = [t for t in tasks if trained[t] < done]
-    twice = [t for t in tasks if trained[t] > done + 1]
-    print(f"train tasks {len(tasks)}; passes completed {done}; "
-          f"times trained -> tasks {sorted(Counter(trained[t] for t in tasks).items())}")
-    if done < 1:
+    times = [trained[t] for t in tasks]
+    begun = int(last["loop/pass"])
+    print(f"train tasks {len(tasks)}; passes begun {begun}; "
+          f"times trained -> tasks {sorted(Counter(times).items())}")
+    # the walk hands pass n+1 out while pass n's last groups are still out, and the run stops
+    # at loop.max_minutes with some out: counts differ by one at most, the lowest >= 1
+    if min(times) < 1:
         failed.append("no pass over the train tasks completed: 'lost' cannot be checked")
-    if lost:
-        failed.append(f"{len(lost)} task(s) lost (trained fewer than {done} times): {lost[:3]}")
+    if max(times) - min(times) > 1:
+        behind = [t for t in tasks if trained[t] < max(times) - 1]
+        failed.append(f"{len(behind)} task(s) lost: trained {min(times)} times, others "
+                      f"{max(times)}: {behind[:3]}")
+    # the loop's group counters start again in each life of the trainer; at every row of each,
+    # every emptied group's task had gone out again
+    unrequeued = [r["step"] for r in rows if r["loop/groups_dropped"] + r["loop/groups_stale"]
+                  != r["loop/groups_requeued"]]
+    print(f"groups emptied by infrastructure in the last life: {last['loop/groups_dropped']:.0f}"
+          f" (stale {last['loop/groups_stale']:.0f}), handed out again: "
+          f"{last['loop/groups_requeued']:.0f}; rows where one was not: {len(unrequeued)}")
+    if unrequeued:
+        failed.append(f"an emptied group's task was not handed out again (lost), first at step "
+                      f"{unrequeued[0]}")
+    twice = [t for t in tasks if trained[t] > begun]
     if twice:
-        failed.append(f"{len(twice)} task(s) trained more than {done + 1} times: {twice[:3]}")
+        failed.append(f"{len(twice)} task(s) trained more than the {begun} passes begun: "
+                      f"{twice[:3]}")
     ckpt = latest_checkpoint(rd.ckpt)
     saved = Counter(json.loads((ckpt / "meta.json").read_text())["sampler_state"]["trained"]) \
         if ckpt is not None else Counter()
@@ -91,6 +109,11 @@ def check(run: Path) -> list[str]:
     ids = Counter(t.id for t in trajs)
     if any(n > 1 for n in ids.values()):
         failed.append(f"{sum(n > 1 for n in ids.values())} trajectory id(s) trained twice")
+    pairs = {(r["step"], t) for r in rows for t in r["tasks"]}
+    stray = [t.id for t in trajs if (t.metadata.get("train_step"), t.task_id) not in pairs]
+    if stray:
+        failed.append(f"{len(stray)} trained trajectory(ies) of no metrics row's groups (a step "
+                      f"a killed life trained, kept beside its retraining): {stray[:3]}")
     scored = [t.id for t in trajs if t.is_infra_error or faults.MARK in t.to_json()]
     print(f"trained trajectories {len(trajs)}; infrastructure failures among them: {len(scored)}")
     if scored:
