@@ -7,12 +7,14 @@
 #     nice -n 10 scripts/fault_drill.sh [RUNS_DIR] [NAME]     # from the repo root; default runs/fault_drill
 #
 # What it runs: configs/quickstart.toml's inflection tasks (its build, from the task cache),
-# four held out; no pretraining or SFT (the drill need not learn); rollouts on a Ray fleet of
+# four held out; no pretraining, SFT on the train tasks' oracle demos alone (the drill need not
+# learn, but a model that never edits makes no command or test run to fail); three walks over
+# the train tasks end RL (at ~4 min a walk here: >= 10 min), so every task must be trained
+# exactly three times; rollouts on a Ray fleet of
 # this machine (a one-node Ray the run starts; node_lost kills that node's actors) whose
 # sandboxes are reached over HTTP (env_server_5xx, connection_dropped); every class at 5%, the
-# process kill at 20% of step rows (about ten steps in the 11 minutes: at 5% most drills would
-# see no kill).
-# Short rollouts (2 turns of 64 tokens, groups of 2, 4 in flight): with one node, a node_lost at
+# process kill at 20% of step rows (about 14 rows: at 5% most drills would see no kill).
+# Short rollouts (2 turns of 96 tokens: an edit call and finish; groups of 2, 4 in flight): with one node, a node_lost at
 # 5% of attempts takes every attempt in flight, and the node's restart costs about a minute on 2
 # busy cores; groups of 4 with 8 in flight trained no step in 5 minutes.
 # Each life's output goes to RUNS_DIR/NAME.lifeN.log, one line per life to RUNS_DIR/NAME.lives.
@@ -23,13 +25,13 @@ PY=${PYTHON:-.venv/bin/python}
 ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
   -o 'tasks.train_packages=["inflection==0.5.1"]' -o 'tasks.train_only_packages=[]'
   -o 'tasks.heldout_packages=[]' -o tasks.max_heldout=4
-  -o demos.oracle=false -o demos.synthetic=0 -o model.pretrain_steps=0 -o model.drills=0 -o eval.k=1
+  -o demos.synthetic=0 -o model.pretrain_steps=0 -o model.drills=0 -o eval.k=1
   -o fleet.backend=ray -o fleet.node_ip=127.0.0.2 -o fleet.sandboxes=http
   -o fleet.sandboxes_per_node=8 -o fleet.wait_for_nodes_s=600
   -o rollout.group_size=2 -o rollout.max_in_flight=4 -o rollout.max_infra_retries=10
-  -o rollout.agent.max_turns=2 -o rollout.agent.max_new_tokens=64
-  -o rollout.agent.max_total_new_tokens=128
-  -o loop.groups_per_step=2 -o loop.queue_size=2 -o loop.max_minutes=11 -o loop.passes=1000
+  -o rollout.agent.max_turns=2 -o rollout.agent.max_new_tokens=96
+  -o rollout.agent.max_total_new_tokens=192
+  -o loop.groups_per_step=2 -o loop.queue_size=2 -o loop.max_minutes=40 -o loop.passes=3
   -o loop.checkpoint_every=1 -o loop.max_staleness=1000
   -o faults.rates.all=0.05 -o faults.rates.process_killed=0.2 -o faults.seed=1)
 mkdir -p "$RUNS"

@@ -2,6 +2,7 @@
 cut off with it, survive a killed trainer, and the ledger's rows count each class and its rate."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -201,3 +202,26 @@ def test_only_a_resumed_run_continues_the_ledger(tmp_path):
     ledger.failure(InfraKind.WEIGHT_READ, 3)
     ledger.step_row(1)
     assert InfraLedger(tmp_path / "infra.json").counts()["weight_read"] == 0
+
+
+def test_a_restarted_fleet_node_draws_its_own_faults():
+    """Each member the fleet spawns (a node restarted after a loss included) gets the run's rates
+    on a stream of its own: with one seed for all, every restart repeated the same first draws,
+    and a class that did not fire in them never fired on short-lived nodes."""
+    from looprl.fleet.config import FleetConfig
+    from looprl.fleet.ray_fleet import MemberSpec, RayFleet
+    from looprl.rewards.composite import RewardConfig
+    from looprl.rollout.runner import RolloutConfig
+
+    spec = MemberSpec("model", None, "weights", RolloutConfig(), RewardConfig(), "torch",
+                      faults=FaultsConfig({"grader_crash": 0.05}, seed=1))
+    fleet = RayFleet(FleetConfig(), spec)
+    first, second = fleet._member_faults(), fleet._member_faults()
+    assert first.rates == second.rates == {"grader_crash": 0.05}
+
+    def draws(cfg: FaultsConfig) -> list[bool]:
+        inj = FaultInjector(cfg, role="env")
+        return [inj.fires(InfraKind.GRADER_CRASH) for _ in range(200)]
+
+    assert draws(first) != draws(second)
+    assert RayFleet(FleetConfig(), dataclasses.replace(spec, faults=None))._member_faults() is None
