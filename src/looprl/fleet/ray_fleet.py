@@ -400,8 +400,10 @@ class RayFleet:
         fired on members that lived only a few attempts (seen: no grader crash in 131 attempts
         of a drill at 5%)."""
         self._spawned += 1
-        f = self.spec.faults
-        return None if f is None else FaultsConfig(f.rates, seed=f.seed * 1_000_003 + self._spawned)
+        f, inj = self.spec.faults, faults.active()
+        life = inj.life if inj is not None else 0  # a resumed trainer's fleet spawns from 1 again
+        return None if f is None else FaultsConfig(
+            f.rates, seed=(f.seed * 1_000_003 + life) * 1_000_003 + self._spawned)
 
     async def _bring_up(self, m: _Member) -> None:
         """Load the models, pull the current version (again while the trainer moved on), start
