@@ -50,7 +50,9 @@ def run_with(kind: InfraKind, tasks: list[Task], rate: float, *, http: bool = Fa
     tok = build_tokenizer(None)
     inj = FaultInjector(FaultsConfig({kind.value: rate}, seed=7))
     ledger = InfraLedger()
-    cfg = RolloutConfig(group_size=2, max_in_flight=4, max_infra_retries=6, min_group_size=1,
+    # retries enough that a group keeps both rollouts at these rates (with 6, one env_server_5xx
+    # run lost one on a loaded machine)
+    cfg = RolloutConfig(group_size=2, max_in_flight=4, max_infra_retries=12, min_group_size=1,
                         tools=("run_terminal", "finish"),
                         agent=AgentConfig(max_turns=3, max_new_tokens=12 if engine else 200,
                                           context_window=16384))
