@@ -10,7 +10,7 @@ their paths from here, so a name changes in one place. A ``looprl train`` run, s
 (``looprl.train.run``): ``config.json``; ``tasks/``; ``model_init/``, ``demos_validation.jsonl``,
 ``sft_loss.png``, ``model_start/`` and ``start.json``; ``eval_start*.json``; RL's
 ``metrics.jsonl``, ``tb/``, ``ckpt/``, ``weights/``, ``trajectories/train.jsonl``, ``fleet.json``,
-``reward_curve.png``, ``rl.json`` and ``model_rl/``; ``eval_rl*.json``; ``report.md``,
+``infra.json``, ``faults.jsonl`` (with fault injection), ``reward_curve.png``, ``rl.json`` and ``model_rl/``; ``eval_rl*.json``; ``report.md``,
 ``turn_accuracy.json``, ``dashboard.html``. A real-time loop run (``looprl feedback loop``) shares
 ``config.json`` and ``report.md`` and adds ``feedback.db``, ``policies/``, ``server.json``,
 ``users.json``, ``users_tasks.jsonl``, ``gate/``, ``cycles.jsonl``, ``final_ab.json``, ``ab.png``,
@@ -142,6 +142,17 @@ class RunDir:
     def fleet(self) -> Path:
         """The Ray fleet's snapshot (``fleet.snapshot``), rewritten every poll."""
         return self.root / "fleet.json"
+
+    @property
+    def infra_ledger(self) -> Path:
+        """The run's infrastructure failures by class (``faults.InfraLedger``), kept across lives
+        of the trainer."""
+        return self.root / "infra.json"
+
+    @property
+    def fault_books(self) -> Path:
+        """The fault injector's own books, a line per step row, when it injected faults."""
+        return self.root / "faults.jsonl"
 
     @property
     def reward_curve(self) -> Path:

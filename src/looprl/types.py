@@ -202,6 +202,8 @@ class ToolResult(_Record):
     content: str
     status: ToolStatus = "ok"
     wall_s: float = 0.0
+    infra_kind: str = ""
+    """For ``infra_error``: the failure's class (``looprl.errors.InfraKind`` value)."""
 
     @property
     def broken(self) -> bool:
@@ -210,7 +212,8 @@ class ToolResult(_Record):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ToolResult:
         return cls(call_id=str(d["call_id"]), name=str(d["name"]), content=str(d["content"]),
-                   status=d.get("status", "ok"), wall_s=float(d.get("wall_s", 0.0)))
+                   status=d.get("status", "ok"), wall_s=float(d.get("wall_s", 0.0)),
+                   infra_kind=str(d.get("infra_kind", "")))
 
 
 @dataclass(frozen=True)
@@ -368,6 +371,9 @@ class Trajectory(_Record):
     broken_spans: tuple[TokenSpan, ...] = ()
     """The tokens of each broken tool call's own block (recorded by the agent loop): what the
     trainer's token-level credit (``trainer.batch``) gives ``broken_call_advantage``."""
+    infra_kind: str = ""
+    """For infra errors: the failure's class in the taxonomy (an ``looprl.errors.InfraKind``
+    value, ``infra_kind(e)`` of what failed); empty otherwise."""
 
     @property
     def is_infra_error(self) -> bool:
@@ -410,6 +416,7 @@ class Trajectory(_Record):
                             for s in d.get("summaries", legacy["summaries"])),
             broken_spans=tuple(TokenSpan(*map(int, s))
                                for s in d.get("broken_spans", legacy["broken_spans"])),
+            infra_kind=str(d.get("infra_kind", "")),
         )
 
 
@@ -451,6 +458,9 @@ class GroupResult:
     screened_out: tuple[Trajectory, ...] = ()
     """The screen's scored trajectories when none passed and the group stopped there
     (``RolloutConfig.screen``; ``group`` is then None)."""
+    lost: tuple[Trajectory, ...] = ()
+    """The trajectories that still failed as infrastructure after their retries (never scored;
+    each carries its ``infra_kind``): a benchmark's samples lost to the infrastructure."""
 
 
 @dataclass(frozen=True)

@@ -285,3 +285,55 @@ def test_kept_runs_are_in_the_repository_and_pool():
     lines = [ln for ln in out.splitlines() if ln.startswith("set=")]
     assert [ln.split()[:3] for ln in lines] == [["set=functions", "runs=2", "tasks=200"],
                                                 ["set=packages", "runs=2", "tasks=160"]]
+
+
+@pytest.mark.slow
+def test_injected_infrastructure_failures_are_reported_beside_pass_at_k(tasks, tmp_path):
+    """The grader crashes on purpose at 60% of gradings: retried, the samples still lost are
+    counted by class beside pass@k, never as the oracle's failures."""
+    from looprl import faults
+    from looprl.faults import FaultInjector, FaultsConfig
+
+    before = faults.install(FaultInjector(FaultsConfig({"grader_crash": 0.6}, seed=5)))
+    try:
+        samples = run_bench(tasks, "oracle", k=6)
+    finally:
+        faults.install(before)
+    rep = summarize(samples, 6, "oracle", "t.jsonl")
+    lost = [s for s in samples if s.score is None]
+    assert lost and rep["infra_by_kind"] == {"grader_crash": len(lost)}
+    assert rep["metrics"]["infra_share"] == pytest.approx(len(lost) / 6)
+    assert rep["metrics"]["pass@1"] == 1.0  # what was graded passed: lost ones do not count
+    md = write_report(rep, tmp_path / "o.json")[1].read_text()
+    assert f"| infra failures | {len(lost)} of 6 samples: grader_crash {len(lost)} |" in md
+
+
+def _report(passes: list[int], lost: int, kind: str = "sandbox_create") -> dict:
+    samples = [Sample(f"t{i}", 0, float(v), "finished") for i, v in enumerate(passes)]
+    samples += [Sample(f"t{i}", 1, None, "infra_error", infra_kind=kind) for i in range(lost)]
+    return summarize(samples, 2)
+
+
+def test_gate_refuses_to_judge_above_the_infrastructure_share(tmp_path):
+    base, good = _report([0] * 20 + [1] * 20, 1), _report([1] * 40, 1)
+    assert compare(base, good).passed  # 1 of 41 samples lost by each: judged
+    flaky = _report([1] * 40, 8, "grader_crash")  # 8 of 48: 16.7%
+    c = compare(base, flaky)
+    assert c.refused and not c.passed and "grader_crash 8" in c.reason
+    assert "refused" in c.reason and c.infra_shares[1] == pytest.approx(8 / 48)
+    judged = compare(base, flaky, max_infra_share=0.2)  # judged, then fails on the increase
+    assert not judged.refused and not judged.passed and "not promoted" in judged.reason
+    assert compare(base, flaky, max_infra_share=0.2, max_infra_increase=0.2).passed
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(base))
+    b.write_text(json.dumps(flaky))
+    out = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert out.exit_code == 1 and "gate REFUSED" in out.output
+
+
+def test_a_candidate_that_fails_more_as_infrastructure_is_not_promoted():
+    parent, child = _report([0] * 20 + [1] * 20, 0), _report([1] * 40, 2, "grader_crash")
+    c = compare(parent, child)  # pass@1 up by 0.5, but 2 samples lost where the parent lost 0
+    assert not c.passed and not c.refused and "not promoted" in c.reason
+    assert compare(parent, child, max_infra_increase=0.05).passed
+    assert compare(child, parent).passed is False  # the parent's pass@1 is lower: a real fail

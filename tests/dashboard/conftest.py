@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ import uvicorn
 
 from looprl.chat import ChatFormat
 from looprl.config import load_config, save_config
+from looprl.faults import InfraLedger
 from looprl.feedback.ab import ABReport, compare_arms
 from looprl.feedback.gate import ab_decision
 from looprl.feedback.loop import LoopResult
@@ -73,10 +74,13 @@ def _groups(step: int) -> list:
     return out
 
 
-def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = None) -> Path:
+def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = None,
+                   infra: InfraLedger | None = None,
+                   before_step: Callable[[int], None] | None = None) -> Path:
     """Train ``steps`` real GRPO steps through ``GRPOLoop._train`` -> ``_log`` (the exact code that
     writes ``metrics.jsonl`` and the trained trajectories in a run); the rollout side is skipped:
-    groups are hand-made."""
+    groups are hand-made. ``infra``: the run's ledger (rows log it); ``before_step(i)`` runs
+    before step i (a test records what the rollouts of the step met)."""
     tok = build_tokenizer(None)
     model = tiny_llama()
     step = GRPOStep(model, GRPOConfig(lr=1e-3, experimental=GRPOExperimental(
@@ -84,11 +88,13 @@ def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = N
     runner = RolloutRunner(RecordingEngine(), ChatFormat(tok), None, make_scorer())
     loop = GRPOLoop(step, RecordingEngine(), runner, TaskSampler([]),
                     cfg or LoopConfig(groups_per_step=2), run_dir=run_dir,
-                    batch_metrics=reward_metrics)
+                    batch_metrics=reward_metrics, infra=infra)
     loop._t0 = time.monotonic()  # run() sets this; we drive the trainer side directly
 
     async def train() -> None:
         for i in range(steps):
+            if before_step is not None:
+                before_step(i)
             await loop._train(_groups(i), None)
 
     asyncio.run(train())

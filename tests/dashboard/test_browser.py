@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,3 +186,55 @@ def test_export_works_from_disk(browser: Browser, grpo_run: Path, tmp_path: Path
     assert page.locator(".report img").evaluate("img => img.naturalWidth") > 100
     page.screenshot(path=str(shots / "export.png"), full_page=True)
     tab.page.close()
+
+
+def test_infrastructure_failures_by_class(browser: Browser, tmp_path: Path, shots: Path):
+    """A run with faults injected: the page lists each class's count and last rate beside the
+    injector's books (agreeing), and draws the per-step rate of each class."""
+    from looprl import faults
+    from looprl.faults import FaultInjector, FaultsConfig, InfraLedger
+    from looprl.rundir import RunDir
+    from looprl.types import Counters, StopReason, Trajectory
+
+    from .conftest import write_grpo_run
+
+    run = tmp_path / "runs" / "drill"
+    run.mkdir(parents=True)
+    inj = FaultInjector(FaultsConfig({"engine_error": 0.3, "sandbox_create": 0.2}, seed=1),
+                        books=RunDir(run).fault_books)
+    ledger = InfraLedger(RunDir(run).infra_ledger)
+
+    def rollouts(step: int) -> None:  # what a step's 8 rollout attempts met
+        for _ in range(8):
+            kind = next((k for k in (faults.InfraKind.ENGINE_ERROR, faults.InfraKind.SANDBOX_CREATE)
+                         if inj.fires(k)), None)
+            ledger.attempt(Trajectory("t", "g", (), (), Counters(),
+                                      StopReason.INFRA_ERROR if kind else StopReason.FINISHED,
+                                      infra_kind=kind.value if kind else ""))
+
+    before = faults.install(inj)
+    try:  # in a thread: Playwright's event loop runs in this one
+        t = threading.Thread(target=write_grpo_run, args=(run,),
+                             kwargs={"infra": ledger, "before_step": rollouts})
+        t.start()
+        t.join()
+    finally:
+        faults.install(before)
+    books = inj.books()["settled"]
+    assert books.get("engine_error") and books.get("sandbox_create")
+    for base in serve(create_app(DashboardConfig(runs=(run,), refresh_s=0))):
+        tab = Tab(browser)
+        page = tab.open(base + "/runs/drill")
+        table = page.locator("table.infra")
+        cells = {r.locator("td").first.inner_text(): r.locator("td").all_inner_texts()
+                 for r in table.locator("tr").all()[1:]}
+        assert set(cells) == {"engine_error", "sandbox_create"}
+        for kind, row in cells.items():
+            assert row[1] == str(books[kind]) and row[4] == str(books[kind]) and row[-1] == "yes"
+        title = "infrastructure failures per rollout attempt (each step)"
+        _figure(page, title).scroll_into_view_if_needed()  # below the fold: the mouse must reach it
+        values = _hover_step(page, title, 2)
+        assert len(values) == 4 and all(v != "—" for v in values[1:]), values
+        assert _figure(page, "infrastructure failures so far, by class").count() == 1
+        page.locator("section[id$='-infra']").screenshot(path=str(shots / "infra.png"))
+        tab.page.close()

@@ -5,6 +5,7 @@ mid-run and another joins: no group is lost or trained twice, no rollout cut off
 scored, and the joining node gets groups. The dashboard's fleet view shows what happened."""
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -164,3 +165,62 @@ def test_training_on_the_fleet_survives_a_node_kill_and_takes_a_joining_node(clu
     assert f"{kill['node'][:8]}</span></td><td>{IP}</td><td>down" in html
     assert f"{kill['joined'][:8]}</span></td><td>{IP}</td><td>live" in html
     assert f"node {kill['node'][:8]} ({IP}) lost" in html
+
+
+def test_injected_faults_on_the_fleet_land_in_their_classes(cluster, tmp_path):
+    """Node losses (the driver kills a member's actors), failed weight loads on the replicas and
+    sandbox, engine and grader failures on the nodes' environment servers, all injected: every
+    task is trained once, no injected failure is scored, and the trainer's ledger holds exactly
+    what the injectors' books (the nodes' reported back with their results) say settled."""
+    from looprl import faults
+    from looprl.faults import FaultInjector, FaultsConfig, InfraLedger
+    from looprl.weights.retry import RetryingStore
+
+    tok = build_tokenizer(None)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384))
+    save_model(model, tok, tmp_path / "model")
+    run_dir, weights = tmp_path / "run", tmp_path / "weights"
+    tasks = _tasks(tmp_path, 6)
+    # seed 33: the driver's node-loss draws hit the 3rd attempt and then not before the 55th,
+    # so one node is lost (each loss costs a model load on a fresh actor)
+    rates = FaultsConfig({"node_lost": 0.08, "weight_read": 0.3, "sandbox_create": 0.1,
+                          "engine_error": 0.1, "grader_crash": 0.1}, seed=33)
+    cfg = FleetConfig(backend="ray", address=cluster.address, experimental=FleetExperimental(
+        node_ip=IP, min_nodes=2, poll_s=0.5))
+    spec = MemberSpec(str(tmp_path / "model"), tok, str(weights), ROLLOUT, RewardConfig(),
+                      faults=rates)
+    rollout = dataclasses.replace(ROLLOUT, max_infra_retries=6)
+    inj = FaultInjector(rates)
+    ledger = InfraLedger()
+
+    async def main():
+        fleet = await RayFleet.start(cfg, spec, ledger=ledger)
+        try:
+            step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=32, skip_zero_variance=False),
+                            pad_id=tok.pad_token_id)
+            loop = GRPOLoop(step, fleet, RolloutRunner.over(fleet, rollout, ledger=ledger),
+                            TaskSampler(tasks),
+                            LoopConfig(groups_per_step=2, max_staleness=100, queue_size=2),
+                            store=RetryingStore(LocalWeightStore(str(weights)), ledger=ledger),
+                            run_dir=run_dir, batch_metrics=reward_metrics, infra=ledger)
+            return await loop.run(), fleet.stats.members_lost
+        finally:
+            await fleet.close()
+
+    before = faults.install(inj)
+    try:
+        stats, members_lost = asyncio.run(main())
+    finally:
+        faults.install(before)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(t for r in rows for t in r["tasks"]) == sorted(t.id for t in tasks)
+    books = inj.books()
+    failed = {k: n for k, n in ledger.counts().items() if n}
+    assert failed == books["settled"], (failed, books)
+    assert failed.get("node_lost", 0) >= members_lost >= 1, (failed, members_lost)
+    assert failed.get("weight_read", 0) >= 1 and len(failed) >= 4, failed
+    text = (run_dir / "trajectories" / "train.jsonl").read_text()
+    assert faults.MARK not in text and all(not t.is_infra_error for t in _trained(run_dir))

@@ -8,6 +8,14 @@ how much of a difference could be task-set noise. The gate passes when the candi
 not worse than the base by more than ``max_drop`` at the CI's lower bound
 (non-inferiority), and, if ``min_gain`` > 0, when the lower bound also exceeds ``min_gain``.
 
+Infrastructure failures come first: pass@k leaves out the samples infrastructure took, so a
+report where more than ``max_infra_share`` of them failed that way is no evidence, and the gate
+refuses to judge (``Comparison.refused``: fix the infrastructure and evaluate again). And a
+candidate whose rollouts fail as infrastructure more than its parent's (by more than
+``max_infra_increase``) is not promoted, whatever its pass@1: a policy can make failures land
+outside the score (a workspace that makes the grader raise), and the samples it loses that way
+would otherwise raise its pass@k.
+
 ``precision`` splits the pass@1 difference's variance into the spread of the true per-task
 differences and the noise of k samples per task, to say what an evaluation must cost for a given
 interval: more samples shrink only the second part, more tasks shrink both. ``runs_precision``
@@ -25,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from looprl.bench.report import infra_share
 from looprl.config import Share
 from looprl.errors import ConfigError
 
@@ -42,6 +51,11 @@ class GateSettings:
     bound of (candidate - base) below ``-max_drop`` (non-inferiority)."""
     min_gain: Share = 0.0
     """With > 0, the CI's lower bound must also exceed this (superiority)."""
+    max_infra_share: Share = 0.05
+    """Refuse to gate when more than this share of either report's samples failed as
+    infrastructure (excluded from pass@k, so the comparison would not say much)."""
+    max_infra_increase: Share = 0.0
+    """The candidate fails when its infrastructure share exceeds the base's by more than this."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +218,11 @@ class Comparison:
     passed: bool
     reason: str
     precision: Precision | None = None
+    infra_shares: tuple[float, float] = (0.0, 0.0)
+    """The share of each report's samples that infrastructure took (base, candidate)."""
+    refused: bool = False
+    """The gate did not judge: a report had too many infrastructure failures (``passed`` is
+    False)."""
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -230,7 +249,8 @@ def _bootstrap(a: list[float], b: list[float], n_boot: int, rng: random.Random
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 2000, seed: int = 0,
-            max_drop: Share = 0.02, min_gain: float = 0.0) -> Comparison:
+            max_drop: Share = 0.02, min_gain: float = 0.0, max_infra_share: float = 0.05,
+            max_infra_increase: float = 0.0) -> Comparison:
     common = sorted(set(a["per_task"]) & set(b["per_task"]))
     if not common:
         raise ConfigError("the two reports share no task ids; run both on the same task file")
@@ -243,6 +263,21 @@ def compare(a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 2000, seed: i
         diffs.append(MetricDiff(m, statistics.fmean(xa), statistics.fmean(xb),
                                 statistics.fmean(xb) - statistics.fmean(xa), lo, hi))
     p1 = diffs[0]
+    shares = (infra_share(a), infra_share(b))
+    worst = max(range(2), key=lambda i: shares[i])
+    if shares[worst] > max_infra_share:
+        rep = (a, b)[worst]
+        return Comparison(len(common), tuple(diffs), False, (
+            f"refused: infrastructure failed {rep.get('infra_errors', 0)} of "
+            f"{rep.get('n_samples', 0)} samples ({shares[worst]:.1%}) of the "
+            f"{('base', 'candidate')[worst]} report ({_by_kind(rep)}), above "
+            f"max_infra_share={max_infra_share:g}; pass@k leaves them out, so fix the "
+            "infrastructure and evaluate again"), precision(a, b), shares, refused=True)
+    if shares[1] > shares[0] + max_infra_increase:
+        return Comparison(len(common), tuple(diffs), False, (
+            f"not promoted: its rollouts failed as infrastructure more than its parent's "
+            f"({shares[1]:.1%}: {_by_kind(b)} vs {shares[0]:.1%}; max_infra_increase="
+            f"{max_infra_increase:g}); pass@1 diff {p1.diff:+.3f}"), precision(a, b), shares)
     if p1.lo < -max_drop:
         ok, why = False, (f"pass@1 may have dropped: CI lower bound {p1.lo:+.3f} < "
                           f"-{max_drop} (diff {p1.diff:+.3f})")
@@ -250,11 +285,19 @@ def compare(a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 2000, seed: i
         ok, why = False, f"pass@1 gain not shown: CI lower bound {p1.lo:+.3f} <= {min_gain}"
     else:
         ok, why = True, f"pass@1 diff {p1.diff:+.3f}, 95% CI [{p1.lo:+.3f}, {p1.hi:+.3f}]"
-    return Comparison(len(common), tuple(diffs), ok, why, precision(a, b))
+    return Comparison(len(common), tuple(diffs), ok, why, precision(a, b), shares)
+
+
+def _by_kind(rep: dict[str, Any]) -> str:
+    kinds = rep.get("infra_by_kind") or {}
+    return ", ".join(f"{k} {n}" for k, n in kinds.items()) or "no class recorded"
 
 
 def comparison_markdown(c: Comparison) -> str:
-    lines = [f"{c.n_tasks} common tasks — gate {'PASSED' if c.passed else 'FAILED'}: {c.reason}",
+    verdict = "REFUSED" if c.refused else "PASSED" if c.passed else "FAILED"
+    lines = [f"{c.n_tasks} common tasks — gate {verdict}: {c.reason}", "",
+             f"Infrastructure failures (excluded from pass@k): A {c.infra_shares[0]:.1%}, "
+             f"B {c.infra_shares[1]:.1%} of samples.",
              "", "| metric | A | B | B - A | 95% CI | better |", "|---|---|---|---|---|---|"]
     for d in c.diffs:
         better = (d.lo > 0) if HIGHER_IS_BETTER[d.metric] else (d.hi < 0)

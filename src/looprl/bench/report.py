@@ -3,15 +3,17 @@
     rep = summarize(samples, k=4)          # -> dict of metrics + per-task records
     write_report(rep, "bench.json")        # also bench.md (table) and bench.png (chart)
 
-Infra-failed samples (``score is None``) are counted in ``infra_errors`` and excluded from every
-other metric: they say nothing about the policy.
+Infra-failed samples (``score is None``) are counted in ``infra_errors`` (their share in
+``metrics["infra_share"]``, beside pass@k, and by class in ``infra_by_kind``) and excluded from
+every other metric: they say nothing about the policy. A report with many is not evidence either
+way, and ``bench.gate`` refuses to gate on it.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict
 from math import comb
 from pathlib import Path
@@ -68,20 +70,36 @@ def summarize(samples: list[Sample], k: int, policy: str = "", tasks_file: str =
         "broken_tool_calls_per_sample": mean("broken_tool_calls"),
         "broken_tool_call_rate": (sum(s.broken_tool_calls for s in graded) / calls) if calls else 0.0,
         "edited_tests_rate": (sum(s.edited_tests for s in graded) / len(graded)) if graded else 0.0,
+        "infra_share": infra_share({"n_samples": len(samples),
+                                    "infra_errors": len(samples) - len(graded)}),
     }
+    lost = Counter(s.infra_kind or "internal" for s in samples if s.score is None)
     return {"policy": policy, "tasks_file": tasks_file, "k": k, "n_tasks": len(tasks),
             "n_samples": len(samples), "infra_errors": len(samples) - len(graded),
-            "metrics": metrics,
+            "infra_by_kind": dict(sorted(lost.items())), "metrics": metrics,
             "pass@1_by_kind": {kd: statistics.fmean(v) for kd, v in sorted(by_kind.items())},
             "per_task": tasks, "samples": [asdict(s) for s in samples]}
 
 
+def infra_share(rep: dict[str, Any]) -> float:
+    """The share of a report's samples that infrastructure took (0 for a report without any).
+
+    >>> infra_share({"n_samples": 40, "infra_errors": 3}), infra_share({"per_task": {}})
+    (0.075, 0.0)
+    """
+    n = int(rep.get("n_samples", 0))
+    return int(rep.get("infra_errors", 0)) / n if n else 0.0
+
+
 def markdown(rep: dict[str, Any]) -> str:
     m = rep["metrics"]
+    by_kind = ", ".join(f"{kd} {n}" for kd, n in rep.get("infra_by_kind", {}).items())
     lines = [f"### bench: {rep['policy']} on {rep['tasks_file']} ({rep['n_tasks']} tasks, "
              f"k={rep['k']}, {rep['infra_errors']} infra errors excluded)", "",
              "| metric | value |", "|---|---|"]
     lines += [f"| {name} | {v:.4g} |" for name, v in m.items()]
+    lines += [f"| infra failures | {rep['infra_errors']} of {rep['n_samples']} samples"
+              f"{': ' + by_kind if by_kind else ''} |"]
     if rep["pass@1_by_kind"]:
         lines += ["", "| source kind | pass@1 |", "|---|---|"]
         lines += [f"| {kd} | {v:.3f} |" for kd, v in rep["pass@1_by_kind"].items()]

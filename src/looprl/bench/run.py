@@ -8,7 +8,9 @@ in-process torch engine on a local checkpoint), ``openai:URL`` (any OpenAI-compa
 Samples run through the ``RolloutRunner`` that training uses (a task's k samples are one group),
 each in its own sandbox over the task repo; ``rewards.tests.grade`` grades the final diff in a fresh
 one. Infra failures (sandbox, engine, grader) are retried in a fresh sandbox, then recorded with
-``score=None`` and left out of every metric, never counted as the model's failure.
+``score=None`` and their class (``Sample.infra_kind``) and left out of every metric, never counted
+as the model's failure; the report counts them beside pass@k, and the gate refuses to judge a
+report with too many (``bench.gate``). ``LOOPRL_FAULTS`` injects failures (``looprl.faults``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looprl.errors import ConfigError
+from looprl.errors import ConfigError, InfraKind
 from looprl.protocols import Engine
 from looprl.types import StopReason, Task, Trajectory
 
@@ -63,6 +65,8 @@ class Sample:
     edited_tests: bool = False
     error: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    infra_kind: str = ""
+    """For an infra-failed sample: the failure's class (``looprl.errors.InfraKind`` value)."""
 
 
 # ------------------------------------------------------------------ policies
@@ -165,7 +169,8 @@ def to_sample(task: Task, index: int, traj: Trajectory) -> Sample:
                   wall_s=traj.wall_s)
     if traj.is_infra_error or traj.reward is None:
         return Sample(task.id, index, None, StopReason.INFRA_ERROR.value,
-                      error=(traj.error or "not graded")[:500], **common)
+                      error=(traj.error or "not graded")[:500],
+                      infra_kind=traj.infra_kind or InfraKind.INTERNAL.value, **common)
     d = traj.reward.details
     return Sample(task.id, index, traj.reward.components["tests"], traj.stop_reason.value,
                   grade_wall_s=float(d.get("grade_wall_s", 0.0)),
@@ -200,17 +205,16 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
         runner = RolloutRunner(factory.engine_for, ChatFormat(factory.tokenizer()), pool,
                                make_tests_scorer(), cfg)
         async for r in runner.run(tasks):
-            if r.group is None:
-                out = [Sample(r.task.id, i, None, StopReason.INFRA_ERROR.value,
-                              error=(r.dropped or "")[:500], wall_s=r.wall_s) for i in range(k)]
-            else:
-                out = [to_sample(r.task, i, t) for i, t in enumerate(r.group.trajectories)]
-                if trajectories is not None:
-                    with trajectories.open("a", encoding="utf-8") as f:
-                        f.writelines(t.to_json() + "\n" for t in r.group.trajectories)
-                out += [Sample(r.task.id, i, None, StopReason.INFRA_ERROR.value,
-                               error="infrastructure failed after retries")
-                        for i in range(len(out), k)]
+            kept = r.group.trajectories if r.group is not None else ()
+            # the samples infrastructure took (after retries) count with their class
+            out = [to_sample(r.task, i, t) for i, t in enumerate((*kept, *r.lost))]
+            if kept and trajectories is not None:
+                with trajectories.open("a", encoding="utf-8") as f:
+                    f.writelines(t.to_json() + "\n" for t in kept)
+            out += [Sample(r.task.id, i, None, StopReason.INFRA_ERROR.value,
+                           error=(r.dropped or "infrastructure failed after retries")[:500],
+                           wall_s=r.wall_s, infra_kind=InfraKind.INTERNAL.value)
+                    for i in range(len(out), k)]
             by_task[r.task.id] = out
             if progress:
                 progress(k)

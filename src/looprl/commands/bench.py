@@ -30,7 +30,9 @@ def run_cmd(
     concurrency: Annotated[int, typer.Option(help="samples in flight", min=1)] = 2,
     max_turns: Annotated[int, typer.Option(help="agent turns per sample", min=1)] = 30,
 ) -> None:
-    """Run POLICY on every task K times through the harness and grade each sample."""
+    """Run POLICY on every task K times through the harness and grade each sample
+    (``LOOPRL_FAULTS`` injects infrastructure failures, ``looprl.faults``)."""
+    from looprl import faults
     from looprl.bench.report import markdown, summarize, write_report
     from looprl.bench.run import BenchSettings, run_bench
     from looprl.progress import Bar
@@ -43,6 +45,7 @@ def run_cmd(
         ts = ts[:limit]
     out.parent.mkdir(parents=True, exist_ok=True)  # before the run: a report is never lost
     settings = BenchSettings(concurrency=concurrency, max_turns=max_turns)
+    faults.install_from_env("bench")
     with Bar() as bar:
         job = bar.add_task(f"{policy} x{k}", total=len(ts) * k)
         samples = run_bench(ts, policy, k, settings, progress=lambda n: bar.advance(job, n))
@@ -60,10 +63,17 @@ def compare_cmd(
     max_drop: Annotated[float, typer.Option(help="largest pass@1 drop tolerated at the CI bound")] = 0.02,
     min_gain: Annotated[float, typer.Option(help="require a pass@1 gain above this at the CI bound")] = 0.0,
     n_boot: Annotated[int, typer.Option(help="bootstrap resamples", min=100)] = 2000,
+    max_infra_share: Annotated[float, typer.Option(
+        help="refuse to gate when more of a report's samples failed as infrastructure",
+        min=0.0, max=1.0)] = 0.05,
+    max_infra_increase: Annotated[float, typer.Option(
+        help="fail B when its infrastructure share exceeds A's by more", min=0.0, max=1.0)] = 0.0,
 ) -> None:
-    """Per-metric differences B - A with paired bootstrap CIs; exit 1 if the gate fails."""
+    """Per-metric differences B - A with paired bootstrap CIs; exit 1 if the gate fails or
+    refuses (too many infrastructure failures to judge)."""
     from looprl.bench.gate import compare, comparison_markdown, load
 
-    c = compare(load(a), load(b), n_boot=n_boot, max_drop=max_drop, min_gain=min_gain)
+    c = compare(load(a), load(b), n_boot=n_boot, max_drop=max_drop, min_gain=min_gain,
+                max_infra_share=max_infra_share, max_infra_increase=max_infra_increase)
     typer.echo(comparison_markdown(c))
     raise typer.Exit(0 if c.passed else 1)

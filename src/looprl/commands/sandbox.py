@@ -75,7 +75,9 @@ def serve(host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1"
               help="On SIGTERM: seconds running requests may finish before they are cancelled "
                    "and every sandbox is closed.")] = 30.0,
           ) -> None:
-    """Serve a sandbox pool over HTTP until SIGTERM/Ctrl-C, then drain and close every sandbox."""
+    """Serve a sandbox pool over HTTP until SIGTERM/Ctrl-C, then drain and close every sandbox
+    (``LOOPRL_FAULTS`` fails its sandbox creations and commands on purpose, ``looprl.faults``)."""
+    from looprl import faults
     from looprl.asgi import Drain, run
     from looprl.sandbox.pool import SandboxPool
     from looprl.sandbox.server import EnvServerConfig, create_app, default_token
@@ -90,6 +92,7 @@ def serve(host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1"
                           idle_timeout_s=idle_timeout, max_body_bytes=int(max_body_mb * 2**20),
                           drain_s=drain)
     tok = token or default_token()
+    faults.install_from_env("env-server")
     pool = SandboxPool(max_running=max_running, lease_timeout_s=lease_timeout)
     roots = ", ".join(str(r) for r in cfg.roots())
     typer.echo(f"environment server on http://{host}:{port} (token {tok}; allowed roots {roots})")

@@ -63,6 +63,7 @@ from looprl.dashboard.data import (
     load_tokenizer,
 )
 from looprl.dashboard.fleet_view import fleet_page
+from looprl.dashboard.infra_view import infra_section
 from looprl.dashboard.loop_view import loop_section
 from looprl.rundir import RunDir
 
@@ -281,8 +282,11 @@ class Dashboard:
 
 
 def _main_section(run: RunData, prefix: str) -> str:
-    """A training run's cards and curves, or a real-time loop's result, cycles and final A/B."""
-    return loop_section(run, prefix) if run.is_loop else render.run_section(run, prefix)
+    """A training run's cards, curves and infrastructure failures, or a real-time loop's result,
+    cycles and final A/B."""
+    if run.is_loop:
+        return loop_section(run, prefix)
+    return render.run_section(run, prefix) + infra_section(run, prefix)
 
 
 def _num(v: Any) -> float | None:

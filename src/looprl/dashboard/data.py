@@ -77,6 +77,8 @@ class RunData:
     """``final_ab.json``: the final A/B (start vs last promoted policy), when one ran."""
     result: dict[str, float | None] | None = None
     """``result.txt`` (``parse_result``): None until the loop has ended."""
+    fault_books: dict[str, Any] | None = None
+    """The fault injector's books at its last row (``faults.jsonl``), when it injected faults."""
 
     @property
     def last(self) -> dict[str, Any]:
@@ -270,8 +272,17 @@ def load_run(path: Path, name: str | None = None) -> RunData:
     trajs = rd.trajectories
     files = tuple(sorted(p.stem for p in trajs.glob("*.jsonl"))) if trajs.is_dir() else ()
     cycles, final_ab, result = _read_loop(path, problems, mtimes) if loop else ((), None, None)
+    books = None
+    if rd.fault_books.is_file():
+        try:
+            lines, bad = parse_jsonl(rd.fault_books.read_text(errors="replace"),
+                                     rd.fault_books.name, "life")
+            books = lines[-1] if lines else None
+            problems += bad
+        except OSError as e:
+            problems.append(f"cannot read {rd.fault_books.name}: {e}")
     return RunData(name, path, tuple(rows), tuple(problems), report, evals, config, files,
-                   max(mtimes), loop, cycles, final_ab, result)
+                   max(mtimes), loop, cycles, final_ab, result, books)
 
 
 def _read_loop(path: Path, problems: list[str], mtimes: list[float]

@@ -11,20 +11,29 @@ replica named by ``lane``, grading in the node's sandboxes. The sandbox never le
 only the finished ``Trajectory`` travels back to the driver. The driver (``ray_fleet.RayFleet``)
 creates both actors pinned to their node; nothing here imports Ray at module level, so the classes
 load in any worker that unpickles them.
+
+Faults (``looprl.faults``): with a ``faults`` config each actor installs an injector for the
+boundaries it owns (the environment server: sandboxes, exec, grading, its engine client, an HTTP
+env server; a replica: weight loads), and what it injected into a call travels back with the
+call's result (``AttemptOutcome.injected``, ``Pulled.injected``), for the trainer's books. A
+replica's failed loads are retried (``weights.retry``) and reported (``Pulled.read_failures``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from looprl import faults
 from looprl.chat import ChatFormat
-from looprl.errors import PolicyError
+from looprl.errors import InfraKind, PolicyError
+from looprl.faults import FaultsConfig
 from looprl.rewards.composite import RewardConfig
 from looprl.rollout.runner import LocalExecutor, RolloutConfig
 from looprl.types import Generation, SamplingParams, Task, Trajectory
@@ -37,14 +46,40 @@ class AttemptOutcome:
     trajectory: Trajectory
     replica_lost: bool = False
     """The engine replica died during the attempt (its node's member must be replaced)."""
+    injected: dict[str, int] = field(default_factory=dict)
+    """Failures the node's fault injector injected into this attempt, by class."""
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """What a replica's ``start`` or ``pull`` did."""
+
+    version: int
+    """The version it serves now."""
+    read_failures: int = 0
+    """Loads from the store that failed and were retried."""
+    injected: dict[str, int] = field(default_factory=dict)
+    """Failures its fault injector injected into those loads, by class."""
+
+
+ENV_FAULTS = (InfraKind.SANDBOX_CREATE, InfraKind.EXEC_TIMEOUT, InfraKind.GRADER_CRASH,
+              InfraKind.ENGINE_ERROR, InfraKind.ENV_SERVER_5XX, InfraKind.CONNECTION_DROPPED)
+"""The classes a node's environment server injects (the rest are the driver's or a replica's)."""
+REPLICA_FAULTS = (InfraKind.WEIGHT_READ,)
+
+
+def _install(cfg: FaultsConfig | None, kinds: tuple[InfraKind, ...], role: str) -> None:
+    if cfg is not None and cfg.only(kinds).active:
+        faults.install(faults.FaultInjector(cfg.only(kinds), role=role))
 
 
 class EngineReplica:
     """One rollout engine (``make_engine``) on a node; pulls weight versions from the store."""
 
     def __init__(self, model_dir: str, engine: str, weights_url: str, threads: int,
-                 cuda: bool = False) -> None:
+                 cuda: bool = False, faults_cfg: FaultsConfig | None = None) -> None:
         torch.set_num_threads(threads)  # this process's decode; the trainer's process keeps its own
+        _install(faults_cfg, REPLICA_FAULTS, "replica")
         self.model_dir, self.engine_name, self.cuda = model_dir, engine, cuda
         self.weights_url = weights_url
         self.store: Any = None
@@ -54,9 +89,9 @@ class EngineReplica:
         self.generated_tokens = 0
         self.requests = 0
 
-    async def start(self, version: int) -> int:
+    async def start(self, version: int) -> Pulled:
         """Load the starting checkpoint, then ``version`` from the store when it is past the
-        start (a node joining a running fleet, a resumed run); returns the version it serves."""
+        start (a node joining a running fleet, a resumed run)."""
         if self.engine_name == "torch":
             from looprl.inference import TorchEngine
             from looprl.models.loading import load_model
@@ -68,19 +103,23 @@ class EngineReplica:
             from looprl.inference import make_engine
 
             self.engine = make_engine(self.engine_name, model_path=self.model_dir)
-        return await self.pull(version) if version > 0 else 0
+        return await self.pull(version) if version > 0 else Pulled(0)
 
-    async def pull(self, version: int) -> int:
+    async def pull(self, version: int) -> Pulled:
         """Apply ``version`` from the weight store between decode steps; running rollouts go on
-        with it. Returns the version now served (an older full snapshot when ``version`` is
-        damaged: ``WeightStore.load`` falls back and says so in the log)."""
+        with it. Serves an older full snapshot when ``version`` is damaged (``WeightStore.load``
+        falls back and says so in the log); a load that fails is retried."""
+        from looprl.weights.retry import RetryingStore
         from looprl.weights.store import FsspecWeightStore
 
         if self.store is None:  # one reader: it keeps the last version's bits for the next delta
-            self.store = FsspecWeightStore(self.weights_url)
-        loaded = await asyncio.to_thread(self.store.load, version)
+            self.store = RetryingStore(FsspecWeightStore(self.weights_url))
+        before = self.store.failures[InfraKind.WEIGHT_READ.value]
+        with faults.scope(f"pull:{id(self)}:{version}:{time.monotonic_ns()}") as injected:
+            loaded = await asyncio.to_thread(self.store.load, version)
         await self.engine.update_weights(loaded.state_dict, loaded.version)
-        return loaded.version
+        return Pulled(loaded.version, self.store.failures[InfraKind.WEIGHT_READ.value] - before,
+                      dict(injected))
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        session_id: str | None, group_id: str | None) -> Generation:
@@ -124,6 +163,7 @@ class ReplicaClient:
                        session_id: str | None = None, group_id: str | None = None) -> Generation:
         from ray.exceptions import RayActorError
 
+        faults.maybe_raise(InfraKind.ENGINE_ERROR, "ReplicaClient.generate")
         try:
             return await self.handle.generate.remote(prompt_ids, params, session_id, group_id)
         except RayActorError as e:
@@ -144,10 +184,15 @@ class EnvServer:
     the node; attempts reach the node's replicas through ``ReplicaClient``."""
 
     def __init__(self, replicas: list[Any], tokenizer: Any, rollout: RolloutConfig,
-                 reward: RewardConfig, sandboxes: int) -> None:
+                 reward: RewardConfig, sandboxes: int, *, faults_cfg: FaultsConfig | None = None,
+                 http_roots: tuple[str, ...] | None = None) -> None:
         self.clients = [ReplicaClient(h) for h in replicas]
         self.tokenizer, self.rollout, self.reward, self.sandboxes = (tokenizer, rollout, reward,
                                                                      sandboxes)
+        self.http_roots = http_roots
+        """With ``fleet.sandboxes = "http"``: the roots its HTTP env server allows."""
+        _install(faults_cfg, ENV_FAULTS, "env")
+        self._served = contextlib.ExitStack()
         self.pool: Any = None
         self.executors: list[LocalExecutor] = []
         self.node_id = ""
@@ -162,7 +207,12 @@ class EnvServer:
         from looprl.sandbox import SandboxPool
 
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.pool = SandboxPool(max_running=self.sandboxes)
+        if self.http_roots is not None:
+            from looprl.sandbox.remote_pool import serving_roots
+
+            self.pool = self._served.enter_context(serving_roots(self.http_roots, self.sandboxes))
+        else:
+            self.pool = SandboxPool(max_running=self.sandboxes)
         fmt, score = ChatFormat(self.tokenizer), make_scorer(self.reward)
         self.executors = [LocalExecutor(c, fmt, self.pool, score, self.rollout)
                           for c in self.clients]
@@ -170,20 +220,23 @@ class EnvServer:
     async def run(self, task: Task, group_id: str, traj_id: str, lane: int) -> AttemptOutcome:
         self.in_flight += 1
         try:
-            traj = await self.executors[lane].attempt(task, group_id, traj_id)
+            with faults.scope(traj_id) as injected:
+                traj = await self.executors[lane].attempt(task, group_id, traj_id)
         finally:
             self.in_flight -= 1
         self.finished += 1
         # where it ran, for the trajectory viewer and for checking the routing
         traj = dataclasses.replace(traj, metadata={**traj.metadata, "node": self.node_id,
                                                    "replica": lane})
-        return AttemptOutcome(traj, replica_lost=self.clients[lane].lost)
+        return AttemptOutcome(traj, replica_lost=self.clients[lane].lost, injected=dict(injected))
 
     def stats(self) -> dict[str, float]:
         """The pool's sandboxes (busy, idle, queued, warm, ...) and rollouts on this node."""
-        pool = self.pool.metrics().to_dict() if self.pool is not None else {}
+        seen = self.pool.metrics() if self.pool is not None else None
+        pool = seen.to_dict() if seen is not None else {}
         return {**pool, "rollouts_in_flight": self.in_flight, "rollouts_finished": self.finished}
 
     async def close(self) -> None:
         if self.pool is not None:
             await self.pool.close()
+        await asyncio.to_thread(self._served.close)

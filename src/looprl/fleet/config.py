@@ -19,6 +19,8 @@ from typing import Annotated
 from looprl.config import FieldError, Range, check_choice
 
 BACKENDS = ("inprocess", "ray")
+SANDBOXES = ("pool", "http")
+SANDBOXES = ("pool", "http")
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,13 @@ class FleetConfig:
     address: str = ""
     """The Ray cluster to join, HOST:PORT of ``ray start --head`` (or "auto": the one started on
     this machine). "" starts a one-node Ray inside this run (or joins ``RAY_ADDRESS`` if set)."""
+    sandboxes: str = "pool"
+    """How the harness reaches its sandboxes: pool (the pool of this process or of the node's
+    environment server actor) or http (an HTTP environment server, ``looprl.sandbox.server``,
+    started in that process and reached through ``RemoteSandbox``, as a separate sandbox
+    service would be; allowed the tasks' repositories and venvs alone)."""
     experimental: FleetExperimental = field(default_factory=FleetExperimental)
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, BACKENDS)
+        check_choice("sandboxes", self.sandboxes, SANDBOXES)

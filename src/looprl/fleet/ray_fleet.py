@@ -23,7 +23,9 @@ the next group admitted, so slow rollouts elsewhere never leave it idle.
 Failures: an attempt whose environment server, replica or node dies (any Ray error but one raised
 by our own code) comes back as an ``INFRA_ERROR`` trajectory, which the runner retries in a fresh
 sandbox — on another lane, since the dead member is dropped at once and its groups are re-routed.
-It is never scored. The lost member's actors are killed; if its node is still alive a new member
+It is never scored, and neither is an attempt whose result arrives from a member lost while it
+was in flight (its node may be gone half way: every attempt in flight on a lost member is lost,
+``_Member.cut``). The lost member's actors are killed; if its node is still alive a new member
 is started there after a back-off. Groups are assembled in the driver, so no group is lost with a
 node and none is handed out twice. A node that dies mid-call is noticed when Ray marks it dead
 (its health checks: seconds); until then its calls wait.
@@ -31,6 +33,12 @@ node and none is handed out twice. A node that dies mid-call is noticed when Ray
 Weights: ``update_weights(state_dict, version)`` (the trainer's call after it published
 ``version`` to the store) makes every live replica pull ``version`` from the store, between
 decode steps, while its rollouts go on; the state dict itself is not sent.
+
+Faults (``looprl.faults``): ``MemberSpec.faults`` makes every member's actors inject the failures
+of their boundaries (``actors.py``), and the driver a node loss (``node_lost``, per attempt: the
+member's actors are killed, every attempt in flight on it is lost, each counted); what the
+actors injected comes back with the results and joins the driver's books. Loads a replica
+retried count as ``weight_read`` failures in the run's ledger.
 
 Fleet view: every ``poll_s`` the driver samples each actor (sandboxes busy/idle/queued, rollouts
 in flight, requests and tokens in flight, tokens/s) and writes ``snapshot`` (``snapshot.py``),
@@ -48,8 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looprl.errors import ConfigError, LooprlError
-from looprl.fleet.actors import EngineReplica, EnvServer
+from looprl import faults
+from looprl.errors import ConfigError, InfraKind, LooprlError
+from looprl.faults import FaultsConfig, InfraLedger
+from looprl.fleet.actors import EngineReplica, EnvServer, Pulled
 from looprl.fleet.config import FleetConfig
 from looprl.fleet.snapshot import EngineView, FleetSnapshot, NodeView, write_snapshot
 from looprl.rewards.composite import RewardConfig
@@ -76,6 +86,11 @@ class MemberSpec:
     reward: RewardConfig
     engine: str = "torch"
     """``looprl.inference`` engine name (torch; vllm on GPU nodes)."""
+    faults: FaultsConfig | None = None
+    """Failures the members' actors inject (drills; ``looprl.faults``)."""
+    http_roots: tuple[str, ...] | None = None
+    """With ``fleet.sandboxes = "http"``: what each node's HTTP env server allows (the tasks'
+    repositories and venvs, ``remote_pool.task_roots``)."""
 
 
 @dataclass(eq=False)
@@ -103,6 +118,8 @@ class _Member:
     since: float = field(default_factory=time.monotonic)
     version: int = 0
     in_flight: set[str] = field(default_factory=set)
+    cut: set[str] = field(default_factory=set)
+    """The attempts in flight when it was lost: lost with it, whatever comes back."""
     env_stats: dict[str, float] = field(default_factory=dict)
     sampling: asyncio.Task[None] | None = None
 
@@ -132,8 +149,9 @@ class RayFleet:
     """See the module docstring. Implements the runner's ``Executor`` (``open_group``,
     ``close_group``, ``attempt``) and the trainer's weight hand-off (``update_weights``)."""
 
-    def __init__(self, cfg: FleetConfig, spec: MemberSpec, snapshot: Path | None = None) -> None:
-        self.cfg, self.spec, self.snapshot = cfg, spec, snapshot
+    def __init__(self, cfg: FleetConfig, spec: MemberSpec, snapshot: Path | None = None,
+                 ledger: InfraLedger | None = None) -> None:
+        self.cfg, self.spec, self.snapshot, self.ledger = cfg, spec, snapshot, ledger
         self.version = 0
         self.members: dict[str, _Member] = {}
         """node id -> its starting or live member (a lost one is removed)."""
@@ -142,6 +160,8 @@ class RayFleet:
         self._nodes: dict[str, dict[str, Any]] = {}
         self._failures: dict[str, int] = {}
         self._retry_at: dict[str, float] = {}
+        self._spawned = 0
+        """Members spawned so far: each draws its own fault stream (``_member_faults``)."""
         self._background: set[asyncio.Task[None]] = set()
         """Members coming up and load samples in flight (cancelled by ``close``)."""
         self._watcher: asyncio.Task[None] | None = None
@@ -150,12 +170,13 @@ class RayFleet:
 
     # -- lifecycle --------------------------------------------------------------------------------
     @classmethod
-    async def start(cls, cfg: FleetConfig, spec: MemberSpec,
-                    snapshot: Path | None = None) -> RayFleet:
+    async def start(cls, cfg: FleetConfig, spec: MemberSpec, snapshot: Path | None = None,
+                    ledger: InfraLedger | None = None) -> RayFleet:
         """Join (or start) Ray, start a member on every node that qualifies, and return once
-        ``min_nodes`` are live; ``FleetError`` after ``start_timeout_s`` without them."""
+        ``min_nodes`` are live; ``FleetError`` after ``start_timeout_s`` without them.
+        ``ledger`` counts the loads the replicas retried."""
         x = cfg.experimental
-        fleet = cls(cfg, spec, snapshot)
+        fleet = cls(cfg, spec, snapshot, ledger)
         fleet._connect()
         fleet._watcher = asyncio.create_task(fleet._watch())
         deadline = time.monotonic() + x.start_timeout_s
@@ -231,20 +252,29 @@ class RayFleet:
             return infra_trajectory(task, group_id, traj_id, FleetError(
                 f"no fleet node was live for {self.cfg.experimental.wait_for_nodes_s:.0f} s "
                 "(fleet.experimental.wait_for_nodes_s); start one with "
-                "`ray start --address=HOST:PORT`"))
+                "`ray start --address=HOST:PORT`", kind=InfraKind.NODE_LOST))
         member = lane.member
         member.in_flight.add(traj_id)
+        out = None
         try:
-            out = await member.env.run.remote(task, group_id, traj_id, lane.index)
+            if faults.fires(InfraKind.NODE_LOST):  # the drill: this node dies now
+                self._lose(member, f"{faults.MARK} node_lost")
+                faults.active().count_in(InfraKind.NODE_LOST,  # type: ignore[union-attr]
+                                         member.cut - {traj_id})
+            else:
+                out = await member.env.run.remote(task, group_id, traj_id, lane.index)
         except RayTaskError as e:  # our code raised on the node: a bad config, not weather
             raise e.as_instanceof_cause() from None
         except RayError as e:
-            self.stats.lost_attempts.append(traj_id)
             self._lose(member, f"{type(e).__name__} during a rollout")
-            return infra_trajectory(task, group_id, traj_id, FleetError(
-                f"fleet node {member.node_id[:8]} lost ({type(e).__name__})"))
         finally:
             member.in_flight.discard(traj_id)
+        if out is None or traj_id in member.cut:
+            self.stats.lost_attempts.append(traj_id)
+            return infra_trajectory(task, group_id, traj_id, FleetError(
+                f"fleet node {member.node_id[:8]} lost with this rollout in flight",
+                kind=InfraKind.NODE_LOST))
+        faults.absorb(out.injected)
         if out.replica_lost:  # the trajectory is kept when only its final release failed
             if out.trajectory.is_infra_error:
                 self.stats.lost_attempts.append(traj_id)
@@ -296,7 +326,15 @@ class RayFleet:
         except RayError as e:
             self._lose(m, f"{type(e).__name__} while pulling weights")
             return
-        m.version = min(got)
+        m.version = self._pulled(got)
+
+    def _pulled(self, got: list[Pulled]) -> int:
+        """The version a member's replicas serve; their retried loads go in the books."""
+        for p in got:
+            if self.ledger is not None:
+                self.ledger.failure(InfraKind.WEIGHT_READ, p.read_failures)
+            faults.absorb(p.injected)
+        return min(p.version for p in got)
 
     # -- membership -----------------------------------------------------------------------------------
     async def _watch(self) -> None:
@@ -343,31 +381,45 @@ class RayFleet:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         c, s = self.cfg.experimental, self.spec
+        fc = self._member_faults()
         on_node = NodeAffinitySchedulingStrategy(node_id, soft=False)
         replica = ray.remote(EngineReplica).options(
             num_cpus=c.cpus_per_engine, num_gpus=c.gpus_per_engine, scheduling_strategy=on_node)
         replicas = [replica.remote(s.model_dir, s.engine, s.weights_url, c.engine_threads,
-                                   c.gpus_per_engine > 0) for _ in range(c.engines_per_node)]
+                                   c.gpus_per_engine > 0, fc) for _ in range(c.engines_per_node)]
         env = ray.remote(EnvServer).options(num_cpus=0, scheduling_strategy=on_node).remote(
-            replicas, self._tokenizer_ref, s.rollout, s.reward, c.sandboxes_per_node)
+            replicas, self._tokenizer_ref, s.rollout, s.reward, c.sandboxes_per_node,
+            faults_cfg=fc, http_roots=s.http_roots)
         m = _Member(node_id, str(node.get("NodeManagerAddress", "")), env)
         m.lanes = [_Lane(m, i, r) for i, r in enumerate(replicas)]
         self.members[node_id] = m
         self._spawn_task(self._bring_up(m))
+
+    def _member_faults(self) -> FaultsConfig | None:
+        """The next member's injected failures: the spec's rates, seeded by the spawn. Each
+        incarnation draws its own streams; with the spec's seed every node started after a loss
+        repeated its predecessor's first draws, so a class whose first draws did not fire never
+        fired on members that lived only a few attempts (seen: no grader crash in 131 attempts
+        of a drill at 5%)."""
+        self._spawned += 1
+        f, inj = self.spec.faults, faults.active()
+        life = inj.life if inj is not None else 0  # a resumed trainer's fleet spawns from 1 again
+        return None if f is None else FaultsConfig(
+            f.rates, seed=(f.seed * 1_000_003 + life) * 1_000_003 + self._spawned)
 
     async def _bring_up(self, m: _Member) -> None:
         """Load the models, pull the current version (again while the trainer moved on), start
         the sandbox pool; then the member takes groups."""
         from ray.exceptions import RayError
 
-        async def up() -> list[int]:
-            got = await asyncio.gather(*(lane.replica.start.remote(self.version)
-                                         for lane in m.lanes))
+        async def up() -> int:
+            version = self._pulled(await asyncio.gather(*(lane.replica.start.remote(self.version)
+                                                          for lane in m.lanes)))
             await m.env.start.remote()
-            while min(got) < self.version:
-                got = await asyncio.gather(*(lane.replica.pull.remote(self.version)
-                                             for lane in m.lanes))
-            return got
+            while version < self.version:
+                version = self._pulled(await asyncio.gather(
+                    *(lane.replica.pull.remote(self.version) for lane in m.lanes)))
+            return version
 
         try:
             got = await asyncio.wait_for(up(), timeout=self.cfg.experimental.start_timeout_s)
@@ -376,7 +428,7 @@ class RayFleet:
                 f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
             self._lose(m, f"could not start ({why})")
             return
-        m.state, m.version, m.since = "live", min(got), time.monotonic()
+        m.state, m.version, m.since = "live", got, time.monotonic()
         self._failures.pop(m.node_id, None)
         self.stats.members_started += 1
         self._event(f"node {m.node_id[:8]} ({m.address}) joined: {len(m.lanes)} engine(s) at "
@@ -390,6 +442,7 @@ class RayFleet:
         del self.members[m.node_id]
         was = m.state
         m.state = "lost"
+        m.cut = set(m.in_flight)
         self.stats.members_lost += was == "live"
         n = self._failures[m.node_id] = self._failures.get(m.node_id, 0) + 1
         self._retry_at[m.node_id] = time.monotonic() + min(60.0, 2.0 ** n)

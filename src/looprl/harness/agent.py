@@ -29,10 +29,12 @@ from typing import Any
 from looprl.chat import ChatFormat, ParsedTurn
 from looprl.errors import (
     ContextFullError,
+    InfraKind,
     PolicyError,
     SandboxError,
     ToolCallError,
     ToolError,
+    infra_kind,
 )
 from looprl.harness.run_state import (
     AgentConfig,
@@ -94,17 +96,21 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
             stop_reason=StopReason.INFRA_ERROR, id=trajectory_id, wall_s=time.monotonic() - t0,
             error=(f"the task prompt and tool schemas take {prompt_tokens} tokens, leaving "
                    f"less than min_turn_tokens={cfg.experimental.min_turn_tokens} of context_window="
-                   f"{cfg.context_window}; raise agent.context_window or offer fewer tools"))
+                   f"{cfg.context_window}; raise agent.context_window or offer fewer tools"),
+            infra_kind=InfraKind.INTERNAL.value)
+    kind = ""
     try:
         stop, error = await _loop(run, ctx, policy, fmt, tools, cfg, t0, group_id, trajectory_id,
                                   on_context_full)
+        kind = run.infra_kind
         if stop != StopReason.INFRA_ERROR:
             diff = await sandbox.diff()
     except (SandboxError, PolicyError) as e:
-        stop, error = StopReason.INFRA_ERROR, f"{type(e).__name__}: {e}"
+        stop, error, kind = StopReason.INFRA_ERROR, f"{type(e).__name__}: {e}", infra_kind(e).value
     except Exception as e:  # noqa: BLE001 — a harness bug: never the model's fault, never a crash
         log.exception("trajectory %s: internal error in the agent loop", trajectory_id)
         stop, error = StopReason.INFRA_ERROR, f"internal error: {type(e).__name__}: {e}"
+        kind = InfraKind.INTERNAL.value
     finally:
         try:
             await policy.release(trajectory_id)
@@ -115,6 +121,7 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
         task_id=task.id, group_id=group_id, segments=tuple(run.segments),
         messages=tuple(run.messages), counters=Counters(**run.counters), stop_reason=stop,
         diff=diff, error=error, wall_s=time.monotonic() - t0, id=trajectory_id,
+        infra_kind=kind if stop == StopReason.INFRA_ERROR else "",
         summaries=tuple(run.summaries), broken_spans=tuple(run.broken_spans),
         metadata={"memory": json.dumps(ctx.memory), "finish_summary": ctx.finish_summary,
                   METADATA_KEY: tokenizer_fingerprint(fmt.tokenizer)})  # what made the ids
@@ -171,6 +178,7 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
         run.messages.extend(tool_msgs)
         infra = [r for r in results if r.status == "infra_error"]
         if infra:
+            run.infra_kind = infra[0].infra_kind
             return StopReason.INFRA_ERROR, f"tool {infra[0].name}: {infra[0].content}"
         if ctx.finished:
             return StopReason.FINISHED, None
@@ -277,6 +285,7 @@ async def execute_calls(turn: ParsedTurn, tools: dict[str, Tool], ctx: ToolConte
 async def _run_one(call_id: str, name: str, tool: Tool, args: dict[str, Any],
                    ctx: ToolContext) -> ToolResult:
     t = time.monotonic()
+    kind = ""
     try:
         content, status = await tool.run(args, ctx), "ok"
     except ToolError as e:
@@ -284,7 +293,9 @@ async def _run_one(call_id: str, name: str, tool: Tool, args: dict[str, Any],
     except ToolCallError as e:
         content, status = f"Invalid tool call: {e}", "broken"
     except SandboxError as e:
-        content, status = f"SandboxError: {e}", "infra_error"
+        content, status, kind = f"SandboxError: {e}", "infra_error", infra_kind(e).value
     except Exception as e:  # noqa: BLE001 — a bug in a tool is not the model's fault
         content, status = f"internal error in tool {name}: {type(e).__name__}: {e}", "infra_error"
-    return ToolResult(call_id, name, content, status, time.monotonic() - t)  # type: ignore[arg-type]
+        kind = InfraKind.INTERNAL.value
+    return ToolResult(call_id, name, content, status, time.monotonic() - t,  # type: ignore[arg-type]
+                      infra_kind=kind)

@@ -86,6 +86,8 @@ class AgentRun:
     """How many tokens of the open segment the policy has seen (prompted with or sampled)."""
     stop: StopReason | None = None
     """Set by a context hook that must end the run (a summary cut off, wall time while summarizing)."""
+    infra_kind: str = ""
+    """The class of the infrastructure failure a tool hit, when one ended the run."""
     summaries: list[SelfSummary] = field(default_factory=list)
     """One record per self-summary (``Trajectory.summaries``)."""
     broken_spans: list[TokenSpan] = field(default_factory=list)

@@ -46,7 +46,8 @@ from typing import Literal
 
 import torch
 
-from looprl.errors import ConfigError, ContextFullError, PolicyError
+from looprl import faults
+from looprl.errors import ConfigError, ContextFullError, InfraKind, PolicyError
 from looprl.inference.kv_forward import CachedForward, ForwardOut
 from looprl.inference.sampling import sample_B
 from looprl.inference.spec import Drafter, NgramIndex, SpecController, accept
@@ -197,6 +198,7 @@ class TorchEngine:
                        session_id: str | None = None, group_id: str | None = None) -> Generation:
         if self._closed:
             raise PolicyError("TorchEngine is closed; create a new engine")
+        faults.maybe_raise(InfraKind.ENGINE_ERROR, "TorchEngine.generate")
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; render at least the chat template's header")
         if len(prompt_ids) >= self.max_len:

@@ -11,7 +11,11 @@ lengths never leave the engine's continuous batch idle. Groups are admitted whil
 group's worth of trajectories is waiting, so the queue stays short and policy lag stays low.
 
 Failure policy: an infrastructure failure (sandbox, engine, grader) retries that trajectory in a
-fresh sandbox up to ``max_infra_retries`` times and is then dropped — never scored. Model errors
+fresh sandbox up to ``max_infra_retries`` times and is then dropped — never scored. Each failed
+attempt carries its class (``Trajectory.infra_kind``, the taxonomy of ``looprl.errors``) and is
+counted in the run's ``InfraLedger`` when there is one; each attempt runs in a fault scope
+(``looprl.faults.scope``), so the fault injector's books tell what it injected into attempts that
+came back from those cut off. Model errors
 (broken calls, timeouts, wrong answers) are kept: they are the signal. A group with fewer than
 ``min_group_size`` scored trajectories is dropped and counted. No trajectory stops the run:
 ``run_agent`` turns whatever the policy emits into a trajectory, so what fails around it (the
@@ -31,9 +35,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
+from looprl import faults
 from looprl.chat import ChatFormat
 from looprl.config import FieldError, Length, Range
-from looprl.errors import LooprlError
+from looprl.errors import InfraKind, LooprlError, infra_kind
+from looprl.faults import InfraLedger
 from looprl.harness.agent import AgentConfig, run_agent
 from looprl.harness.tools import DEFAULT_TOOLS, make_tools
 from looprl.protocols import Engine
@@ -166,10 +172,12 @@ class LocalExecutor:
         except Exception as e:  # noqa: BLE001 — the grader failed, not the model
             _log_unexpected(e, traj_id, "grading")
             return dataclasses.replace(traj, stop_reason=StopReason.INFRA_ERROR,
-                                       error=f"grading failed: {type(e).__name__}: {e}")
+                                       error=f"grading failed: {type(e).__name__}: {e}",
+                                       infra_kind=infra_kind(e).value)
         if reward is None:
             return dataclasses.replace(traj, stop_reason=StopReason.INFRA_ERROR,
-                                       error="the scorer could not judge this trajectory")
+                                       error="the scorer could not judge this trajectory",
+                                       infra_kind=InfraKind.GRADER_CRASH.value)
         return dataclasses.replace(traj, reward=reward)
 
 
@@ -177,21 +185,25 @@ class RolloutRunner:
     """Runs groups concurrently through ``run_agent``; see the module docstring."""
 
     def __init__(self, policy: Engine | PolicyFor, fmt: ChatFormat, pool: Any, score: Scorer,
-                 cfg: RolloutConfig | None = None, resources_for: ResourcesFor | None = None):
+                 cfg: RolloutConfig | None = None, resources_for: ResourcesFor | None = None,
+                 *, ledger: InfraLedger | None = None):
         cfg = cfg or RolloutConfig()
-        self._setup(LocalExecutor(policy, fmt, pool, score, cfg, resources_for), cfg)
+        self._setup(LocalExecutor(policy, fmt, pool, score, cfg, resources_for), cfg, ledger)
 
     @classmethod
-    def over(cls, executor: Executor, cfg: RolloutConfig) -> RolloutRunner:
+    def over(cls, executor: Executor, cfg: RolloutConfig, *, ledger: InfraLedger | None = None
+             ) -> RolloutRunner:
         """A runner whose attempts run on ``executor`` (a Ray fleet: ``looprl.fleet``); the
         admission, slots, retries and group assembly are this class's, whatever runs them."""
         runner = cls.__new__(cls)
-        runner._setup(executor, cfg)
+        runner._setup(executor, cfg, ledger)
         return runner
 
-    def _setup(self, executor: Executor, cfg: RolloutConfig) -> None:
+    def _setup(self, executor: Executor, cfg: RolloutConfig, ledger: InfraLedger | None) -> None:
         self.executor = executor
         self.cfg = cfg
+        self.ledger = ledger
+        """Where every attempt that comes back is counted (the run's, ``looprl.faults``)."""
         self.stats = RunnerStats()
         self._slots = asyncio.Semaphore(self.cfg.max_in_flight)
         self._pending = 0
@@ -214,7 +226,11 @@ class RolloutRunner:
             self._pending -= 1
         t0 = time.monotonic()
         try:
-            return await self.executor.attempt(task, group_id, traj_id)
+            with faults.scope(traj_id):
+                traj = await self.executor.attempt(task, group_id, traj_id)
+                if self.ledger is not None:  # counted as the scope settles: the books agree
+                    self.ledger.attempt(traj)
+                return traj
         finally:
             self.stats.busy_s += time.monotonic() - t0
             self._slots.release()
@@ -243,7 +259,8 @@ class RolloutRunner:
             if first < G and screened and not any(t.passed for t in screened):
                 self.stats.groups_screened_out += 1
                 return GroupResult(task, None, self._count(results),
-                                   wall_s=time.monotonic() - t0, screened_out=tuple(screened))
+                                   wall_s=time.monotonic() - t0, screened_out=tuple(screened),
+                                   lost=tuple(t for t, _ in results if t.is_infra_error))
             if first < G:
                 self._pending += G - first
                 results += await asyncio.gather(*(self.run_trajectory(task, group_id, i)
@@ -251,18 +268,19 @@ class RolloutRunner:
         finally:
             self.executor.close_group(group_id)
         kept = tuple(t for t, _ in results if not t.is_infra_error)
+        lost = tuple(t for t, _ in results if t.is_infra_error)
         infra = self._count(results)
         wall = time.monotonic() - t0
         if len(kept) < self.cfg.experimental.min_group_size:
             self.stats.groups_dropped += 1
-            errors = sorted({t.error or "" for t, _ in results if t.is_infra_error})
+            errors = sorted({t.error or "" for t in lost})
             return GroupResult(task, None, infra, f"only {len(kept)} of {len(results)} trajectories "
-                               f"survived infrastructure failures: {errors[:3]}", wall)
+                               f"survived infrastructure failures: {errors[:3]}", wall, lost=lost)
         self.stats.groups += 1
         versions = [v for t in kept for s in t.segments for v in s.policy_version_T if v >= 0]
         meta = {"min_policy_version": min(versions, default=-1),
                 "max_policy_version": max(versions, default=-1), "wall_s": round(wall, 3)}
-        return GroupResult(task, Group(task.id, group_id, kept, meta), infra, None, wall)
+        return GroupResult(task, Group(task.id, group_id, kept, meta), infra, None, wall, lost=lost)
 
     def _count(self, results: list[tuple[Trajectory, int]]) -> int:
         """Count ``results``' trajectories and infrastructure failures; return the failures."""
@@ -334,4 +352,5 @@ def infra_trajectory(task: Task, group_id: str, traj_id: str, e: Exception) -> T
     """The attempt ``traj_id`` lost to ``e``, not the model's doing: dropped, never scored."""
     return Trajectory(task_id=task.id, group_id=group_id, segments=(), messages=(),
                       counters=Counters(), stop_reason=StopReason.INFRA_ERROR,
-                      error=f"{type(e).__name__}: {e}", id=traj_id)
+                      error=f"{type(e).__name__}: {e}", id=traj_id,
+                      infra_kind=infra_kind(e).value)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+from looprl import faults
+from looprl.errors import InfraKind
 from looprl.rewards.composite import RewardConfig, compute_reward
 from looprl.rewards.hacking import ATTACK_FLAGS
 from looprl.rewards.tests import grade
@@ -22,6 +24,7 @@ def make_scorer(cfg: RewardConfig | None = None) -> Scorer:
     cfg = cfg or RewardConfig()
 
     async def score(task: Task, trajectory: Trajectory) -> RewardBreakdown | None:
+        faults.maybe_raise(InfraKind.GRADER_CRASH, "the scorer")
         g = await grade(task, trajectory.diff)
         # compute_reward runs ruff for the style terms: keep it off the event loop.
         rb = await asyncio.to_thread(compute_reward, task, trajectory, g, cfg)
@@ -38,6 +41,7 @@ def make_tests_scorer() -> Scorer:
     0 whatever the tests said: a benchmark never counts it as solved."""
 
     async def score(task: Task, trajectory: Trajectory) -> RewardBreakdown:
+        faults.maybe_raise(InfraKind.GRADER_CRASH, "the tests scorer")
         g = await grade(task, trajectory.diff)
         flags = tuple(dict.fromkeys((("edited_tests",) if g.edited_tests else ()) + tuple(g.flags)))
         attacked = bool(set(flags) & ATTACK_FLAGS)

@@ -39,7 +39,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-from looprl.errors import SandboxError
+from looprl import faults
+from looprl.errors import InfraKind, SandboxError
 from looprl.sandbox.bwrap import Blank, BwrapSandbox, can_root, make_blank, new_sandbox
 from looprl.sandbox.command import SandboxLimits, check_bwrap
 from looprl.sandbox.workspace import Snapshot, realpath
@@ -131,11 +132,17 @@ class PooledSandbox:
                    env: Mapping[str, str] | None = None) -> ExecResult:
         t0 = time.perf_counter()
         try:
-            r = await self._call(self.inner.exec, cmd, timeout_s=timeout_s, env=env)
+            r = await self._call(self._exec, cmd, timeout_s=timeout_s, env=env)
         finally:  # refill after the first command, so creating does not compete with it
             self.pool._refill(self.key)
         self.pool._record_exec(time.perf_counter() - t0)
         return r
+
+    async def _exec(self, cmd: str, *, timeout_s: float, env: Mapping[str, str] | None
+                    ) -> ExecResult:
+        # the injected hang: the sandbox never answers (its lease is then broken, as a real one's)
+        faults.maybe_raise(InfraKind.EXEC_TIMEOUT, "PooledSandbox.exec")
+        return await self.inner.exec(cmd, timeout_s=timeout_s, env=env)
 
     async def read(self, path: str) -> bytes:
         return await self._call(self.inner.read, path)
@@ -208,7 +215,7 @@ class SandboxPool:
                       timeout_s: float | None = None) -> PooledSandbox:
         """Lease a sandbox (waits while ``max_running`` are out). Pair with ``release``."""
         if self._closed:
-            raise SandboxError("sandbox pool is closed")
+            raise SandboxError("sandbox pool is closed", kind=InfraKind.SANDBOX_CREATE)
         check_bwrap()
         self._queued += 1
         try:
@@ -237,6 +244,7 @@ class SandboxPool:
 
     async def _make(self, base_dir: str | os.PathLike[str], venv: str | None,
                     snapshot: Snapshot | None) -> tuple[BwrapSandbox, tuple[str, str | None]]:
+        faults.maybe_raise(InfraKind.SANDBOX_CREATE, "SandboxPool.acquire")
         key = (realpath(base_dir), venv)
         if snapshot is not None:
             return await self._new((snapshot.base, venv), snapshot, self._take_blank()), ("", None)
@@ -255,7 +263,8 @@ class SandboxPool:
             return await new_sandbox(key[0], key[1], limits=self.limits, snapshot=snapshot,
                                      blank=blank, resolved=True)
         except OSError as e:
-            raise SandboxError(f"could not create a workspace over {key[0]}: {e}") from e
+            raise SandboxError(f"could not create a workspace over {key[0]}: {e}",
+                               kind=InfraKind.SANDBOX_CREATE) from e
 
     # ------------------------------------------------------------ blank sandboxes
 
@@ -271,7 +280,7 @@ class SandboxPool:
     async def prewarm_blank(self) -> None:
         """Start the ``blank`` blank sandboxes now and wait until they are started."""
         if self._closed:
-            raise SandboxError("sandbox pool is closed")
+            raise SandboxError("sandbox pool is closed", kind=InfraKind.SANDBOX_CREATE)
         check_bwrap()
         self._refill_blanks()
         if self._blank_filler is not None:
@@ -299,7 +308,7 @@ class SandboxPool:
     async def prewarm(self, base_dir: str | os.PathLike[str], venv: str | None = None) -> None:
         """Create the ``warm`` sandboxes of (base, venv) now and wait until they are ready."""
         if self._closed:
-            raise SandboxError("sandbox pool is closed")
+            raise SandboxError("sandbox pool is closed", kind=InfraKind.SANDBOX_CREATE)
         check_bwrap()
         key = (realpath(base_dir), venv)
         self._touch(key)

@@ -65,7 +65,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from looprl import paths
+from looprl import faults, paths
 from looprl.asgi import (
     Drain,
     Guard,
@@ -75,7 +75,7 @@ from looprl.asgi import (
     make_server,
     unless_gone,
 )
-from looprl.errors import PathEscapeError, SandboxError, ToolError
+from looprl.errors import InfraKind, PathEscapeError, SandboxError, ToolError
 from looprl.sandbox.mounts import venv_paths
 from looprl.sandbox.pool import PooledSandbox, SandboxPool
 from looprl.sandbox.workspace import Snapshot, sandbox_root
@@ -287,7 +287,8 @@ def create_app(pool: SandboxPool, token: str, cfg: EnvServerConfig | None = None
 
     @app.exception_handler(SandboxError)
     async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
-        return JSONResponse({"error": "sandbox", "message": str(e)}, status_code=503)
+        return JSONResponse({"error": "sandbox", "message": str(e), "kind": e.kind.value},
+                            status_code=503)
 
     @app.on_event("startup")
     async def _startup() -> None:
@@ -312,9 +313,10 @@ def create_app(pool: SandboxPool, token: str, cfg: EnvServerConfig | None = None
                 raise HTTPException(404, f"unknown snapshot {req.snapshot_id!r} (released, or made "
                                          "by a lease whose client went away)")
             snap = snapshots[req.snapshot_id][0]
-        sb = await unless_gone(request, drain, pool.acquire(base, venv, snapshot=snap,
-                                                            timeout_s=req.timeout_s),
-                               undo=pool.release)
+        with faults.tagged(request.headers.get(faults.SCOPE_HEADER)):  # the attempt's faults
+            sb = await unless_gone(request, drain, pool.acquire(base, venv, snapshot=snap,
+                                                                timeout_s=req.timeout_s),
+                                   undo=pool.release)
         leases.add(sb)
         return {"id": sb.id, "cow_backend": sb.inner.cow_backend, "tools_dir": sb.tools_dir,
                 "idle_timeout_s": cfg.idle_timeout_s}
@@ -327,7 +329,7 @@ def create_app(pool: SandboxPool, token: str, cfg: EnvServerConfig | None = None
     @app.post("/v1/sandboxes/{sid}/exec")
     async def exec_(sid: str, req: ExecReq, request: Request) -> dict[str, Any]:
         max_s("timeout_s", req.timeout_s)
-        with leases.using(sid) as sb:
+        with leases.using(sid) as sb, faults.tagged(request.headers.get(faults.SCOPE_HEADER)):
             # a running command may finish during the drain; cut just before its deadline
             r = await unless_gone(request, drain, sb.exec(req.cmd, timeout_s=req.timeout_s,
                                                           env=req.env),
@@ -419,7 +421,7 @@ class RemoteSandbox:
         while True:
             await asyncio.sleep(every_s)
             try:
-                await self._req("POST", "/heartbeat", timeout_s=max(every_s, 5.0))
+                await self._req("POST", "/heartbeat", timeout_s=max(every_s, 5.0), inject=False)
             except SandboxError:
                 pass  # the next real call reports what happened to the lease
 
@@ -441,9 +443,9 @@ class RemoteSandbox:
         return sb
 
     async def _req(self, method: str, route: str, body: dict[str, Any] | None = None,
-                   timeout_s: float | None = None) -> dict[str, Any]:
+                   timeout_s: float | None = None, *, inject: bool = True) -> dict[str, Any]:
         return await _call(self._client, method, f"{self.url}/v1/sandboxes/{self.id}{route}",
-                           body, timeout_s)
+                           body, timeout_s, inject=inject)
 
     async def exec(self, cmd: str, *, timeout_s: float = 60.0,
                    env: Mapping[str, str] | None = None) -> ExecResult:
@@ -486,7 +488,7 @@ class RemoteSandbox:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         try:
-            await self._req("DELETE", "")
+            await self._req("DELETE", "", inject=False)  # its failure is ignored: never injected
         except SandboxError:
             pass  # already gone (expired, server restarted): nothing left to free
         finally:
@@ -494,12 +496,27 @@ class RemoteSandbox:
 
 
 async def _call(client: httpx.AsyncClient, method: str, url: str,
-                body: dict[str, Any] | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+                body: dict[str, Any] | None = None, timeout_s: float | None = None, *,
+                inject: bool = True) -> dict[str, Any]:
+    scope = faults.current_scope()
+    headers = {faults.SCOPE_HEADER: scope} if scope else None
     try:
-        r = await client.request(method, url, json=body,
-                                 timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
+        # Injected before the request is sent (a refused connection, a proxy's 503), so the
+        # server never does work its client will not hear of; never into the calls whose
+        # failure is ignored (heartbeat, close).
+        if inject and faults.fires(InfraKind.CONNECTION_DROPPED):
+            raise httpx.RemoteProtocolError(f"{faults.MARK} connection_dropped at {url}")
+        if inject and faults.fires(InfraKind.ENV_SERVER_5XX):
+            r = httpx.Response(503, json={"message": f"{faults.MARK} env_server_5xx at {url}"})
+        else:
+            r = await client.request(method, url, json=body, headers=headers, timeout=(
+                timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT))
+    except httpx.ReadTimeout as e:  # the server took the request and did not answer in time
+        raise SandboxError(f"environment server did not answer {url} in time: {e!r}",
+                           kind=InfraKind.EXEC_TIMEOUT) from e
     except httpx.HTTPError as e:
-        raise SandboxError(f"environment server unreachable at {url}: {e!r}") from e
+        raise SandboxError(f"environment server unreachable at {url}: {e!r}",
+                           kind=InfraKind.CONNECTION_DROPPED) from e
     if r.status_code == 200:
         return r.json()
     try:
@@ -511,8 +528,20 @@ async def _call(client: httpx.AsyncClient, method: str, url: str,
         raise PathEscapeError(msg) if payload.get("kind") == "path_escape" else ToolError(msg)
     if r.status_code == 401:
         raise SandboxError(f"environment server refused the token: {msg}; pass the server's "
-                           "--token (or LOOPRL_SANDBOX_TOKEN)")
-    raise SandboxError(f"environment server error {r.status_code}: {msg}")
+                           "--token (or LOOPRL_SANDBOX_TOKEN)", kind=InfraKind.INTERNAL)
+    raise SandboxError(f"environment server error {r.status_code}: {msg}", kind=_status_kind(
+        r.status_code, payload.get("kind")))
+
+
+def _status_kind(status: int, said: object) -> InfraKind:
+    """The class of an error answer: what the server's own sandbox failure was (it says), any
+    other server error an ``ENV_SERVER_5XX``, a lease it no longer holds ``SANDBOX_LOST``, and
+    a request it refused a bug or a misconfiguration (``INTERNAL``)."""
+    if status >= 500:
+        known = {k.value for k in InfraKind}
+        return InfraKind(said) if isinstance(said, str) and said in known else \
+            InfraKind.ENV_SERVER_5XX
+    return InfraKind.SANDBOX_LOST if status == 404 else InfraKind.INTERNAL
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -5,11 +5,12 @@
 One section per stage: ``tasks`` (where tasks come from and how they split), ``model`` (which
 model, on which device), ``demos`` + ``sft`` (the optional supervised warm start), ``grpo`` +
 ``loop`` + ``rollout`` + ``reward`` (async GRPO), ``eval`` (held-out evaluation and the gate),
-``fleet`` (where rollouts run: in-process, or on a Ray cluster).
+``fleet`` (where rollouts run: in-process, or on a Ray cluster), ``faults`` (injected failures,
+for drills).
 
-The fields a user sets sit at the top of each section (38 in all, ``tests/test_configs.py``
-keeps them at most 40); each section's ``experimental`` sub-section holds the component's
-research switches and tuning knobs, with the measured defaults: ``-o
+The fields a user sets sit at the top of each section (``tests/test_configs.py`` keeps them at
+most 40); each section's ``experimental`` sub-section holds the component's research switches
+and tuning knobs, with the measured defaults: ``-o
 grpo.experimental.credit.negative_advantage_scale=0``. Every numeric field declares its range
 (``looprl.config.Range``), checked at load.
 """
@@ -23,6 +24,7 @@ from typing import Annotated
 from looprl.bench.gate import GateSettings
 from looprl.config import FieldError, Length, Range, Seed, Share, check_choice
 from looprl.errors import ConfigError
+from looprl.faults import FaultsConfig
 from looprl.fleet.config import FleetConfig
 from looprl.harness.agent import AgentConfig
 from looprl.inference.spec import MODES as SPEC_MODES
@@ -275,6 +277,8 @@ class TrainConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     """Where rollouts and sandboxes run: this process, or the nodes of a Ray cluster."""
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    """Fault injection for drills (``looprl.faults``; off: no rate set, unless ``LOOPRL_FAULTS``)."""
 
     def __post_init__(self) -> None:
         if self.name in (".", "..") or "/" in self.name or "\\" in self.name:

@@ -45,12 +45,15 @@ class Evals:
     def gate(self, cfg: TrainConfig) -> Comparison:
         g = cfg.eval.experimental.gate
         return compare(self.start, self.rl, max_drop=g.max_drop, min_gain=g.min_gain,
-                       seed=cfg.seed)
+                       seed=cfg.seed, max_infra_share=g.max_infra_share,
+                       max_infra_increase=g.max_infra_increase)
 
     def packages_gate(self, cfg: TrainConfig) -> Comparison | None:
         if not (self.start_packages and self.rl_packages):
             return None
-        return compare(self.start_packages, self.rl_packages, seed=cfg.seed)
+        g = cfg.eval.experimental.gate
+        return compare(self.start_packages, self.rl_packages, seed=cfg.seed,
+                       max_infra_share=g.max_infra_share, max_infra_increase=g.max_infra_increase)
 
 
 def loss_ends(losses: list[float]) -> tuple[float, float]:

@@ -23,7 +23,9 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
+from looprl import faults
 from looprl.errors import ConfigError
+from looprl.faults import InfraLedger
 from looprl.progress import Bar
 from looprl.rewards.composite import reward_metrics
 from looprl.rundir import RunDir
@@ -288,6 +290,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     from looprl.trainer.grpo import GRPOLoop
     from looprl.trainer.sampler import TaskSampler
     from looprl.trainer.step import GRPOStep
+    from looprl.weights.retry import RetryingStore
     from looprl.weights.store import FsspecWeightStore
 
     if cfg.fleet.backend == "ray":
@@ -301,7 +304,9 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
             engine = make_engine(cfg.model.engine, model_path=str(start_dir),
                                  **cfg.model.engine_options)
     weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights)
-    store = FsspecWeightStore(weights_url) if dist.is_main else None
+    # rank 0 counts the run's infrastructure failures and alone is failed on purpose (drills)
+    ledger = InfraLedger(RunDir(run_dir).infra_ledger if dist.is_main else None, resumed=resume)
+    store = RetryingStore(FsspecWeightStore(weights_url), ledger=ledger) if dist.is_main else None
     # KL is measured against the model RL starts from (the SFT checkpoint), frozen
     ref = copy.deepcopy(model).eval() if cfg.grpo.experimental.objective.kl_coef else None
     # under torchrun the step wraps the model (DDP, or FSDP in place): the copies come first
@@ -311,7 +316,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
 
     async def rl() -> Any:
         runner, sink, close = await _rollouts(cfg, engine, tok, start_dir, run_dir, weights_url,
-                                              dist)
+                                              dist, tasks, ledger)
         try:
             walk = cfg.loop.experimental
             sampler = TaskSampler(tasks, cfg.seed, passes=walk.passes,
@@ -319,7 +324,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                                   max_screens=walk.max_screens
                                   if cfg.rollout.experimental.screen else 0)
             loop = GRPOLoop(step, sink, runner, sampler, cfg.loop, store=store, run_dir=run_dir,
-                            config_to_save=cfg, batch_metrics=reward_metrics)
+                            config_to_save=cfg, batch_metrics=reward_metrics, infra=ledger)
             if resume and loop.resume() is not None:
                 console.print(f"resumed RL at step {loop.stats.steps} (weights v{loop.version})")
             with progress_bar() as bar:
@@ -332,20 +337,37 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                         f"pass {last.get('rollout/pass_rate', 0):.2f}"))
                 stats = await loop.run(progress=tick)
             loop.checkpoint()
+            ledger.close()
             return stats
         finally:
             await close()
 
-    stats = asyncio.run(rl())
+    before = faults.install(_injector(cfg, run_dir) if dist.is_main else None)
+    try:
+        stats = asyncio.run(rl())
+    finally:
+        faults.install(before)
     return RLSummary.of(stats, (time.monotonic() - t_rl) / 60), step.sharding.gathered()
 
 
+def _injector(cfg: TrainConfig, run_dir: Path) -> faults.FaultInjector | None:
+    """The RL stage's fault injector: the ``faults`` section, else ``LOOPRL_FAULTS``; None when
+    neither sets a rate. Its books go to ``faults.jsonl`` in the run directory."""
+    fc = cfg.faults if cfg.faults.active else faults.FaultsConfig.from_env()
+    if not fc.active:
+        return None
+    console.print(f"[bold red]fault injection on[/]: {fc.rates} (seed {fc.seed}); books in "
+                  f"{RunDir(run_dir).fault_books}")
+    return faults.FaultInjector(fc, books=RunDir(run_dir).fault_books)
+
+
 async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, run_dir: Path,
-                    weights_url: str, dist: DistInfo
+                    weights_url: str, dist: DistInfo, tasks: list[Task], ledger: InfraLedger
                     ) -> tuple[Any, Any, Callable[[], Awaitable[None]]]:
     """The rollouts' runner, what takes each new policy version, and how to close them: ``engine``
-    and a sandbox pool in this process, or a Ray fleet (``fleet.backend = "ray"``: an engine
-    replica and an environment server on every node, ``looprl.fleet``)."""
+    and a sandbox pool in this process (``fleet.sandboxes = "http"``: behind an environment
+    server in a thread), or a Ray fleet (``fleet.backend = "ray"``: an engine replica and an
+    environment server on every node, ``looprl.fleet``). Every attempt is counted in ``ledger``."""
     from looprl.rollout.runner import RolloutRunner
     from looprl.rollout.score import make_scorer
 
@@ -354,20 +376,31 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
             raise ConfigError("fleet.backend=ray rolls out for one trainer process; run the "
                               "trainer without torchrun, or use fleet.backend=inprocess")
         from looprl.fleet.ray_fleet import MemberSpec, RayFleet
+        from looprl.sandbox.remote_pool import task_roots
 
+        injector = faults.active()
         fleet = await RayFleet.start(cfg.fleet, MemberSpec(
-            str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine),
-            snapshot=RunDir(run_dir).fleet)
-        return RolloutRunner.over(fleet, cfg.rollout), fleet, fleet.close
+            str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
+            faults=injector.cfg if injector is not None else None,
+            http_roots=task_roots(tasks) if cfg.fleet.sandboxes == "http" else None),
+            snapshot=RunDir(run_dir).fleet, ledger=ledger)
+        return RolloutRunner.over(fleet, cfg.rollout, ledger=ledger), fleet, fleet.close
     from looprl.chat import ChatFormat
     from looprl.sandbox import SandboxPool
 
-    pool = SandboxPool(max_running=cfg.rollout.max_in_flight)
+    served = contextlib.ExitStack()
+    if cfg.fleet.sandboxes == "http":
+        from looprl.sandbox.remote_pool import serving
+
+        pool: Any = served.enter_context(serving(tasks, max_running=cfg.rollout.max_in_flight))
+    else:
+        pool = SandboxPool(max_running=cfg.rollout.max_in_flight)
 
     async def close() -> None:
         await pool.close()
+        await asyncio.to_thread(served.close)  # the env server drains: not on this loop
         if callable(getattr(engine, "close", None)):
             engine.close()
 
-    return (RolloutRunner(engine, ChatFormat(tok), pool, make_scorer(cfg.reward), cfg.rollout),
-            engine, close)
+    return (RolloutRunner(engine, ChatFormat(tok), pool, make_scorer(cfg.reward), cfg.rollout,
+                          ledger=ledger), engine, close)

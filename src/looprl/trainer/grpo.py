@@ -12,7 +12,9 @@ engine, which applies them between decode steps — trajectories in flight conti
 version, and every token records the version that sampled it. Groups whose oldest token lags the
 trainer by more than ``max_staleness`` versions are dropped and counted, their task handed out
 once more (it was never trained on); zero-variance groups are
-skipped and counted; infra-failed trajectories never reach here (the runner drops them). A group
+skipped and counted; infra-failed trajectories never reach here (the runner drops them), and a
+group that too few survived is handed out once more like a stale one. Each row logs the run's
+infrastructure failures by class (``infra``: ``looprl.faults.InfraLedger``). A group
 the runner's difficulty screen stopped (``RolloutConfig.screen``: none of its first rollouts
 passed) takes no place in the queue: its task waits and is handed out again once the fresh tasks
 run out (``TaskSampler.defer``), to a policy that may solve it by then.
@@ -69,6 +71,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from looprl.config import Range
 from looprl.errors import WeightStoreError
+from looprl.faults import InfraLedger
 from looprl.protocols import GroupSource, WeightSink, WeightStore
 from looprl.rundir import RunDir
 from looprl.trainer import ddp
@@ -143,7 +146,8 @@ class LoopStats:
     groups_trained: int = 0
     groups_stale: int = 0
     groups_requeued: int = 0
-    """Stale groups whose task was handed out again (``TaskSampler.requeue``)."""
+    """Stale groups, and groups infrastructure failures emptied, whose task was handed out
+    again (``TaskSampler.requeue``)."""
     groups_dropped: int = 0
     groups_screened_out: int = 0
     """Groups stopped after the screen (``rollout.experimental.screen``): no screen trajectory passed."""
@@ -175,9 +179,12 @@ class GRPOLoop:
     def __init__(self, step: GRPOStep, engine: WeightSink, runner: GroupSource,
                  sampler: TaskSampler, cfg: LoopConfig, *, store: WeightStore | None = None,
                  run_dir: Path | None = None, start_version: int = 0, config_to_save: Any = None,
-                 batch_metrics: BatchMetrics | None = None):
+                 batch_metrics: BatchMetrics | None = None, infra: InfraLedger | None = None):
         self.step, self.engine, self.runner, self.sampler, self.cfg = step, engine, runner, sampler, cfg
         self.batch_metrics = batch_metrics
+        self.infra = infra
+        """The run's infrastructure failures by class (``looprl.faults``): each row logs them."""
+        sampler.waits = True  # every task taken comes back through _admit: none left behind
         self.store = store
         self._ckpt_root = RunDir(run_dir).ckpt if run_dir else None
         # the log and the trackers are rank 0's (about every rank's groups)
@@ -332,6 +339,8 @@ class GRPOLoop:
             return None
         if result.group is None:
             self.stats.groups_dropped += 1
+            # infrastructure took the group: its task was never trained, so it goes out again
+            self.stats.groups_requeued += self.sampler.requeue(result.task)
             return None
         oldest = int(result.group.metadata.get("min_policy_version", self.version) or 0)
         if oldest >= 0 and self.version - oldest > self.cfg.experimental.max_staleness:
@@ -404,6 +413,8 @@ class GRPOLoop:
             "loop/publish_s": publish_s,
             "runner/infra_errors": self.stats.infra_errors,
             **self._engine_metrics(),
+            # last: the injected process kill (``looprl.faults``) strikes here, books written
+            **(self.infra.step_row(self.stats.steps) if self.infra is not None else {}),
         }
         self.stats.history.append(row)
         if self._loggers is not None:

@@ -5,9 +5,10 @@
         ...
     sampler.mark_trained([task.id])   # after the step that trained its group
 
-The loop (``trainer.grpo``) hands a stale group's task out again (``requeue``), a screened-out
-one later (``defer``), and keeps the sampler's ``state_dict`` in every checkpoint, so a resumed
-run neither loses nor repeats a task within a pass.
+The loop (``trainer.grpo``) hands a stale group's task, or one whose group infrastructure
+failures emptied, out again (``requeue``), a screened-out one later (``defer``), and keeps the
+sampler's ``state_dict`` in every checkpoint, so a resumed run neither loses nor repeats a task
+within a pass.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ class TaskSampler:
     it was never trained on, and tasks are the scarce thing. With ``max_screens`` (for a runner
     with ``RolloutConfig.screen``), a task screened out (the policy could not solve it yet) waits
     (``defer``) and is handed out again once the fresh tasks run out, to the policy as it is
-    then, up to ``max_screens`` times in all; while none is left to hand out but some are still
-    out (``returned`` not yet called for them: they may come back screened out), the walk yields
-    None, meaning ask again.
+    then, up to ``max_screens`` times in all. While none is left to hand out in the last pass but
+    some are still out (``returned`` not yet called for them: they may come back screened out,
+    stale or emptied by infrastructure failures, to go out again), the walk yields None, meaning
+    ask again; ``waits`` (the loop sets it: it returns every task it takes) does so always,
+    else only with ``max_screens``.
 
     >>> from looprl.types import Grader
     >>> s = TaskSampler([Task(i, "/r", "p", Grader("pytest")) for i in "abc"], passes=2)
@@ -51,6 +54,8 @@ class TaskSampler:
         self.trained: Counter[str] = Counter(trained)
         """Times each task was trained (once a pass at most)."""
         self.max_screens = max_screens
+        self.waits = False
+        """Wait for the tasks still out at the end of the walk (class docstring)."""
         self.issued = 0
         self.passes_begun = 0
         self.out = 0
@@ -102,7 +107,7 @@ class TaskSampler:
                 if t is None and self._later:
                     t = self._later.popleft()
                 if t is None:
-                    if n + 1 < self.passes or not (self.max_screens and self.out):
+                    if n + 1 < self.passes or not (self.out and (self.waits or self.max_screens)):
                         break
                     yield None
                     continue

@@ -70,7 +70,8 @@ import numpy as np
 import torch
 import zstandard
 
-from looprl.errors import ConfigError, WeightStoreError
+from looprl import faults
+from looprl.errors import ConfigError, InfraKind, WeightStoreError
 from looprl.weights.delta import CODECS, bytes_to_tensor, decode, encode, tensor_bytes
 
 log = logging.getLogger(__name__)
@@ -310,18 +311,21 @@ class FsspecWeightStore:
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write ``version`` as a delta against the latest version (or as a full snapshot)."""
+        faults.maybe_raise(InfraKind.WEIGHT_WRITE, "FsspecWeightStore.publish")
         vs = self.versions()
         if vs and version <= vs[-1]:
             raise WeightStoreError(f"cannot publish version {version}: versions must increase and "
                                    f"{vs[-1]} is already published in {self.url!r} (a resumed "
-                                   "trainer calls rollback(version, weights) first)")
+                                   "trainer calls rollback(version, weights) first)",
+                                   kind=InfraKind.INTERNAL)
         parent, parent_state, depth = self._delta_base(vs[-1] if vs else None, version)
         entries, frames, state, seen = [], [], {}, {}
         offset = raw_total = 0
         for name, tensor in state_dict.items():
             if tensor.dtype not in TENSOR_DTYPES.values():
                 raise WeightStoreError(f"cannot publish tensor {name!r} of dtype {tensor.dtype}; "
-                                       f"the store holds {sorted(TENSOR_DTYPES)}")
+                                       f"the store holds {sorted(TENSOR_DTYPES)}",
+                                       kind=InfraKind.INTERNAL)
             key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
             if tensor.numel() and key in seen:  # tied weights: store once
                 entries.append({"name": name, "alias": seen[key]})
@@ -463,6 +467,7 @@ class FsspecWeightStore:
     def load(self, version: int | None = None) -> Loaded:
         """``version`` (default latest), or the last intact full snapshot before it, reported;
         ``WeightStoreError`` when neither is readable."""
+        faults.maybe_raise(InfraKind.WEIGHT_READ, "FsspecWeightStore.load")
         requested = self.latest() if version is None else version
         if requested is None:
             raise WeightStoreError(f"no weights published in {self.url!r} yet; the trainer "

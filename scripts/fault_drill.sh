@@ -1,0 +1,51 @@
+#!/bin/bash
+# The fault drill (issue 51, docs/faults.md): `looprl train` on quickstart tasks with every fault
+# class of the taxonomy injected at >= 5% of its boundary's crossings, for >= 10 minutes of RL,
+# relaunched with --resume after each injected process kill until it exits 0; then
+# scripts/fault_drill_check.py checks the run directory.
+#
+#     nice -n 10 scripts/fault_drill.sh [RUNS_DIR] [NAME]     # from the repo root; default runs/fault_drill
+#
+# What it runs: configs/quickstart.toml's inflection tasks (its build, from the task cache),
+# four held out; no pretraining, SFT on the train tasks' oracle demos alone (the drill need not
+# learn, but a model that never edits makes no command or test run to fail); three walks over
+# the train tasks end RL (at ~4 min a walk here: >= 10 min), so every task must be trained
+# exactly three times; rollouts on a Ray fleet of
+# this machine (a one-node Ray the run starts; node_lost kills that node's actors) whose
+# sandboxes are reached over HTTP (env_server_5xx, connection_dropped); every class at 5%, the
+# process kill at 20% of step rows (about 14 rows: at 5% most drills would see no kill).
+# Short rollouts (2 turns of 96 tokens: an edit call and finish; groups of 2, 4 in flight): with one node, a node_lost at
+# 5% of attempts takes every attempt in flight, and the node's restart costs about a minute on 2
+# busy cores; groups of 4 with 8 in flight trained no step in 5 minutes.
+# Each life's output goes to RUNS_DIR/NAME.lifeN.log, one line per life to RUNS_DIR/NAME.lives.
+set -u
+RUNS=${1:-runs}
+NAME=${2:-fault_drill}
+PY=${PYTHON:-.venv/bin/python}
+ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
+  -o 'tasks.train_packages=["inflection==0.5.1"]' -o 'tasks.experimental.train_only_packages=[]'
+  -o 'tasks.heldout_packages=[]' -o tasks.experimental.max_heldout=4
+  -o demos.synthetic=0 -o model.experimental.pretrain_steps=0 -o model.experimental.drills=0 -o eval.k=1
+  -o fleet.backend=ray -o fleet.experimental.node_ip=127.0.0.2 -o fleet.sandboxes=http
+  -o fleet.experimental.sandboxes_per_node=8 -o fleet.experimental.wait_for_nodes_s=600
+  -o rollout.group_size=2 -o rollout.max_in_flight=4 -o rollout.experimental.max_infra_retries=10
+  -o rollout.agent.max_turns=2 -o rollout.agent.max_new_tokens=96
+  -o rollout.agent.max_total_new_tokens=192
+  -o loop.groups_per_step=2 -o loop.experimental.queue_size=2 -o loop.max_minutes=40 -o loop.experimental.passes=3
+  -o loop.experimental.checkpoint_every=1 -o loop.experimental.max_staleness=1000
+  -o faults.rates.all=0.05 -o faults.rates.process_killed=0.2 -o faults.seed=1)
+mkdir -p "$RUNS"
+life=0
+resume=()
+while true; do
+  start=$(date +%s)
+  "$PY" -m looprl train "${ARGS[@]}" "${resume[@]}" > "$RUNS/$NAME.life$life.log" 2>&1
+  rc=$?
+  echo "life $life exit $rc $(date -Is) wall $(( $(date +%s) - start ))s" >> "$RUNS/$NAME.lives"
+  [ $rc -eq 0 ] && break
+  [ $rc -ne 137 ] && { echo "life $life failed (exit $rc): $RUNS/$NAME.life$life.log" >&2; exit $rc; }
+  life=$((life + 1))
+  resume=(--resume)
+  [ $life -ge 20 ] && { echo "20 lives without finishing" >&2; exit 1; }
+done
+"$PY" scripts/fault_drill_check.py "$RUNS/$NAME"
