@@ -36,7 +36,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def per_task(samples: list[Sample], k: int) -> dict[str, dict[str, float]]:
+def per_task(samples: list[Sample], k: int) -> dict[str, dict[str, Any]]:
     """task id -> its metrics over its graded samples (tasks with none graded are left out)."""
     by_task: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:

@@ -164,7 +164,7 @@ def agent_config(factory: PolicyFactory, st: BenchSettings) -> Any:
 def to_sample(task: Task, index: int, traj: Trajectory) -> Sample:
     """A graded (or infra-failed) trajectory as a bench sample."""
     c = traj.counters
-    common = dict(turns=c.turns, tool_calls=c.tool_calls, broken_tool_calls=c.broken_tool_calls,
+    common: dict[str, Any] = dict(turns=c.turns, tool_calls=c.tool_calls, broken_tool_calls=c.broken_tool_calls,
                   output_tokens=c.output_tokens,
                   wall_s=traj.wall_s)
     if traj.is_infra_error or traj.reward is None:
@@ -173,7 +173,7 @@ def to_sample(task: Task, index: int, traj: Trajectory) -> Sample:
                       infra_kind=traj.infra_kind or InfraKind.INTERNAL.value, **common)
     d = traj.reward.details
     return Sample(task.id, index, traj.reward.components["tests"], traj.stop_reason.value,
-                  grade_wall_s=float(d.get("grade_wall_s", 0.0)),
+                  grade_wall_s=float(d.get("grade_wall_s") or 0.0),
                   edited_tests=bool(d.get("edited_tests", False)),
                   metadata={"source_kind": task.metadata.get("source_kind"),
                             "package": task.metadata.get("package")}, **common)

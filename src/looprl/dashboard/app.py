@@ -34,6 +34,7 @@ it. Every page re-reads its inputs, so a flood of requests costs CPU (no rate li
 
 from __future__ import annotations
 
+import functools
 import hmac
 import threading
 import time
@@ -192,7 +193,7 @@ class Dashboard:
             body.append(render.problems(["nothing to show: pass --run DIR, --store FILE or "
                                          "--env-server URL"], "error"))
         for panel in OVERVIEW_PANELS:
-            body.append(_guard(panel.__name__.replace("_", " "), lambda p=panel: p(self, runs)))
+            body.append(_guard(panel.__name__.replace("_", " "), functools.partial(panel, self, runs)))
         return self.html("looprl dashboard", body)
 
     def run_page(self, name: str) -> str:
@@ -224,7 +225,7 @@ class Dashboard:
         items = idx.refresh()
         base = f"{run_href(run.name)}/trajectories/{quote(file, safe='')}"
         params = {k: v for k, v in (("step", flt.step), ("task", flt.task), ("flag", flt.flag),
-                                    ("passed", {True: "pass", False: "fail"}.get(flt.passed)))
+                                    ("passed", None if flt.passed is None else "pass" if flt.passed else "fail"))
                   if v not in (None, "")}
         body = [trajview.trajectory_list(
             items, file, lambda n: f"{base}/{n}", flt,
@@ -254,11 +255,11 @@ class Dashboard:
         if len(runs) > 1:
             body.append(_guard("compare", lambda: render.compare_section(runs)))
         for i, run in enumerate(runs):
-            body += [_guard(f"run {run.name}", lambda run=run, i=i: _main_section(run, f"r{i}")),
-                     _guard("evaluation", lambda run=run: render.eval_section(run)),
-                     _guard("report", lambda run=run: render.report_section(
-                         run, lambda src, run=run: _file_data_uri(run, src))),
-                     _guard("config", lambda run=run: render.config_section(run.config))]
+            body += [_guard(f"run {run.name}", functools.partial(_main_section, run, f"r{i}")),
+                     _guard("evaluation", functools.partial(render.eval_section, run)),
+                     _guard("report", functools.partial(render.report_section, run,
+                                                        functools.partial(_file_data_uri, run))),
+                     _guard("config", functools.partial(render.config_section, run.config))]
         body += [fleet_panel(self, runs), feedback_panel(self, runs)]
         return render.page("looprl report", body, assets=render.INLINE,
                            note=f"exported {time.strftime('%Y-%m-%d %H:%M:%S')}")

@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -34,6 +34,7 @@ from looprl import faults
 from looprl.chat import ChatFormat
 from looprl.errors import InfraKind, PolicyError
 from looprl.faults import FaultsConfig
+from looprl.protocols import Engine
 from looprl.rewards.composite import RewardConfig
 from looprl.rollout.runner import LocalExecutor, RolloutConfig
 from looprl.types import Generation, SamplingParams, Task, Trajectory
@@ -97,7 +98,7 @@ class EngineReplica:
             from looprl.models.loading import load_model
 
             lm = load_model(self.model_dir)
-            model = lm.model.to("cuda") if self.cuda else lm.model
+            model = cast(Any, lm.model).to("cuda") if self.cuda else lm.model  # (HF types .to oddly)
             self.engine = TorchEngine(model, lm.tokenizer)
         else:  # vLLM or a plugin loads the checkpoint itself, as ``looprl train`` builds it
             from looprl.inference import make_engine
@@ -214,7 +215,8 @@ class EnvServer:
         else:
             self.pool = SandboxPool(max_running=self.sandboxes)
         fmt, score = ChatFormat(self.tokenizer), make_scorer(self.reward)
-        self.executors = [LocalExecutor(c, fmt, self.pool, score, self.rollout)
+        # a replica's weights arrive on its node: the harness only generates and releases here
+        self.executors = [LocalExecutor(cast(Engine, c), fmt, self.pool, score, self.rollout)
                           for c in self.clients]
 
     async def run(self, task: Task, group_id: str, traj_id: str, lane: int) -> AttemptOutcome:

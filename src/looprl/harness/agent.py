@@ -266,7 +266,7 @@ async def execute_calls(turn: ParsedTurn, tools: dict[str, Tool], ctx: ToolConte
             prepared.append(ToolResult(call.id, call.name, f"Invalid tool call: {e}", "broken"))
     results: list[ToolResult] = []
     batch: list[tuple[str, str, Tool, dict[str, Any]]] = []
-    for item in prepared + [None]:  # type: ignore[list-item]
+    for item in prepared + [None]:
         if isinstance(item, tuple) and item[2].read_only:
             batch.append(item)
             continue

@@ -152,7 +152,7 @@ async def before(deadline: float, aw: Awaitable[T]) -> T:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         if hasattr(aw, "close"):
-            aw.close()  # type: ignore[union-attr]
+            aw.close()
         raise WallTime
     try:
         return await asyncio.wait_for(aw, remaining)

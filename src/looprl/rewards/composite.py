@@ -37,10 +37,14 @@ from looprl.types import Metadata, RewardBreakdown, Task, Trajectory
 
 class GradeLike(Protocol):
     """What ``compute_reward`` reads from a grade (``looprl.rewards.tests.GradeResult`` has it,
-    and ``flags``, the monitors the grader raised, read when present)."""
+    and ``flags``, the monitors the grader raised, read when present; read-only, as a frozen
+    record's fields are)."""
 
-    score: float
-    edited_tests: bool
+    @property
+    def score(self) -> float: ...
+
+    @property
+    def edited_tests(self) -> bool: ...
 
 
 @dataclass(frozen=True)

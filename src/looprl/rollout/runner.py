@@ -47,6 +47,7 @@ from looprl.types import (
     Counters,
     Group,
     GroupResult,
+    Metadata,
     RewardBreakdown,
     StopReason,
     Task,
@@ -152,7 +153,7 @@ class LocalExecutor:
     def _engine_for(self, task: Task) -> Engine:
         if hasattr(self.policy, "generate"):
             return self.policy  # type: ignore[return-value]
-        return self.policy(task)  # type: ignore[operator]
+        return self.policy(task)
 
     async def attempt(self, task: Task, group_id: str, traj_id: str) -> Trajectory:
         engine = self._engine_for(task)
@@ -278,7 +279,7 @@ class RolloutRunner:
                                f"survived infrastructure failures: {errors[:3]}", wall, lost=lost)
         self.stats.groups += 1
         versions = [v for t in kept for s in t.segments for v in s.policy_version_T if v >= 0]
-        meta = {"min_policy_version": min(versions, default=-1),
+        meta: Metadata = {"min_policy_version": min(versions, default=-1),
                 "max_policy_version": max(versions, default=-1), "wall_s": round(wall, 3)}
         return GroupResult(task, Group(task.id, group_id, kept, meta), infra, None, wall, lost=lost)
 

@@ -117,7 +117,7 @@ class PooledSandbox:
         if self.expired:
             raise SandboxError(self._expiry_msg)
 
-    async def _call(self, coro_fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def _call(self, coro_fn, *args, **kwargs):
         self._check()
         try:
             return await coro_fn(*args, **kwargs)

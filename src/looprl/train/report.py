@@ -149,14 +149,14 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
               f"First step reward {hist[0].get('reward/total_mean', 0):+.3f} → last "
               f"{hist[-1].get('reward/total_mean', 0):+.3f}." if hist else "No RL step ran.", ""]
     p1 = gate.diffs[0]
-    last = (f"heldout_pass1_sft={p1.a:.4f} heldout_pass1_rl={p1.b:.4f} delta_ci_low={p1.lo:.4f} "
+    summary = (f"heldout_pass1_sft={p1.a:.4f} heldout_pass1_rl={p1.b:.4f} delta_ci_low={p1.lo:.4f} "
             f"delta_ci_high={p1.hi:.4f} rl_minutes={rl.minutes:.2f}")
     if pkg_gate:
         q = pkg_gate.diffs[0]
-        last += (f" packages_pass1_sft={q.a:.4f} packages_pass1_rl={q.b:.4f} "
+        summary += (f" packages_pass1_sft={q.a:.4f} packages_pass1_rl={q.b:.4f} "
                  f"packages_ci_low={q.lo:.4f} packages_ci_high={q.hi:.4f}")
     path = RunDir(run_dir).report
-    path.write_text("\n".join([*lines, last]) + "\n")
+    path.write_text("\n".join([*lines, summary]) + "\n")
     if turns:
         RunDir(run_dir).turn_accuracy.write_text(json.dumps(
             {lab: acc.to_json() for lab, acc in turns.items()}, indent=1))

@@ -27,6 +27,7 @@ from looprl import faults
 from looprl.errors import ConfigError
 from looprl.faults import InfraLedger
 from looprl.progress import Bar
+from looprl.protocols import Engine
 from looprl.rewards.composite import reward_metrics
 from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
@@ -294,7 +295,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     from looprl.weights.store import FsspecWeightStore
 
     if cfg.fleet.backend == "ray":
-        engine = None  # each node's replica loads start_dir itself
+        engine: Engine | None = None  # each node's replica loads start_dir itself
     elif cfg.model.engine == "torch":
         engine = TorchEngine(copy.deepcopy(model).eval(), tok,
                              speculative=cfg.model.experimental.speculative,

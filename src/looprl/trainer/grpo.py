@@ -160,7 +160,7 @@ class LoopStats:
     trainer_idle_s: float = 0.0
     rollout_tokens: int = 0
     train_tokens: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # rows: metrics and task ids
 
     @property
     def idle_fraction(self) -> float:

@@ -63,7 +63,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import fsspec
 import numpy as np
@@ -143,11 +143,11 @@ def tensor_digest(name: str, dtype: str, shape: list[int], raw: np.ndarray) -> s
     """sha256 of a tensor's bits bound to its name, dtype and shape: bits read under another
     name, dtype or shape fail it even where a manifest's own checksum was recomputed."""
     h = hashlib.sha256(json.dumps([name, dtype, shape]).encode() + b"\0")
-    h.update(memoryview(raw))
+    h.update(raw.data)
     return h.hexdigest()
 
 
-def _int(x: object, low: int = 0) -> bool:
+def _int(x: object, low: int = 0) -> TypeGuard[int]:
     return type(x) is int and x >= low
 
 
@@ -319,7 +319,10 @@ class FsspecWeightStore:
                                    "trainer calls rollback(version, weights) first)",
                                    kind=InfraKind.INTERNAL)
         parent, parent_state, depth = self._delta_base(vs[-1] if vs else None, version)
-        entries, frames, state, seen = [], [], {}, {}
+        entries: list[dict[str, Any]] = []
+        frames: list[bytes] = []
+        state: dict[str, np.ndarray] = {}
+        seen: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
         offset = raw_total = 0
         for name, tensor in state_dict.items():
             if tensor.dtype not in TENSOR_DTYPES.values():
@@ -351,14 +354,15 @@ class FsspecWeightStore:
                     "kind": kind, "depth": depth, "codec": self.codec, "blob": BLOB,
                     "blob_bytes": len(blob), "blob_sha256": hashlib.sha256(blob).hexdigest(),
                     "raw_bytes": raw_total, "created": time.time(), "tensors": entries}
-        manifest["manifest_sha256"] = manifest_digest(manifest)
+        manifest["manifest_sha256"] = digest = manifest_digest(manifest)
         d = self._dir(version)
         self.fs.makedirs(d, exist_ok=True)
         self.fs.pipe_file(f"{d}/{BLOB}", blob)
         self.fs.pipe_file(f"{d}/manifest.json.tmp", json.dumps(manifest).encode())
         self.fs.mv(f"{d}/manifest.json.tmp", f"{d}/manifest.json")  # the version appears here
-        self._cache = (version, manifest["manifest_sha256"], state)
-        self.last_publish = PublishInfo(version, manifest["parent"], kind, len(blob), raw_total)
+        self._cache = (version, digest, state)
+        self.last_publish = PublishInfo(version, parent if kind == "delta" else None, kind,
+                                        len(blob), raw_total)
 
     # -- resume ---------------------------------------------------------------------------------
     def _remove(self, version: int) -> None:
