@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from looprl.harness.policies import ScriptedPolicy
 
 from looprl import faults
 from looprl.chat import ChatFormat
 from looprl.errors import InfraKind
 from looprl.faults import FaultInjector, FaultsConfig, InfraLedger
 from looprl.harness.agent import AgentConfig
+from looprl.harness.scripted import ScriptedPolicy
 from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.tests import pytest_command
