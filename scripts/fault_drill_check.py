@@ -6,7 +6,7 @@ facts issue 51 asks of it, and print the per-class table the docs quote.
 1. It finished: RL's record (``rl.json``) and the report are there.
 2. Every injectable class was set to >= 5% and injected, and at the last metrics row each class's
    count (``infra/<class>``) equals the injector's own settled count (``faults.reconcile``).
-3. No task lost: the drill's walks (``loop.passes``) end RL, and every train task was trained in
+3. No task lost: the drill's walks (``loop.experimental.passes``) end RL, and every train task was trained in
    each (a task whose group infrastructure emptied went out again: ``loop/groups_dropped`` +
    ``loop/groups_stale`` = ``loop/groups_requeued`` at every row; the counters start again in
    each life of the trainer).
@@ -71,7 +71,7 @@ def check(run: Path) -> list[str]:
 
     tasks = [t["id"] for t in _jsonl(rd.task_file("train"))]
     trained = Counter(t for r in rows for t in r["tasks"])
-    passes = int(json.loads(rd.config.read_text())["loop"]["passes"])
+    passes = int(json.loads(rd.config.read_text())["loop"]["experimental"]["passes"])
     print(f"train tasks {len(tasks)}; walks {passes}; "
           f"times trained -> tasks {sorted(Counter(trained[t] for t in tasks).items())}")
     # the walk ends RL: its last pass waits for every task still out, so each is trained in

@@ -20,7 +20,7 @@ from looprl.harness.scripted import ScriptedPolicy
 from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.runner import RolloutConfig, RolloutExperimental, RolloutRunner
 from looprl.rollout.score import make_tests_scorer
 from looprl.sandbox import SandboxPool
 from looprl.sandbox.remote_pool import serving
@@ -52,7 +52,8 @@ def run_with(kind: InfraKind, tasks: list[Task], rate: float, *, http: bool = Fa
     ledger = InfraLedger()
     # retries enough that a group keeps both rollouts at these rates (with 6, one env_server_5xx
     # run lost one on a loaded machine)
-    cfg = RolloutConfig(group_size=2, max_in_flight=4, max_infra_retries=12, min_group_size=1,
+    cfg = RolloutConfig(group_size=2, max_in_flight=4,
+                        experimental=RolloutExperimental(max_infra_retries=12, min_group_size=1),
                         tools=("run_terminal", "finish"),
                         agent=AgentConfig(max_turns=3, max_new_tokens=12 if engine else 200,
                                           context_window=16384))

@@ -192,18 +192,21 @@ def test_injected_faults_on_the_fleet_land_in_their_classes(cluster, tmp_path):
         node_ip=IP, min_nodes=2, poll_s=0.5))
     spec = MemberSpec(str(tmp_path / "model"), tok, str(weights), ROLLOUT, RewardConfig(),
                       faults=rates)
-    rollout = dataclasses.replace(ROLLOUT, max_infra_retries=6)
+    rollout = dataclasses.replace(ROLLOUT, experimental=dataclasses.replace(
+        ROLLOUT.experimental, max_infra_retries=6))
     inj = FaultInjector(rates)
     ledger = InfraLedger()
 
     async def main():
         fleet = await RayFleet.start(cfg, spec, ledger=ledger)
         try:
-            step = GRPOStep(model, GRPOConfig(lr=1e-3, norm_tokens=32, skip_zero_variance=False),
+            step = GRPOStep(model, GRPOConfig(lr=1e-3, experimental=GRPOExperimental(
+                objective=LossParams(norm_tokens=32), credit=Credit(skip_zero_variance=False))),
                             pad_id=tok.pad_token_id)
             loop = GRPOLoop(step, fleet, RolloutRunner.over(fleet, rollout, ledger=ledger),
                             TaskSampler(tasks),
-                            LoopConfig(groups_per_step=2, max_staleness=100, queue_size=2),
+                            LoopConfig(groups_per_step=2, experimental=LoopExperimental(
+                                max_staleness=100, queue_size=2)),
                             store=RetryingStore(LocalWeightStore(str(weights)), ledger=ledger),
                             run_dir=run_dir, batch_metrics=reward_metrics, infra=ledger)
             return await loop.run(), fleet.stats.members_lost

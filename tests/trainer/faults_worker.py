@@ -17,12 +17,13 @@ from looprl.faults import FaultsConfig
 from looprl.fleet.config import FleetConfig
 from looprl.harness.agent import AgentConfig
 from looprl.models.tokenizer import build_tokenizer
-from looprl.rollout.runner import RolloutConfig
+from looprl.rollout.runner import RolloutConfig, RolloutExperimental
 from looprl.rundir import RunDir
-from looprl.train.config import ModelSection, TasksSection, TrainConfig
+from looprl.train.config import ModelExperimental, ModelSection, TasksSection, TrainConfig
 from looprl.train.stages import train_rl
-from looprl.trainer.grpo import LoopConfig
-from looprl.trainer.step import GRPOConfig
+from looprl.trainer.grpo import LoopConfig, LoopExperimental
+from looprl.trainer.losses import LossParams
+from looprl.trainer.step import GRPOConfig, GRPOExperimental
 from tests.trainer.test_grpo_loop import _model, _tasks
 
 N_TASKS = 8
@@ -36,11 +37,13 @@ SEED = 2
 def config() -> TrainConfig:
     return TrainConfig(
         name="faults", tasks=TasksSection(train_file="unused.jsonl"),
-        model=ModelSection(device="cpu", rl_threads=1),
-        grpo=GRPOConfig(lr=1e-3, norm_tokens=48),
-        loop=LoopConfig(groups_per_step=2, queue_size=2, checkpoint_every=1, max_staleness=10**6,
-                        loggers=()),
-        rollout=RolloutConfig(group_size=2, max_in_flight=4, max_infra_retries=4,
+        model=ModelSection(device="cpu", experimental=ModelExperimental(rl_threads=1)),
+        grpo=GRPOConfig(lr=1e-3, experimental=GRPOExperimental(
+            objective=LossParams(norm_tokens=48))),
+        loop=LoopConfig(groups_per_step=2, loggers=(), experimental=LoopExperimental(
+            queue_size=2, checkpoint_every=1, max_staleness=10**6)),
+        rollout=RolloutConfig(group_size=2, max_in_flight=4,
+                              experimental=RolloutExperimental(max_infra_retries=4),
                               tools=("read_file", "finish"),
                               agent=AgentConfig(max_turns=2, max_new_tokens=16,
                                                 context_window=16384)),

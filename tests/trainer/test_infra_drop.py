@@ -5,8 +5,9 @@ import asyncio
 import dataclasses
 
 from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import Grader, Group, GroupResult, Task
 from tests.trainer.helpers import group, segment, tiny_llama, trajectory
 
@@ -43,7 +44,8 @@ class Sink:
 def test_a_group_infrastructure_dropped_is_handed_out_again_and_trained():
     tasks = [Task(f"t{i}", "/r", "p", Grader("pytest")) for i in range(3)]
     source = DropsFirstTry()
-    loop = GRPOLoop(GRPOStep(tiny_llama(), GRPOConfig(lr=1e-3, norm_tokens=8), pad_id=0), Sink(),
+    loop = GRPOLoop(GRPOStep(tiny_llama(), GRPOConfig(lr=1e-3, experimental=GRPOExperimental(
+        objective=LossParams(norm_tokens=8))), pad_id=0), Sink(),
                     source, TaskSampler(tasks), LoopConfig(groups_per_step=1, loggers=()))
     stats = asyncio.run(loop.run())
     assert sorted(loop.sampler.trained) == ["t0", "t1", "t2"]
