@@ -26,7 +26,7 @@ ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
   -o 'tasks.train_packages=["inflection==0.5.1"]' -o 'tasks.experimental.train_only_packages=[]'
   -o 'tasks.heldout_packages=[]' -o tasks.experimental.max_heldout=4
   -o demos.synthetic=0 -o model.experimental.pretrain_steps=0 -o model.experimental.drills=0 -o eval.k=1
-  -o fleet.backend=ray -o fleet.experimental.node_ip=127.0.0.2 -o fleet.sandboxes=http
+  -o fleet.backend=ray -o fleet.experimental.node_ip=127.0.0.2 -o fleet.experimental.sandboxes=http
   -o fleet.experimental.sandboxes_per_node=8 -o fleet.experimental.wait_for_nodes_s=600
   -o rollout.group_size=2 -o rollout.max_in_flight=4 -o rollout.experimental.max_infra_retries=10
   -o rollout.agent.max_turns=2 -o rollout.agent.max_new_tokens=96

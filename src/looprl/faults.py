@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looprl.config import FieldError
+from looprl.config import FieldError, Seed, Share
 from looprl.errors import (
     InfraKind,
     LooprlError,
@@ -100,10 +100,10 @@ class FaultsConfig:
     """The fault injector (``looprl.faults``): off unless a rate is set. For drills and tests
     of the failure handling, never for a run whose result matters."""
 
-    rates: dict[str, float] = field(default_factory=dict)
+    rates: dict[str, Share] = field(default_factory=dict)
     """Probability that one crossing of a boundary fails, by class (``INJECTABLE`` names);
     ``all`` sets every class not named."""
-    seed: int = 0
+    seed: Seed = 0
     """Seeds the injector's draws: one stream per class, process role and life of the trainer,
     so a class's draws do not depend on how often the others were asked."""
 

@@ -1,6 +1,6 @@
 """Sandboxes leased over HTTP (``sandbox.remote_pool``): a pool served in this process reports its
 server's load, which a fleet node's stats read (``fleet.actors.EnvServer.stats``: with
-``fleet.sandboxes = "http"`` every poll of the node raised AttributeError and lost the node)."""
+``fleet.experimental.sandboxes = "http"`` every poll of the node raised AttributeError and lost the node)."""
 
 import asyncio
 

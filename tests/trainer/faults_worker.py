@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from looprl.faults import FaultsConfig
-from looprl.fleet.config import FleetConfig
+from looprl.fleet.config import FleetConfig, FleetExperimental
 from looprl.harness.agent import AgentConfig
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rollout.runner import RolloutConfig, RolloutExperimental
@@ -47,7 +47,7 @@ def config() -> TrainConfig:
                               tools=("read_file", "finish"),
                               agent=AgentConfig(max_turns=2, max_new_tokens=16,
                                                 context_window=16384)),
-        fleet=FleetConfig(sandboxes="http"), faults=FaultsConfig(RATES, seed=SEED))
+        fleet=FleetConfig(experimental=FleetExperimental(sandboxes="http")), faults=FaultsConfig(RATES, seed=SEED))
 
 
 def main(run_dir: Path) -> None:

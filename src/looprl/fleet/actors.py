@@ -191,7 +191,7 @@ class EnvServer:
         self.tokenizer, self.rollout, self.reward, self.sandboxes = (tokenizer, rollout, reward,
                                                                      sandboxes)
         self.http_roots = http_roots
-        """With ``fleet.sandboxes = "http"``: the roots its HTTP env server allows."""
+        """With ``fleet.experimental.sandboxes = "http"``: the roots its HTTP env server allows."""
         _install(faults_cfg, ENV_FAULTS, "env")
         self._served = contextlib.ExitStack()
         self.pool: Any = None

@@ -20,7 +20,6 @@ from looprl.config import FieldError, Range, check_choice
 
 BACKENDS = ("inprocess", "ray")
 SANDBOXES = ("pool", "http")
-SANDBOXES = ("pool", "http")
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,11 @@ class FleetExperimental:
     """torch's threads in each replica's process (per process: the trainer keeps its own)."""
     sandboxes_per_node: Annotated[int, Range(1, 1_000_000)] = 16
     """Sandboxes running at once on each node (its environment server's pool size)."""
+    sandboxes: str = "pool"
+    """How the harness reaches its sandboxes: pool (the pool of this process or of the node's
+    environment server actor) or http (an HTTP environment server, ``looprl.sandbox.server``,
+    started in that process and reached through ``RemoteSandbox``, as a separate sandbox
+    service would be; allowed the tasks' repositories and venvs alone)."""
     weights_url: str = ""
     """Where replicas pull new weight versions (an fsspec URL: s3://bucket/run, or a directory
     every node reads). "" = the run directory's ``weights/``, which only a one-machine cluster or
@@ -63,6 +67,7 @@ class FleetExperimental:
     infrastructure failure: retried, then dropped, never scored)."""
 
     def __post_init__(self) -> None:
+        check_choice("sandboxes", self.sandboxes, SANDBOXES)
         if self.node_ip in ("127.0.0.1", "localhost", "::1"):
             raise FieldError("node_ip", f"{self.node_ip!r} is replaced by the routable address "
                              "inside Ray; use another loopback address such as 127.0.0.2")
@@ -79,13 +84,7 @@ class FleetConfig:
     address: str = ""
     """The Ray cluster to join, HOST:PORT of ``ray start --head`` (or "auto": the one started on
     this machine). "" starts a one-node Ray inside this run (or joins ``RAY_ADDRESS`` if set)."""
-    sandboxes: str = "pool"
-    """How the harness reaches its sandboxes: pool (the pool of this process or of the node's
-    environment server actor) or http (an HTTP environment server, ``looprl.sandbox.server``,
-    started in that process and reached through ``RemoteSandbox``, as a separate sandbox
-    service would be; allowed the tasks' repositories and venvs alone)."""
     experimental: FleetExperimental = field(default_factory=FleetExperimental)
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, BACKENDS)
-        check_choice("sandboxes", self.sandboxes, SANDBOXES)

@@ -89,7 +89,7 @@ class MemberSpec:
     faults: FaultsConfig | None = None
     """Failures the members' actors inject (drills; ``looprl.faults``)."""
     http_roots: tuple[str, ...] | None = None
-    """With ``fleet.sandboxes = "http"``: what each node's HTTP env server allows (the tasks'
+    """With ``fleet.experimental.sandboxes = "http"``: what each node's HTTP env server allows (the tasks'
     repositories and venvs, ``remote_pool.task_roots``)."""
 
 

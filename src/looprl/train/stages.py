@@ -366,7 +366,7 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
                     weights_url: str, dist: DistInfo, tasks: list[Task], ledger: InfraLedger
                     ) -> tuple[Any, Any, Callable[[], Awaitable[None]]]:
     """The rollouts' runner, what takes each new policy version, and how to close them: ``engine``
-    and a sandbox pool in this process (``fleet.sandboxes = "http"``: behind an environment
+    and a sandbox pool in this process (``fleet.experimental.sandboxes = "http"``: behind an environment
     server in a thread), or a Ray fleet (``fleet.backend = "ray"``: an engine replica and an
     environment server on every node, ``looprl.fleet``). Every attempt is counted in ``ledger``."""
     from looprl.rollout.runner import RolloutRunner
@@ -383,14 +383,14 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
         fleet = await RayFleet.start(cfg.fleet, MemberSpec(
             str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
             faults=injector.cfg if injector is not None else None,
-            http_roots=task_roots(tasks) if cfg.fleet.sandboxes == "http" else None),
+            http_roots=task_roots(tasks) if cfg.fleet.experimental.sandboxes == "http" else None),
             snapshot=RunDir(run_dir).fleet, ledger=ledger)
         return RolloutRunner.over(fleet, cfg.rollout, ledger=ledger), fleet, fleet.close
     from looprl.chat import ChatFormat
     from looprl.sandbox import SandboxPool
 
     served = contextlib.ExitStack()
-    if cfg.fleet.sandboxes == "http":
+    if cfg.fleet.experimental.sandboxes == "http":
         from looprl.sandbox.remote_pool import serving
 
         pool: Any = served.enter_context(serving(tasks, max_running=cfg.rollout.max_in_flight))
