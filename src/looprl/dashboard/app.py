@@ -364,36 +364,43 @@ def _guard(what: str, build: Callable[[], str]) -> str:
                                   "error") + "</section>")
 
 
+def _authorizer(token: str) -> Callable[[Scope], bool]:
+    """Whether a request carries ``token``: as a bearer header, the cookie, or ``?token=``."""
+    want = token.encode()
+
+    def authorized(scope: Scope) -> bool:
+        req = Request(scope)
+        return any(hmac.compare_digest(got.encode("utf-8", "surrogateescape"), expected)
+                   for got, expected in ((req.headers.get("authorization", ""), b"Bearer " + want),
+                                         (req.cookies.get(COOKIE, ""), want),
+                                         (query_param(scope, "token"), want)))
+    return authorized
+
+
+def _remember(token: str | None) -> Callable[[Request, Response], None]:
+    """Security headers on every page; a browser that came with ?token= gets a cookie, so the
+    in-place refresh and the scripts pass."""
+    def remember(request: Request, response: Response) -> None:
+        response.headers.update(HEADERS)
+        if token and hmac.compare_digest(request.query_params.get("token", "").encode(
+                "utf-8", "surrogateescape"), token.encode()):
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+    return remember
+
+
 def create_app(cfg: DashboardConfig) -> FastAPI:
     """The FastAPI app; see the module docstring for routes and auth."""
     dash = Dashboard(cfg)
     app = FastAPI(title="looprl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dashboard = dash
 
-    def authorized(scope: Scope) -> bool:
-        assert cfg.token
-        want = cfg.token.encode()
-        req = Request(scope)
-        return any(hmac.compare_digest(got.encode("utf-8", "surrogateescape"), expected)
-                   for got, expected in ((req.headers.get("authorization", ""), b"Bearer " + want),
-                                         (req.cookies.get(COOKIE, ""), want),
-                                         (query_param(scope, "token"), want)))
-
-    app.add_middleware(Guard, authorized=authorized if cfg.token else None,
+    app.add_middleware(Guard, authorized=_authorizer(cfg.token) if cfg.token else None,
                        open_paths={"/healthz"}, max_body=lambda _path: 64 << 10,
                        auth_hint="send 'Authorization: Bearer <token>' or open the page once "
                                  "with ?token=<token>")
     install_error_handlers(app)
 
-    def remember(request: Request, response: Response) -> None:
-        """Security headers on every page; a browser that came with ?token= gets a cookie, so
-        the in-place refresh and the scripts pass."""
-        response.headers.update(HEADERS)
-        if cfg.token and hmac.compare_digest(request.query_params.get("token", "").encode(
-                "utf-8", "surrogateescape"), cfg.token.encode()):
-            response.set_cookie(COOKIE, cfg.token, httponly=True, samesite="strict")
-
-    guard = [Depends(remember)]
+    guard = [Depends(_remember(cfg.token))]
     static = {name: (render.STATIC / name).read_bytes() for name in render.SCRIPTS}
 
     @app.get("/healthz")

@@ -248,6 +248,131 @@ class Leases:
                 await self.pool.release(leased)
 
 
+class _EnvServer:
+    """The routes' work over one pool: its leases, the snapshots they made, the drain flag."""
+
+    def __init__(self, pool: SandboxPool, cfg: EnvServerConfig, drain: Drain | None) -> None:
+        self.pool, self.cfg, self.drain = pool, cfg, drain
+        self.roots = cfg.roots()
+        # id -> (snapshot, the lease that made it): a reaped lease's snapshots go with it
+        self.snapshots: dict[str, tuple[Snapshot, str]] = {}
+        self.leases = Leases(pool, cfg.idle_timeout_s)
+        self.leases.on_reap = self.drop_snapshots_of
+        self.reaper: list[asyncio.Task[None]] = []
+
+    def drop_snapshots_of(self, sid: str) -> None:
+        for snap_id, (snap, owner) in list(self.snapshots.items()):
+            if owner == sid:
+                del self.snapshots[snap_id]
+                snap.release()
+
+    def max_s(self, field: str, value: float | None) -> None:
+        if value is not None and value > self.pool.lease_timeout_s:
+            raise _bad(f"'{field}' {value:g} s is over the server's lease timeout of "
+                       f"{self.pool.lease_timeout_s:g} s")
+
+    async def startup(self) -> None:
+        self.reaper.append(asyncio.ensure_future(self.leases.reap()))
+
+    async def shutdown(self) -> None:
+        for task in self.reaper:
+            task.cancel()
+        await self.pool.close()
+        for snap, _ in self.snapshots.values():
+            snap.release()
+
+    async def health(self) -> dict[str, Any]:
+        h = self.pool.health()
+        return {"ok": h["ok"], "detail": h["detail"]}
+
+    async def metrics(self) -> dict[str, Any]:
+        return {**self.pool.health(), "reaped_total": self.leases.reaped_total}
+
+    async def create(self, req: CreateReq, request: Request) -> dict[str, Any]:
+        self.max_s("timeout_s", req.timeout_s)
+        base, venv = check_dirs(req.base_dir, req.venv, self.roots)
+        snap = None
+        if req.snapshot_id is not None:
+            if req.snapshot_id not in self.snapshots:
+                raise HTTPException(404, f"unknown snapshot {req.snapshot_id!r} (released, or made "
+                                         "by a lease whose client went away)")
+            snap = self.snapshots[req.snapshot_id][0]
+        with faults.tagged(request.headers.get(faults.SCOPE_HEADER)):  # the attempt's faults
+            sb = await unless_gone(request, self.drain,
+                                   self.pool.acquire(base, venv, snapshot=snap,
+                                                     timeout_s=req.timeout_s),
+                                   undo=self.pool.release)
+        self.leases.add(sb)
+        return {"id": sb.id, "cow_backend": sb.inner.cow_backend, "tools_dir": sb.tools_dir,
+                "idle_timeout_s": self.cfg.idle_timeout_s}
+
+    async def heartbeat(self, sid: str) -> dict[str, Any]:
+        with self.leases.using(sid):
+            return {"idle_timeout_s": self.cfg.idle_timeout_s}
+
+    async def exec_(self, sid: str, req: ExecReq, request: Request) -> dict[str, Any]:
+        self.max_s("timeout_s", req.timeout_s)
+        with self.leases.using(sid) as sb, faults.tagged(request.headers.get(faults.SCOPE_HEADER)):
+            # a running command may finish during the drain; cut just before its deadline
+            r = await unless_gone(request, self.drain,
+                                  sb.exec(req.cmd, timeout_s=req.timeout_s, env=req.env),
+                                  grace_s=max(0.1, self.cfg.drain_s - 0.5))
+        return r.to_dict()
+
+    async def read(self, sid: str, req: PathReq) -> dict[str, Any]:
+        with self.leases.using(sid) as sb:
+            data = await sb.read(req.path)
+        return {"data_b64": base64.b64encode(data).decode()}
+
+    async def write(self, sid: str, req: PathReq) -> dict[str, Any]:
+        try:
+            data = base64.b64decode(req.data_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad("'data_b64' is not valid base64 (standard alphabet, padded)") from None
+        with self.leases.using(sid) as sb:
+            await sb.write(req.path, data)
+        return {}
+
+    async def walk(self, sid: str, req: WalkReq) -> dict[str, Any]:
+        with self.leases.using(sid) as sb:
+            entries = await sb.walk(req.under, max_entries=req.max_entries)
+        return {"entries": [e.to_dict() for e in entries]}
+
+    async def diff(self, sid: str) -> dict[str, Any]:
+        with self.leases.using(sid) as sb:
+            return {"diff": await sb.diff()}
+
+    async def snapshot(self, sid: str) -> dict[str, Any]:
+        if len(self.snapshots) >= MAX_SNAPSHOTS:
+            raise HTTPException(409, f"the server holds {len(self.snapshots)} snapshots, its "
+                                     "limit; release some (POST /v1/snapshots/{id}/release)")
+        with self.leases.using(sid) as sb:
+            snap = await sb.snapshot()
+        self.snapshots[snap.id] = (snap, sid)
+        return {"snapshot_id": snap.id}
+
+    async def release_snapshot(self, snap_id: str) -> dict[str, Any]:
+        if (held := self.snapshots.pop(snap_id, None)) is not None:
+            held[0].release()
+        return {}
+
+    async def close(self, sid: str) -> dict[str, Any]:
+        sb = self.leases.get(sid)
+        self.leases.forget(sid, "closed by its client")
+        await self.pool.release(sb)
+        return {}
+
+
+async def _tool_error(_: Request, e: ToolError) -> JSONResponse:
+    escape = {"kind": "path_escape"} if isinstance(e, PathEscapeError) else {}
+    return JSONResponse({"error": "tool", "message": str(e), **escape}, status_code=422)
+
+
+async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
+    return JSONResponse({"error": "sandbox", "message": str(e), "kind": e.kind.value},
+                        status_code=503)
+
+
 def create_app(pool: SandboxPool, token: str, cfg: EnvServerConfig | None = None,
                drain: Drain | None = None) -> FastAPI:
     """A FastAPI app serving ``pool``; requests must carry ``Bearer <token>``. ``drain``: set by
@@ -255,146 +380,29 @@ def create_app(pool: SandboxPool, token: str, cfg: EnvServerConfig | None = None
     if not token:
         raise ValueError("the environment server needs a non-empty bearer token")
     cfg = cfg or EnvServerConfig()
-    roots = cfg.roots()
+    server = _EnvServer(pool, cfg, drain)
     app = FastAPI(title="looprl environment server")
     app.add_middleware(Guard, authorized=bearer(token), open_paths={"/v1/health"},
                        max_body=lambda _path: cfg.max_body_bytes,
                        auth_hint="pass the server's --token (or LOOPRL_SANDBOX_TOKEN)")
     install_error_handlers(app)
-    snapshots: dict[str, tuple[Snapshot, str]] = {}
-    """id -> (snapshot, the lease that made it): a reaped lease's snapshots go with it."""
-    leases = Leases(pool, cfg.idle_timeout_s)
-
-    def drop_snapshots_of(sid: str) -> None:
-        for snap_id, (snap, owner) in list(snapshots.items()):
-            if owner == sid:
-                del snapshots[snap_id]
-                snap.release()
-
-    leases.on_reap = drop_snapshots_of
-    reaper: list[asyncio.Task[None]] = []
-    app.state.leases = leases
-
-    def max_s(field: str, value: float | None) -> None:
-        if value is not None and value > pool.lease_timeout_s:
-            raise _bad(f"'{field}' {value:g} s is over the server's lease timeout of "
-                       f"{pool.lease_timeout_s:g} s")
-
-    @app.exception_handler(ToolError)
-    async def _tool_error(_: Request, e: ToolError) -> JSONResponse:
-        escape = {"kind": "path_escape"} if isinstance(e, PathEscapeError) else {}
-        return JSONResponse({"error": "tool", "message": str(e), **escape}, status_code=422)
-
-    @app.exception_handler(SandboxError)
-    async def _sandbox_error(_: Request, e: SandboxError) -> JSONResponse:
-        return JSONResponse({"error": "sandbox", "message": str(e), "kind": e.kind.value},
-                            status_code=503)
-
-    @app.on_event("startup")
-    async def _startup() -> None:
-        reaper.append(asyncio.ensure_future(leases.reap()))
-
-    @app.get("/v1/health")
-    async def health() -> dict[str, Any]:
-        h = pool.health()
-        return {"ok": h["ok"], "detail": h["detail"]}
-
-    @app.get("/v1/metrics")
-    async def metrics() -> dict[str, Any]:
-        return {**pool.health(), "reaped_total": leases.reaped_total}
-
-    @app.post("/v1/sandboxes")
-    async def create(req: CreateReq, request: Request) -> dict[str, Any]:
-        max_s("timeout_s", req.timeout_s)
-        base, venv = check_dirs(req.base_dir, req.venv, roots)
-        snap = None
-        if req.snapshot_id is not None:
-            if req.snapshot_id not in snapshots:
-                raise HTTPException(404, f"unknown snapshot {req.snapshot_id!r} (released, or made "
-                                         "by a lease whose client went away)")
-            snap = snapshots[req.snapshot_id][0]
-        with faults.tagged(request.headers.get(faults.SCOPE_HEADER)):  # the attempt's faults
-            sb = await unless_gone(request, drain, pool.acquire(base, venv, snapshot=snap,
-                                                                timeout_s=req.timeout_s),
-                                   undo=pool.release)
-        leases.add(sb)
-        return {"id": sb.id, "cow_backend": sb.inner.cow_backend, "tools_dir": sb.tools_dir,
-                "idle_timeout_s": cfg.idle_timeout_s}
-
-    @app.post("/v1/sandboxes/{sid}/heartbeat")
-    async def heartbeat(sid: str) -> dict[str, Any]:
-        with leases.using(sid):
-            return {"idle_timeout_s": cfg.idle_timeout_s}
-
-    @app.post("/v1/sandboxes/{sid}/exec")
-    async def exec_(sid: str, req: ExecReq, request: Request) -> dict[str, Any]:
-        max_s("timeout_s", req.timeout_s)
-        with leases.using(sid) as sb, faults.tagged(request.headers.get(faults.SCOPE_HEADER)):
-            # a running command may finish during the drain; cut just before its deadline
-            r = await unless_gone(request, drain, sb.exec(req.cmd, timeout_s=req.timeout_s,
-                                                          env=req.env),
-                                  grace_s=max(0.1, cfg.drain_s - 0.5))
-        return r.to_dict()
-
-    @app.post("/v1/sandboxes/{sid}/read")
-    async def read(sid: str, req: PathReq) -> dict[str, Any]:
-        with leases.using(sid) as sb:
-            data = await sb.read(req.path)
-        return {"data_b64": base64.b64encode(data).decode()}
-
-    @app.post("/v1/sandboxes/{sid}/write")
-    async def write(sid: str, req: PathReq) -> dict[str, Any]:
-        try:
-            data = base64.b64decode(req.data_b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise _bad("'data_b64' is not valid base64 (standard alphabet, padded)") from None
-        with leases.using(sid) as sb:
-            await sb.write(req.path, data)
-        return {}
-
-    @app.post("/v1/sandboxes/{sid}/walk")
-    async def walk(sid: str, req: WalkReq) -> dict[str, Any]:
-        with leases.using(sid) as sb:
-            entries = await sb.walk(req.under, max_entries=req.max_entries)
-        return {"entries": [e.to_dict() for e in entries]}
-
-    @app.get("/v1/sandboxes/{sid}/diff")
-    async def diff(sid: str) -> dict[str, Any]:
-        with leases.using(sid) as sb:
-            return {"diff": await sb.diff()}
-
-    @app.post("/v1/sandboxes/{sid}/snapshot")
-    async def snapshot(sid: str) -> dict[str, Any]:
-        if len(snapshots) >= MAX_SNAPSHOTS:
-            raise HTTPException(409, f"the server holds {len(snapshots)} snapshots, its limit; "
-                                     "release some (POST /v1/snapshots/{id}/release)")
-        with leases.using(sid) as sb:
-            snap = await sb.snapshot()
-        snapshots[snap.id] = (snap, sid)
-        return {"snapshot_id": snap.id}
-
-    @app.post("/v1/snapshots/{snap_id}/release")
-    async def release_snapshot(snap_id: str) -> dict[str, Any]:
-        held = snapshots.pop(snap_id, None)
-        if held is not None:
-            held[0].release()
-        return {}
-
-    @app.delete("/v1/sandboxes/{sid}")
-    async def close(sid: str) -> dict[str, Any]:
-        sb = leases.get(sid)
-        leases.forget(sid, "closed by its client")
-        await pool.release(sb)
-        return {}
-
-    @app.on_event("shutdown")
-    async def _shutdown() -> None:
-        for task in reaper:
-            task.cancel()
-        await pool.close()
-        for snap, _ in snapshots.values():
-            snap.release()
-
+    app.add_exception_handler(ToolError, _tool_error)  # type: ignore[arg-type]
+    app.add_exception_handler(SandboxError, _sandbox_error)  # type: ignore[arg-type]
+    app.state.leases = server.leases
+    app.on_event("startup")(server.startup)
+    app.on_event("shutdown")(server.shutdown)
+    app.get("/v1/health")(server.health)
+    app.get("/v1/metrics")(server.metrics)
+    app.post("/v1/sandboxes")(server.create)
+    app.post("/v1/sandboxes/{sid}/heartbeat")(server.heartbeat)
+    app.post("/v1/sandboxes/{sid}/exec")(server.exec_)
+    app.post("/v1/sandboxes/{sid}/read")(server.read)
+    app.post("/v1/sandboxes/{sid}/write")(server.write)
+    app.post("/v1/sandboxes/{sid}/walk")(server.walk)
+    app.get("/v1/sandboxes/{sid}/diff")(server.diff)
+    app.post("/v1/sandboxes/{sid}/snapshot")(server.snapshot)
+    app.post("/v1/snapshots/{snap_id}/release")(server.release_snapshot)
+    app.delete("/v1/sandboxes/{sid}")(server.close)
     return app
 
 
