@@ -190,16 +190,23 @@ class Root:
     def lstat(self, rel: str) -> os.stat_result | None:
         """The entry at ``rel`` itself (a symlink as a symlink), or None when there is none
         beneath the root (absent, under a non-directory or a link, or leaving the root)."""
-        try:
-            fd = self.open(rel, os.O_PATH | os.O_NOFOLLOW)
-        except OSError as e:
-            if e.errno in _ABSENT:
-                return None
-            raise
+        fd = self._entry(rel)
+        if fd is None:
+            return None
         try:
             return os.fstat(fd)
         finally:
             os.close(fd)
+
+    def _entry(self, rel: str) -> int | None:
+        """An ``O_PATH`` fd on the entry at ``rel`` itself (a symlink as a symlink), or None
+        when there is none beneath the root."""
+        try:
+            return self.open(rel, os.O_PATH | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno in _ABSENT:
+                return None
+            raise
 
     def read(self, rel: str) -> bytes:
         """The bytes of the regular file at ``rel``. ``OSError``: ``ELOOP`` for a symlink (on
@@ -226,12 +233,9 @@ class Root:
         100755), a symlink's target (120000); None when there is no file or link there (absent,
         a directory, a link on the way, anything else)."""
         for _ in range(3):  # a command may swap a file and a link under us: judged anew
-            try:
-                fd = self.open(rel, os.O_PATH | os.O_NOFOLLOW)
-            except OSError as e:
-                if e.errno in _ABSENT:
-                    return None
-                raise
+            fd = self._entry(rel)
+            if fd is None:
+                return None
             try:
                 st = os.fstat(fd)
                 if stat.S_ISLNK(st.st_mode):
