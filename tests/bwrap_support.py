@@ -41,3 +41,23 @@ skip_without_sandbox = pytest.mark.skipif(not bwrap_ok(),
 needs_bwrap = [pytest.mark.needs_bwrap, skip_without_sandbox]
 """A module's ``pytestmark``; a single test takes ``@pytest.mark.needs_bwrap`` and
 ``@skip_without_sandbox``."""
+
+
+START_PATHS = ["rooted", "bwrap_per_command", "stock_tools"]
+"""The ways a sandbox can start a command: a prepared sandbox root (root and a C compiler),
+bwrap per command with the C launcher, and bwrap per command with stock tools."""
+
+
+def use_start_path(path: str, base: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make sandboxes created from now on start commands the ``path`` way (``START_PATHS``),
+    skipping the test where that way is unavailable for a sandbox over ``base``."""
+    from looprl.sandbox import bwrap
+    from looprl.sandbox.launch import launcher_path
+
+    if path == "rooted" and not bwrap.can_root([base]):
+        pytest.skip("sandbox roots need root and a C compiler")
+    if path != "rooted":
+        monkeypatch.setattr(bwrap, "can_root", lambda paths: False)
+    if path == "stock_tools":
+        monkeypatch.setenv("LOOPRL_SANDBOX_LAUNCHER", "tools")
+    launcher_path.cache_clear()

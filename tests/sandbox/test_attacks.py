@@ -22,6 +22,7 @@ import pytest
 from looprl.errors import ToolError
 from looprl.sandbox import SandboxLimits, create_sandbox, seccomp
 from looprl.types import ExecResult
+from tests.bwrap_support import START_PATHS, use_start_path
 
 from .conftest import needs_bwrap, run, tree_hash
 
@@ -300,31 +301,19 @@ for name, nr in {calls}:
 """
 
 
-PATHS = ["rooted", "bwrap_per_command", "stock_tools"]
-"""The ways a command can be started: a sandbox's prepared bwrap over its root, bwrap per
-command, the stock-tool chain (no C launcher)."""
-
-
 def sh_by(h: Host, path: str, monkeypatch: pytest.MonkeyPatch, cmd: str,
           timeout_s: float = 10) -> ExecResult:
     """``sh`` with the command started the ``path`` way (skips where that way is unavailable)."""
-    from looprl.sandbox import bwrap as bwrap_mod
     from looprl.sandbox.launch import launcher_path
 
-    if path == "rooted" and not bwrap_mod.can_root([str(h.base)]):
-        pytest.skip("sandbox roots need root and a C compiler")
-    if path != "rooted":
-        monkeypatch.setattr(bwrap_mod, "can_root", lambda paths: False)
-    if path == "stock_tools":
-        monkeypatch.setenv("LOOPRL_SANDBOX_LAUNCHER", "tools")
-        launcher_path.cache_clear()
+    use_start_path(path, str(h.base), monkeypatch)
     try:
         return sh(h, cmd, timeout_s=timeout_s)
     finally:
         launcher_path.cache_clear()
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", START_PATHS)
 def test_harness_tools_run_inside_and_cannot_be_replaced(host: Host, path: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The harness's ruff (what ``read_lints`` runs on model-written files) is in every sandbox,
@@ -344,7 +333,7 @@ def test_harness_tools_run_inside_and_cannot_be_replaced(host: Host, path: str,
 
 
 @pytest.mark.skipif(seccomp.program() is None, reason="no syscall table for this machine")
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", START_PATHS)
 def test_kernel_interfaces_fail_with_eperm(host: Host, path: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Every denied call fails with EPERM on each way a command can be started (a sandbox's

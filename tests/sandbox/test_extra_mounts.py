@@ -9,23 +9,12 @@ import pytest
 
 from looprl.sandbox import Mount, create_sandbox
 from looprl.sandbox.launch import launcher_path
-from tests.bwrap_support import needs_bwrap
+from tests.bwrap_support import START_PATHS, needs_bwrap, use_start_path
 
 pytestmark = needs_bwrap
-PATHS = ["rooted", "bwrap_per_command", "stock_tools"]
-
-
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", START_PATHS)
 def test_workdir_and_extra_mounts(tmp_path, monkeypatch, path):
-    from looprl.sandbox import bwrap as bwrap_mod
-
-    if path == "rooted" and not bwrap_mod.can_root(["/app"]):
-        pytest.skip("sandbox roots need root and a C compiler")
-    if path != "rooted":
-        monkeypatch.setattr(bwrap_mod, "can_root", lambda paths: False)
-    if path == "stock_tools":
-        monkeypatch.setenv("LOOPRL_SANDBOX_LAUNCHER", "tools")
-        launcher_path.cache_clear()
+    use_start_path(path, "/app", monkeypatch)
     repo, tests, logs = tmp_path / "repo", tmp_path / "tests", tmp_path / "logs"
     for d in (repo, tests, logs):
         d.mkdir()

@@ -12,10 +12,10 @@ import pytest
 
 from looprl.errors import SandboxError, ToolError
 from looprl.sandbox import SandboxLimits, create_sandbox
-from looprl.sandbox import bwrap as bwrap_mod
 from looprl.sandbox import command as command_mod
 from looprl.sandbox.cgroups import Cgroup
 from looprl.sandbox.launch import Prepared, launcher_argv, launcher_path
+from tests.bwrap_support import START_PATHS, use_start_path
 
 from .conftest import needs_bwrap, run
 
@@ -137,23 +137,11 @@ def test_stock_tool_chain_gives_the_same_limits(base_repo: Path,
 
 # --- who failed: the status channel, never the command's output ------------------------------
 
-PATHS = ["rooted", "bwrap_per_command", "stock_tools"]
-"""The three ways a command starts: a prepared bwrap over the sandbox's root (its ``-s``
-launcher reports), bwrap per command after the C launcher, the stock-tool chain (bwrap's
-``--json-status-fd`` reports)."""
-
-
-@pytest.fixture(params=PATHS)
+@pytest.fixture(params=START_PATHS)
 def start_path(request: pytest.FixtureRequest, base_repo: Path,
                monkeypatch: pytest.MonkeyPatch):
     """Sandboxes made while this fixture is active start commands the ``request.param`` way."""
-    if request.param == "rooted" and not bwrap_mod.can_root([str(base_repo)]):
-        pytest.skip("sandbox roots need root and a C compiler")
-    if request.param != "rooted":
-        monkeypatch.setattr(bwrap_mod, "can_root", lambda paths: False)
-    if request.param == "stock_tools":
-        monkeypatch.setenv("LOOPRL_SANDBOX_LAUNCHER", "tools")
-    launcher_path.cache_clear()
+    use_start_path(request.param, str(base_repo), monkeypatch)
     yield request.param
     monkeypatch.undo()
     launcher_path.cache_clear()
