@@ -135,7 +135,6 @@ class TensorBoardLogger:
         except ImportError as e:
             raise ConfigError(f"loop.loggers has 'tensorboard' but it cannot be imported ({e}): "
                               "pip install tensorboard, or drop it from loop.loggers") from None
-        self._cls = SummaryWriter
         self.dir = RunDir(run_dir).tensorboard
         self.writer = SummaryWriter(str(self.dir))
 
@@ -144,8 +143,13 @@ class TensorBoardLogger:
             self.writer.add_scalar(k, v, step)
 
     def rewind(self, last_step: int) -> None:
-        self.writer.close()
-        self.writer = self._cls(str(self.dir), purge_step=last_step + 1)
+        # the purge marker SummaryWriter(purge_step=) writes, written into the open event file: a
+        # second writer would start a second file, and TensorBoard reads a directory's files in
+        # name order, where ".10" sorts before ".9" within one second and the purge came first
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self.writer._get_file_writer().add_event(
+            Event(step=last_step + 1, session_log=SessionLog(status=SessionLog.START)))
 
     def close(self) -> None:
         self.writer.close()
