@@ -4,7 +4,10 @@
 # relaunched with --resume after each injected process kill until it exits 0; then
 # scripts/fault_drill_check.py checks the run directory.
 #
-#     nice -n 10 scripts/fault_drill.sh [RUNS_DIR] [NAME]     # from the repo root; default runs/fault_drill
+#     nice -n 10 scripts/fault_drill.sh [RUNS_DIR] [NAME] [-o FIELD=VALUE ...]
+#
+# from the repo root; default runs/fault_drill. Options after NAME go to `looprl train`, e.g.
+# `-o model.path=runs/quickstart/model_start` to start from a model that already edits files.
 #
 # What it runs: configs/quickstart.toml's inflection tasks (its build, from the task cache),
 # four held out; no pretraining, SFT on the train tasks' oracle demos alone (the drill need not
@@ -21,6 +24,7 @@
 set -u
 RUNS=${1:-runs}
 NAME=${2:-fault_drill}
+EXTRA=("${@:3}")
 PY=${PYTHON:-.venv/bin/python}
 ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
   -o 'tasks.train_packages=["inflection==0.5.1"]' -o 'tasks.experimental.train_only_packages=[]'
@@ -33,7 +37,7 @@ ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
   -o rollout.agent.max_total_new_tokens=192
   -o loop.groups_per_step=2 -o loop.experimental.queue_size=2 -o loop.max_minutes=40 -o loop.experimental.passes=3
   -o loop.experimental.checkpoint_every=1 -o loop.experimental.max_staleness=1000
-  -o faults.rates.all=0.05 -o faults.rates.process_killed=0.2 -o faults.seed=1)
+  -o faults.rates.all=0.05 -o faults.rates.process_killed=0.2 -o faults.seed=1 "${EXTRA[@]}")
 mkdir -p "$RUNS"
 life=0
 resume=()

@@ -3,7 +3,8 @@ facts issue 51 asks of it, and print the per-class table the docs quote.
 
     .venv/bin/python scripts/fault_drill_check.py runs/fault_drill
 
-1. It finished: RL's record (``rl.json``) and the report are there.
+1. It finished: RL's record (``rl.json``) and the report are there, and the record's RL minutes
+   cover the kept steps of every life.
 2. Every injectable class was set to >= 5% and injected, and at the last metrics row each class's
    count (``infra/<class>``) equals the injector's own settled count (``faults.reconcile``).
 3. No task lost: the drill's walks (``loop.experimental.passes``) end RL, and every train task was trained in
@@ -51,6 +52,11 @@ def check(run: Path) -> list[str]:
     print(f"steps {last['step']}; RL time (kept steps) {last['elapsed_s'] / 60:.1f} min; "
           f"passes begun {last['loop/pass']}; rollout attempts {attempts:.0f}")
 
+    if rd.rl_record.is_file():  # the record's RL minutes count every life's kept steps
+        rl_min = json.loads(rd.rl_record.read_text())["minutes"]
+        if rl_min < last["elapsed_s"] / 60:
+            failed.append(f"{rd.rl_record.name} says {rl_min:.1f} min of RL, less than the "
+                          f"{last['elapsed_s'] / 60:.1f} min its kept steps took")
     rates = json.loads(rd.config.read_text())["faults"]["rates"]
     recon = faults.reconcile(run)
     print(f"{'class':20s} {'rate set':>8s} {'metrics':>8s} {'injected':>9s} {'settled':>8s} "

@@ -20,7 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.dashboard.app import DashboardConfig, create_app
 from looprl.fleet.config import FleetConfig, FleetExperimental
-from looprl.fleet.ray_fleet import MemberSpec, RayFleet
+from looprl.fleet.ray_fleet import MemberSpec, RayFleet, _Member
 from looprl.harness.agent import AgentConfig
 from looprl.models.loading import save_model
 from looprl.models.tokenizer import build_tokenizer
@@ -235,3 +235,24 @@ def test_injected_faults_on_the_fleet_land_in_their_classes(cluster, tmp_path):
     assert failed.get("weight_read", 0) >= 1 and len(failed) >= 3, failed
     text = (run_dir / "trajectories" / "train.jsonl").read_text()
     assert faults.MARK not in text and all(not t.is_infra_error for t in _trained(run_dir))
+
+
+def test_a_load_report_our_code_fails_on_keeps_the_node(tmp_path):
+    """A member whose load report raises in looprl's own code (a bug on a live node) stays in
+    the fleet, logged as an error: it is not a node loss, which would count the bug as
+    infrastructure and cut its rollouts off."""
+    from ray.exceptions import RayTaskError
+
+    class Broken:
+        def remote(self):
+            async def fail():
+                raise RayTaskError("stats", "Traceback: KeyError: 'time'", KeyError("time"))
+            return fail()
+
+    fleet = RayFleet(FleetConfig(backend="ray"), MemberSpec(str(tmp_path), None, str(tmp_path),
+                                                             ROLLOUT, RewardConfig()))
+    env = type("Env", (), {"stats": Broken()})()
+    member = fleet.members["n1"] = _Member("n1", "127.0.0.2", env, state="live")
+    asyncio.run(fleet._sample_member(member))
+    assert fleet.members["n1"] is member and member.state == "live"
+    assert fleet.stats.members_lost == 0 and not fleet.stats.events

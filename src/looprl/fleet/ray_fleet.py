@@ -471,11 +471,15 @@ class RayFleet:
                 m.sampling = self._spawn_task(self._sample_member(m))
 
     async def _sample_member(self, m: _Member) -> None:
-        from ray.exceptions import RayError
+        from ray.exceptions import RayError, RayTaskError
 
         try:
             env, *engines = await asyncio.gather(
                 m.env.stats.remote(), *(lane.replica.stats.remote() for lane in m.lanes))
+        except RayTaskError as e:  # our code raised on a live node: a bug, not a lost node
+            log.error("fleet: node %s could not report its load: %s", m.node_id[:8],
+                      e.as_instanceof_cause())
+            return
         except RayError as e:
             self._lose(m, f"{type(e).__name__} while sampling its load")
             return

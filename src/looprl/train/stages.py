@@ -326,8 +326,11 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                                   if cfg.rollout.experimental.screen else 0)
             loop = GRPOLoop(step, sink, runner, sampler, cfg.loop, store=store, run_dir=run_dir,
                             config_to_save=cfg, batch_metrics=reward_metrics, infra=ledger)
+            kept_s = 0.0  # RL time of the steps kept from earlier lives (a resumed run)
             if resume and loop.resume() is not None:
                 console.print(f"resumed RL at step {loop.stats.steps} (weights v{loop.version})")
+                if loop.stats.history:
+                    kept_s = float(loop.stats.history[-1].get("elapsed_s", 0.0))
             with progress_bar() as bar:
                 job = bar.add_task("async GRPO", total=None)
 
@@ -339,16 +342,17 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                 stats = await loop.run(progress=tick)
             loop.checkpoint()
             ledger.close()
-            return stats
+            return stats, kept_s
         finally:
             await close()
 
     before = faults.install(_injector(cfg, run_dir) if dist.is_main else None)
     try:
-        stats = asyncio.run(rl())
+        stats, kept_s = asyncio.run(rl())
     finally:
         faults.install(before)
-    return RLSummary.of(stats, (time.monotonic() - t_rl) / 60), step.sharding.gathered()
+    minutes = (kept_s + time.monotonic() - t_rl) / 60
+    return RLSummary.of(stats, minutes), step.sharding.gathered()
 
 
 def _injector(cfg: TrainConfig, run_dir: Path) -> faults.FaultInjector | None:
