@@ -15,8 +15,9 @@ command -v cc >/dev/null 2>&1 || NEED="$NEED gcc libc6-dev"
 # download is not used: it needs a host that may be unreachable)
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || NEED="$NEED chromium"
 # the container sandbox backend's tests drive Podman with an image built from busybox here
-# (nothing is pulled from a registry)
-command -v podman >/dev/null 2>&1 || command -v docker >/dev/null 2>&1 || NEED="$NEED podman"
+# (nothing is pulled from a registry); a docker client without a daemon runs nothing
+command -v podman >/dev/null 2>&1 || { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; } \
+  || NEED="$NEED podman"
 command -v busybox >/dev/null 2>&1 || NEED="$NEED busybox-static"
 if [ -n "$NEED" ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
