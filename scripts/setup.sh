@@ -18,6 +18,8 @@ command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>
 # (nothing is pulled from a registry); a docker client without a daemon runs nothing
 command -v podman >/dev/null 2>&1 || { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; } \
   || NEED="$NEED podman"
+# Podman's default runtime (crun) refuses hosts with hybrid v1/v2 cgroups, where runc runs
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || NEED="$NEED runc"
 command -v busybox >/dev/null 2>&1 || NEED="$NEED busybox-static"
 if [ -n "$NEED" ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
