@@ -326,11 +326,9 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                                   if cfg.rollout.experimental.screen else 0)
             loop = GRPOLoop(step, sink, runner, sampler, cfg.loop, store=store, run_dir=run_dir,
                             config_to_save=cfg, batch_metrics=reward_metrics, infra=ledger)
-            kept_s = 0.0  # RL time of the steps kept from earlier lives (a resumed run)
             if resume and loop.resume() is not None:
                 console.print(f"resumed RL at step {loop.stats.steps} (weights v{loop.version})")
-                if loop.stats.history:
-                    kept_s = float(loop.stats.history[-1].get("elapsed_s", 0.0))
+            kept_s = loop.kept_s  # the earlier lives' RL time, counted in RL's minutes
             with progress_bar() as bar:
                 job = bar.add_task("async GRPO", total=None)
 

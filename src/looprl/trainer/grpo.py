@@ -226,6 +226,13 @@ class GRPOLoop:
         self._trim_metrics(self.stats.steps)
         return r
 
+    @property
+    def kept_s(self) -> float:
+        """RL time the steps kept from earlier lives took (0 unless resumed); a resumed run's
+        clock and budget continue from it. Read before ``run``, which logs new rows."""
+        return float(self.stats.history[-1].get("elapsed_s", 0.0)) \
+            if self._resumed is not None and self.stats.history else 0.0
+
     def _trim_metrics(self, last_step: int) -> None:
         """Keep the metrics rows of steps up to ``last_step`` (the others' weights were lost);
         a row cut short by a kill is dropped. Rewritten atomically."""
@@ -248,9 +255,7 @@ class GRPOLoop:
     async def run(self, progress: Any = None) -> LoopStats:
         """Train until the task set is exhausted, ``max_steps`` or ``max_minutes`` (a resumed
         run's budget counts the time its kept steps took before the stop)."""
-        done_s = float(self.stats.history[-1].get("elapsed_s", 0.0)) if self._resumed and \
-            self.stats.history else 0.0
-        self._t0 = time.monotonic() - done_s
+        self._t0 = time.monotonic() - self.kept_s
         ddp.per_rank(self.cfg.groups_per_step, self.dist, "loop.groups_per_step")
         latest = self.store.latest() if self.store is not None else None
         if latest is not None and latest > self.version:
