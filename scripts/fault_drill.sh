@@ -10,14 +10,15 @@
 # `-o model.path=runs/quickstart/model_start` to start from a model that already edits files.
 #
 # What it runs: configs/quickstart.toml's inflection tasks (its build, from the task cache),
-# four held out; no pretraining, SFT on the train tasks' oracle demos alone (the drill need not
-# learn, but a model that never edits makes no command or test run to fail); three walks over
-# the train tasks end RL (at ~4 min a walk here: >= 10 min), so every task must be trained
-# exactly three times; rollouts on a Ray fleet of
+# four held out; the quickstart's pretraining and synthetic SFT demos, 30% of them running the
+# tests between their edit and finish (demos.experimental.verifies): the drill need not learn,
+# but a policy that never edits makes no diff to grade and one that never runs a command never
+# crosses the exec boundary; ten walks over the train tasks end RL (>= 10 min here), so every
+# task must be trained exactly ten times; rollouts on a Ray fleet of
 # this machine (a one-node Ray the run starts; node_lost kills that node's actors) whose
 # sandboxes are reached over HTTP (env_server_5xx, connection_dropped); every class at 5%, the
 # process kill at 20% of step rows (about 14 rows: at 5% most drills would see no kill).
-# Short rollouts (2 turns of 96 tokens: an edit call and finish; groups of 2, 4 in flight): with one node, a node_lost at
+# Short rollouts (3 turns of 96 tokens: an edit call, run_tests, finish; groups of 2, 4 in flight): with one node, a node_lost at
 # 5% of attempts takes every attempt in flight, and the node's restart costs about a minute on 2
 # busy cores; groups of 4 with 8 in flight trained no step in 5 minutes.
 # Each life's output goes to RUNS_DIR/NAME.lifeN.log, one line per life to RUNS_DIR/NAME.lives.
@@ -29,13 +30,13 @@ PY=${PYTHON:-.venv/bin/python}
 ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
   -o 'tasks.train_packages=["inflection==0.5.1"]' -o 'tasks.experimental.train_only_packages=[]'
   -o 'tasks.heldout_packages=[]' -o tasks.experimental.max_heldout=4
-  -o demos.synthetic=0 -o model.experimental.pretrain_steps=0 -o model.experimental.drills=0 -o eval.k=1
+  -o demos.experimental.verifies=0.3 -o eval.k=1
   -o fleet.backend=ray -o fleet.experimental.node_ip=127.0.0.2 -o fleet.experimental.sandboxes=http
   -o fleet.experimental.sandboxes_per_node=8 -o fleet.experimental.wait_for_nodes_s=600
   -o rollout.group_size=2 -o rollout.max_in_flight=4 -o rollout.experimental.max_infra_retries=10
-  -o rollout.agent.max_turns=2 -o rollout.agent.max_new_tokens=96
-  -o rollout.agent.max_total_new_tokens=192
-  -o loop.groups_per_step=2 -o loop.experimental.queue_size=2 -o loop.max_minutes=40 -o loop.experimental.passes=3
+  -o rollout.agent.max_turns=3 -o rollout.agent.max_new_tokens=96
+  -o rollout.agent.max_total_new_tokens=288
+  -o loop.groups_per_step=2 -o loop.experimental.queue_size=2 -o loop.max_minutes=40 -o loop.experimental.passes=10
   -o loop.experimental.checkpoint_every=1 -o loop.experimental.max_staleness=1000
   -o faults.rates.all=0.05 -o faults.rates.process_killed=0.2 -o faults.seed=1 "${EXTRA[@]}")
 mkdir -p "$RUNS"

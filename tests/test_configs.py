@@ -167,6 +167,8 @@ def test_mtp_and_speculation_settings_are_checked_at_load(override, says):
 @pytest.mark.parametrize("override,says", [
     (["demos.experimental.slips=1.5"], "demos.experimental.slips must be in \\[0, 1\\]"),
     (["demos.experimental.renamed=-0.1"], "demos.experimental.renamed must be in \\[0, 1\\]"),
+    (["demos.experimental.verifies=0.5", 'rollout.tools=["read_file", "edit_file", "finish"]'],
+     "demos.experimental.verifies needs run_tests among rollout.tools"),
     (["sft.experimental.schedule=linear"],
      "sft.experimental.schedule must be one of constant, cosine")])
 def test_sft_data_and_schedule_settings_are_checked_at_load(override, says):

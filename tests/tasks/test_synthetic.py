@@ -19,6 +19,7 @@ from tests.bwrap_support import needs_bwrap
 from tests.example_package import CORE
 
 TOOLS = ("grep", "read_file", "edit_file", "finish")
+VERIFYING_TOOLS = (*TOOLS, "run_tests")
 
 
 @pytest.fixture
@@ -127,3 +128,23 @@ def test_slip_demos_fail_once_then_fix_and_learn_only_the_fix(corpus, looprl_hom
         assert learned == [t for t, m in zip(plain_seg.token_ids_T, plain_seg.loss_mask_T,
                                               strict=True) if m]
         assert len(seg.token_ids_T) > len(plain_seg.token_ids_T)
+
+
+@pytest.mark.parametrize("kind", [pytest.param("bwrap", marks=needs_bwrap)])
+def test_verifying_demos_run_the_tests_between_edit_and_finish(corpus, looprl_home, kind):
+    repos = synthetic_repos(repos=corpus)
+    items = synthetic_tasks(repos, 4, seed=2)
+    tok = build_tokenizer(None)
+    sources = [(i.task, i.files) for i in items]
+    plain = asyncio.run(oracle_demos(sources, tok, tools=VERIFYING_TOOLS))
+    verified = asyncio.run(oracle_demos(sources, tok, tools=VERIFYING_TOOLS, verifies=1.0))
+    assert len(verified) == len(plain) == 4
+    for p, d in zip(plain, verified, strict=True):
+        names = [m["name"] for m in d.messages if m["role"] == "tool"]
+        plain_names = [m["name"] for m in p.messages if m["role"] == "tool"]
+        assert names == [*plain_names[:-1], "run_tests", "finish"]
+        assert d.metadata["verify"] == "run_tests" and "verify" not in p.metadata
+        assert d.counters.broken_tool_calls == 0
+    # a share is drawn per demo
+    half = asyncio.run(oracle_demos(sources, tok, tools=VERIFYING_TOOLS, verifies=0.5, seed=1))
+    assert {("verify" in d.metadata) for d in half} == {True, False}

@@ -73,11 +73,12 @@ def without_turn_loss(traj: Trajectory, turn: int) -> Trajectory:
 
 async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt: ChatFormat,
                       tools: list, cfg: AgentConfig, slip: bool = False,
-                      seed: int = 0) -> Trajectory | None:
+                      seed: int = 0, verify: bool = False) -> Trajectory | None:
     """The oracle's trajectory on one task in a fresh sandbox, or None when it does not check
     out (see the module docstring). With ``slip`` the oracle first tries its edit broken
     (``policies.slipped_turns``); the demo then fails exactly there, and that turn is context
-    only (``without_turn_loss``)."""
+    only (``without_turn_loss``). With ``verify`` it runs the task's failing tests after its edit
+    (``oracle_turns``)."""
     from looprl.sandbox import create_sandbox
 
     expected = expected_files(task, files)
@@ -85,7 +86,7 @@ async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt
     try:
         for path, text in (files or {}).items():
             await sb.write(path, text.encode())
-        oracle = OracleAgent(task, tok, files=files, slip=slip, seed=seed)
+        oracle = OracleAgent(task, tok, files=files, slip=slip, seed=seed, verify=verify)
         traj = await run_agent(task, sb, oracle, fmt, tools, cfg, group_id=task.id,
                                trajectory_id=f"{task.id}/oracle")
         # a slipped demo's one broken call is its cut call
@@ -93,6 +94,8 @@ async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt
             return None
         if not await matches(sb, expected):
             return None
+        if verify:
+            traj = dataclasses.replace(traj, metadata={**traj.metadata, "verify": "run_tests"})
         if not slip:
             return traj
         ((_, cut, _),) = traj.broken_spans
@@ -105,12 +108,13 @@ async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt
 
 async def oracle_demos(sources: list[DemoSource], tok: Any, *, tools: Iterable[str] | None = None,
                        cfg: AgentConfig | None = None, workers: int = 4, slips: float = 0.0,
-                       seed: int = 0, progress: Callable[[int], None] | None = None
+                       verifies: float = 0.0, seed: int = 0, progress: Callable[[int], None] | None = None
                        ) -> list[Trajectory]:
     """Checked oracle trajectories for ``sources`` (in order, failures left out), ``workers``
     sandboxes at once. A failure (sandbox, bad gold patch) loses that demo only. A ``slips``
     share of them, drawn from ``seed``, recover from a slip (``oracle_demo``); a source whose
-    edit cannot slip (several calls in its edit turn) gives its demo without one."""
+    edit cannot slip (several calls in its edit turn) gives its demo without one. A ``verifies``
+    share, drawn apart, runs the task's failing tests before it finishes."""
     fmt = ChatFormat(tok)
     tool_objs = make_tools(list(tools)) if tools is not None else make_tools()
     cfg = cfg or AgentConfig(max_turns=16, context_window=1 << 20, max_new_tokens=1 << 16,
@@ -118,6 +122,8 @@ async def oracle_demos(sources: list[DemoSource], tok: Any, *, tools: Iterable[s
     sem = asyncio.Semaphore(workers)
     rng = random.Random(seed)
     slipped = [rng.random() < slips for _ in sources]
+    verify_rng = random.Random(f"verify-{seed}")  # apart: the slips of a seed stay as they were
+    verified = [verify_rng.random() < verifies for _ in sources]
 
     async def one(i: int, task: Task, files: Mapping[str, str] | None) -> Trajectory | None:
         async with sem:
@@ -125,7 +131,7 @@ async def oracle_demos(sources: list[DemoSource], tok: Any, *, tools: Iterable[s
                 for slip in dict.fromkeys((slipped[i], False)):
                     with contextlib.suppress(TaskError):
                         demo = await oracle_demo(task, files, tok, fmt, tool_objs, cfg, slip,
-                                                 seed=seed * 1_000_003 + i)
+                                                 seed=seed * 1_000_003 + i, verify=verified[i])
                         if demo is not None:
                             return demo
                 return None

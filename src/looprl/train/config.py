@@ -209,6 +209,10 @@ class DemosExperimental:
     closing tag) and, told so by the tool, make it right; the broken try is context only in
     SFT, and these demos are left out of pretraining. Demos that never fail never show what to
     do after a failed call, and a policy then finishes or flails (docs/experiments.md, stop 38)."""
+    verifies: Share = 0.0
+    """Share of the demos that run the task's failing tests (``run_tests``) after their edit and
+    before ``finish``: a policy that checks its fix runs commands, so the exec boundary is
+    crossed in RL (the fault drill's start, docs/faults.md)."""
     renamed: Share = 0.0
     """Share of the SFT demos (validation ones aside) whose edit's names are renamed at random
     throughout the demo (``tasks.drills.renamed_demos``): the same fix of code no prior can
@@ -288,3 +292,7 @@ class TrainConfig:
             raise FieldError("model.experimental.lookup", "drafts in this process's torch "
                              "engine; a Ray fleet's replicas decode without it: set "
                              "model.experimental.lookup = 0")
+        if self.demos.experimental.verifies and "run_tests" not in self.rollout.tools:
+            raise FieldError("demos.experimental.verifies", "needs run_tests among "
+                             "rollout.tools (its demos run the tests): add it, or set "
+                             "demos.experimental.verifies = 0")

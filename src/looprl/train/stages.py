@@ -170,13 +170,16 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
         job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
         demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
                                          workers=x.workers, slips=x.slips,
+                                         verifies=x.verifies,
                                          seed=cfg.seed,
                                          progress=lambda n: bar.advance(job, n)))
     n_real = sum(1 for d in demos if not d.task_id.startswith("synthetic-"))
     n_slips = sum(1 for d in demos if "slip" in d.metadata)
+    n_verified = sum(1 for d in demos if "verify" in d.metadata)
     console.print(f"SFT demos: {n_real}/{n_task_sources} train tasks, "
                   f"{len(demos) - n_real}/{len(sources) - n_task_sources} synthetic"
-                  + (f", {n_slips} recovering from a slip" if n_slips else ""))
+                  + (f", {n_slips} recovering from a slip" if n_slips else "")
+                  + (f", {n_verified} running the tests" if n_verified else ""))
     return demos
 
 
