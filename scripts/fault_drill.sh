@@ -10,10 +10,11 @@
 # `-o model.path=runs/quickstart/model_start` to start from a model that already edits files.
 #
 # What it runs: configs/quickstart.toml's inflection tasks (its build, from the task cache),
-# four held out; the quickstart's pretraining and synthetic SFT demos, 30% of them running the
-# tests between their edit and finish (demos.experimental.verifies): the drill need not learn,
-# but a policy that never edits makes no diff to grade and one that never runs a command never
-# crosses the exec boundary; ten walks over the train tasks end RL (>= 10 min here), so every
+# four held out; no pretraining (its 300 steps take an hour on two busy cores), the
+# quickstart's synthetic SFT demos, 30% of them running the tests between their edit and finish
+# (demos.experimental.verifies): the drill need not learn, but a policy that never edits makes
+# no diff to grade and one that never runs a command never crosses the exec boundary (SFT on the
+# nine train tasks' demos alone broke every call); ten walks over the train tasks end RL (>= 10 min here), so every
 # task must be trained exactly ten times; rollouts on a Ray fleet of
 # this machine (a one-node Ray the run starts; node_lost kills that node's actors) whose
 # sandboxes are reached over HTTP (env_server_5xx, connection_dropped); every class at 5%, the
@@ -30,6 +31,7 @@ PY=${PYTHON:-.venv/bin/python}
 ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
   -o 'tasks.train_packages=["inflection==0.5.1"]' -o 'tasks.experimental.train_only_packages=[]'
   -o 'tasks.heldout_packages=[]' -o tasks.experimental.max_heldout=4
+  -o model.experimental.pretrain_steps=0 -o model.experimental.drills=0
   -o demos.experimental.verifies=0.3 -o eval.k=1
   -o fleet.backend=ray -o fleet.experimental.node_ip=127.0.0.2 -o fleet.experimental.sandboxes=http
   -o fleet.experimental.sandboxes_per_node=8 -o fleet.experimental.wait_for_nodes_s=600
