@@ -11,7 +11,7 @@ through retries and classification. One place per boundary, the rate per crossin
 | class | where | one crossing |
 |---|---|---|
 | sandbox_create | ``SandboxPool.acquire`` | a lease |
-| exec_timeout | ``PooledSandbox.exec`` | a command |
+| exec_timeout | ``BwrapSandbox.exec`` / ``ContainerSandbox.exec`` (the agent's commands and the grader's) | a command |
 | grader_crash | the scorers (``rollout/score.py``) | a grading |
 | engine_error | ``TorchEngine.generate``; a fleet node's ``ReplicaClient.generate`` | a request |
 | weight_read / weight_write | ``FsspecWeightStore.load`` / ``.publish`` | a load / publish |

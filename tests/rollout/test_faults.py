@@ -6,6 +6,7 @@ and every task still gets its group."""
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -32,6 +33,8 @@ VENV = str(Path(sys.executable).parent.parent)
 TURNS = ['<tool_call>{"name": "run_terminal", "arguments": {"command": "echo hi"}}</tool_call>',
          '<tool_call>{"name": "finish", "arguments": {}}</tool_call>']
 """A scripted rollout that crosses every sandbox boundary: lease, a command, the diff, grading."""
+SILENT = ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>']
+"""A rollout that runs no command of its own: only grading runs commands."""
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,7 @@ def tasks(tmp_path_factory) -> list[Task]:
 
 
 def run_with(kind: InfraKind, tasks: list[Task], rate: float, *, http: bool = False,
-             engine: bool = False):
+             engine: bool = False, turns: list[str] = TURNS):
     """Every task's group through the runner with ``kind`` injected at ``rate``; returns the
     results, the ledger and the injector."""
     tok = build_tokenizer(None)
@@ -60,7 +63,7 @@ def run_with(kind: InfraKind, tasks: list[Task], rate: float, *, http: bool = Fa
 
     async def main():
         policy = (TorchEngine(copy.deepcopy(_model(tok)), tok, max_len=16384) if engine
-                  else ScriptedPolicy(tok, TURNS))
+                  else ScriptedPolicy(tok, turns))
         with contextlib.ExitStack() as stack:
             pool = stack.enter_context(serving(tasks, max_running=4)) if http else \
                 SandboxPool(max_running=4)
@@ -107,3 +110,17 @@ def test_without_the_injector_nothing_fails(tasks):
     results, ledger, inj = run_with(InfraKind.SANDBOX_CREATE, tasks, 0.0, http=True)
     assert not any(ledger.counts().values()) and inj.books()["injected"] == {}
     assert ledger.attempts == 2 * len(tasks) and all(r.group for r in results)
+
+
+def test_a_hung_grading_command_is_infrastructure_not_a_zero(tasks):
+    """A policy that only finishes crosses the command boundary in grading alone: a grader's
+    command that hangs is an infrastructure failure, retried, never a scored 0."""
+    # grades are cached per process by task and diff: new ids, so this run grades afresh
+    silent = [dataclasses.replace(t, id=f"{t.id}-silent") for t in tasks]
+    results, ledger, inj = run_with(InfraKind.EXEC_TIMEOUT, silent, 0.3, turns=SILENT)
+    books = inj.books()
+    failed = {k: n for k, n in ledger.counts().items() if n}
+    assert failed == {"exec_timeout": books["settled"]["exec_timeout"]} and failed["exec_timeout"] >= 1
+    scored = [t for r in results if r.group for t in r.group.trajectories]
+    assert len(scored) == 2 * len(silent) and all(t.reward is not None for t in scored)
+    assert not any(faults.MARK in t.to_json() for t in scored)
