@@ -21,7 +21,7 @@
 # process kill at 20% of step rows (about 14 rows: at 5% most drills would see no kill), a
 # command's hang at 30%: a weak policy's own commands are mostly invalid calls that never reach
 # the sandbox, and a group's identical diffs are graded once, so at 5% the class saw no crossing
-# that fired.
+# that fired; a replica's weight load at 15%: about 20 loads a drill, and at 5% none fired in one.
 # Short rollouts (3 turns of 96 tokens: an edit call, run_tests, finish; groups of 2, 4 in flight): with one node, a node_lost at
 # 5% of attempts takes every attempt in flight, and the node's restart costs about a minute on 2
 # busy cores; groups of 4 with 8 in flight trained no step in 5 minutes.
@@ -43,7 +43,7 @@ ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
   -o rollout.agent.max_total_new_tokens=288
   -o loop.groups_per_step=2 -o loop.experimental.queue_size=2 -o loop.max_minutes=40 -o loop.experimental.passes=10
   -o loop.experimental.checkpoint_every=1 -o loop.experimental.max_staleness=1000
-  -o faults.rates.all=0.05 -o faults.rates.process_killed=0.2 -o faults.rates.exec_timeout=0.3 -o faults.seed=1 "${EXTRA[@]}")
+  -o faults.rates.all=0.05 -o faults.rates.process_killed=0.2 -o faults.rates.exec_timeout=0.3 -o faults.rates.weight_read=0.15 -o faults.seed=1 "${EXTRA[@]}")
 mkdir -p "$RUNS"
 life=0
 resume=()
