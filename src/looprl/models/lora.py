@@ -40,7 +40,7 @@ ADAPTER = "default"
 class LoraExperimental:
     """The adapter's shape beyond its rank (``experimental`` in ``looprl.config``)."""
 
-    alpha: Annotated[float, Range(0.0, 1e6, lo_open=True)] = 16.0
+    alpha: Annotated[int, Range(1, 1_000_000)] = 16
     """LoRA's alpha: the update is scaled by alpha / rank (16 with rank 8 doubles it)."""
     dropout: Share = 0.0
     """Dropout on the adapter's input while training. Above 0 the trainer's logprobs are
@@ -95,7 +95,7 @@ def with_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     cfg = LoraConfig(r=settings.rank, lora_alpha=x.alpha, lora_dropout=x.dropout,
                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
     try:
-        return get_peft_model(model, cfg)  # type: ignore[arg-type]
+        return get_peft_model(model, cfg)
     except ValueError as e:  # PEFT: a target matches no module
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                           if isinstance(m, nn.Linear)})
