@@ -9,7 +9,7 @@ model, on which device), ``demos`` + ``sft`` (the optional supervised warm start
 for drills).
 
 The fields a user sets sit at the top of each section (``tests/test_configs.py`` keeps them at
-most 40); each section's ``experimental`` sub-section holds the component's research switches
+most 41); each section's ``experimental`` sub-section holds the component's research switches
 and tuning knobs, with the measured defaults: ``-o
 grpo.experimental.credit.negative_advantage_scale=0``. Every numeric field declares its range
 (``looprl.config.Range``), checked at load.
