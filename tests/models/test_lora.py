@@ -149,8 +149,11 @@ def test_targets_that_match_nothing_say_what_can_be_adapted():
 
 
 def test_fsdp_refuses_lora_in_one_line():
+    two = ddp.DistInfo(0, 2, 0)
     with pytest.raises(ConfigError, match="parallel=ddp"):
-        ddp.Sharding(with_lora(tiny()[0], RANK8), ddp.DistInfo(0, 2, 0), "fsdp")
+        ddp.Sharding(with_lora(tiny()[0], RANK8), two, "fsdp")
+    ddp.check_lora_parallel(True, two, "ddp")  # DDP takes it
+    ddp.check_lora_parallel(True, ddp.ONE_PROCESS, "fsdp")  # one process ignores parallel
 
 
 def test_lora_with_mtp_heads_is_refused_at_load():

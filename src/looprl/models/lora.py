@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -95,7 +96,10 @@ def with_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
     cfg = LoraConfig(r=settings.rank, lora_alpha=x.alpha, lora_dropout=x.dropout,
                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
     try:
-        return get_peft_model(model, cfg)
+        with warnings.catch_warnings():
+            # PEFT 0.21 reads transformers' deprecated is_gradient_checkpointing: not the user's
+            warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+            return get_peft_model(model, cfg)
     except ValueError as e:  # PEFT: a target matches no module
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                           if isinstance(m, nn.Linear)})

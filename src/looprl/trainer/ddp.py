@@ -207,6 +207,13 @@ def _cpu_replica(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def check_lora_parallel(lora: bool, dist: DistInfo, parallel: str) -> None:
+    """A LoRA model trains under DDP, not FSDP: a one-line ``ConfigError`` for that pair."""
+    if lora and dist.enabled and parallel == "fsdp":
+        raise ConfigError("model.lora does not run under FSDP; set grpo.experimental.parallel=ddp "
+                          "(the adapter is small: every rank keeps it whole) or model.lora.rank=0")
+
+
 class Sharding:
     """A trainer's model spread over the ranks (module docstring): the wrapped model, its full
     weights, and checkpoints in the one-process format."""
@@ -215,10 +222,7 @@ class Sharding:
                  ) -> None:
         self.dist = dist or ONE_PROCESS
         self.parallel = parallel
-        if self.dist.enabled and parallel == "fsdp" and is_lora(model):
-            raise ConfigError("model.lora does not run under FSDP; set "
-                              "grpo.experimental.parallel=ddp (the adapter is small: every rank "
-                              "keeps it whole) or model.lora.rank=0")
+        check_lora_parallel(is_lora(model), self.dist, parallel)
         will_shard = self.dist.enabled and parallel == "fsdp" and not is_wrapped(model)
         # the copy checkpoints go through; made before fully_shard turns the weights to shards
         self._replica = _cpu_replica(model) if will_shard and self.dist.is_main else None
