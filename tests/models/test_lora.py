@@ -148,6 +148,24 @@ def test_targets_that_match_nothing_say_what_can_be_adapted():
         with_lora(tiny()[0], bad)
 
 
+def test_an_adapted_embedding_merges_and_a_tied_one_is_refused():
+    model, _ = tiny()
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    targets = LoraExperimental(target_modules=["embed_tokens", "q_proj"])
+    policy = with_lora(model, LoraSettings(rank=4, experimental=targets))
+    for p in (p for n, p in policy.named_parameters() if "lora_embedding_B" in n or "lora_B" in n):
+        torch.nn.init.normal_(p, std=0.1)  # a trained adapter: B is no longer 0
+    plain = tiny()[0]
+    plain.config.tie_word_embeddings = False
+    plain.lm_head.weight = torch.nn.Parameter(plain.lm_head.weight.detach().clone())
+    plain.load_state_dict(merged_state_dict(policy))
+    ids = PROMPT + [40, 41, 42]
+    assert torch.allclose(logprobs(plain, ids), logprobs(policy, ids), atol=1e-5)
+    with pytest.raises(ConfigError, match="ties to its output head"):
+        with_lora(tiny()[0], LoraSettings(rank=4, experimental=targets))
+
+
 def test_fsdp_refuses_lora_in_one_line():
     two = ddp.DistInfo(0, 2, 0)
     with pytest.raises(ConfigError, match="parallel=ddp"):

@@ -95,17 +95,35 @@ def with_lora(model: nn.Module, settings: LoraSettings) -> nn.Module:
         else list(x.target_modules)
     cfg = LoraConfig(r=settings.rank, lora_alpha=x.alpha, lora_dropout=x.dropout,
                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    tied = _tied_embeddings(model)
+    linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                      if isinstance(m, nn.Linear)})
     try:
         with warnings.catch_warnings():
             # PEFT 0.21 reads transformers' deprecated is_gradient_checkpointing: not the user's
             warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
-            return get_peft_model(model, cfg)
+            peft_model = get_peft_model(model, cfg)
     except ValueError as e:  # PEFT: a target matches no module
-        linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                          if isinstance(m, nn.Linear)})
         raise ConfigError(f"model.lora.experimental.target_modules={x.target_modules} cannot be "
                           f"adapted ({str(e).splitlines()[0][:120]}); this model's linear layers: "
                           f"{', '.join(linears)}, or all-linear") from None
+    if any(any(layer.base_layer is t for t in tied) for layer in _lora_layers(peft_model).values()):
+        # one tensor serves both ends in every engine: an adapter on one end cannot be merged
+        raise ConfigError(f"model.lora.experimental.target_modules={x.target_modules} adapts an "
+                          "embedding this model ties to its output head; adapt other layers "
+                          f"({', '.join(linears)}, or all-linear)")
+    return peft_model
+
+
+def _tied_embeddings(model: nn.Module) -> tuple[nn.Module, ...]:
+    """The input embedding and output head when they share one weight (else none)."""
+    get_in, get_out = (getattr(model, f, None) for f in ("get_input_embeddings",
+                                                         "get_output_embeddings"))
+    if not (callable(get_in) and callable(get_out)):
+        return ()
+    inp, out = get_in(), get_out()
+    same = inp is not None and out is not None and inp.weight is out.weight
+    return (inp, out) if same else ()
 
 
 def _lora_layers(model: nn.Module) -> dict[str, Any]:
@@ -134,7 +152,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             out[f"{owner}.{rest.removeprefix('base_layer.')}"] = t
     with torch.no_grad():
         for name, layer in layers.items():
-            if ADAPTER in layer.lora_A:  # an adapted layer (embeddings go through lora_embedding_*)
+            if ADAPTER in layer.r:  # a linear or an embedding layer carrying the adapter
                 w = out[f"{name}.weight"]
                 out[f"{name}.weight"] = w + layer.get_delta_weight(ADAPTER).to(w.dtype)
     return out
