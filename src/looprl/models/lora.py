@@ -12,8 +12,9 @@ changed, so the weight store's deltas of them are all zeros (``looprl.weights``)
 is the merged checkpoint (``looprl model serve`` it as any other) with the adapter in PEFT's
 format in ``lora_adapter/`` beside it (``PeftModel.from_pretrained(base, dir)`` reads it).
 
-Not supported: DoRA and other PEFT tuners, adapting the MTP heads (``looprl.models.mtp``), and
-FSDP (each rank keeps the small adapter's optimizer state whole under DDP anyway).
+Not supported: DoRA and other PEFT tuners, adapting the MTP heads (``looprl.models.mtp``), an
+adapter on an embedding tied to the output head (one tensor serves both ends: it cannot be
+merged), and FSDP (each rank keeps the small adapter's optimizer state whole under DDP anyway).
 """
 
 from __future__ import annotations
