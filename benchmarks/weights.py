@@ -1,11 +1,15 @@
 """Delta weight sync: bytes and latency of publishing / applying successive policy versions.
 
-    .venv/bin/python benchmarks/weights.py [--versions 8] [--lr 1e-5]
+    .venv/bin/python benchmarks/weights.py [--versions 8] [--lr 1e-5] [--lora 8 --lora-lr 1e-4]
 
 Workload: a ~10M-parameter Llama (2,048 vocab) takes real AdamW steps (lr as in RL, 1e-5) on
 byte-tokenized Python source between versions; every version is published to a local store. The
 same sequence of weights is published with each codec and transport dtype, so they compare on
 identical updates. The baseline is a full bf16 snapshot (2 bytes per parameter, uncompressed).
+
+``--lora RANK`` also trains a LoRA adapter of that rank (``looprl.models.lora``) on the same
+model and batches and publishes its merged weights, as ``looprl train -o model.lora.rank=…``
+syncs them: its delta bytes are printed beside full fine-tuning's, with their ratio.
 
 Last line: ``delta_bytes_fraction=… publish_ms=… apply_ms=…`` for the default store config:
 mean bytes of a delta version / full bf16 snapshot, mean publish time of a delta version, mean
@@ -24,6 +28,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from looprl.models.lora import LoraSettings, merged_state_dict, with_lora
 from looprl.weights.delta import CODECS
 from looprl.weights.store import LocalWeightStore, WeightStoreConfig
 
@@ -44,19 +49,21 @@ def source_batches(batch: int, seq: int):
         yield data[i:i + step].reshape(batch, seq)
 
 
-def train_versions(n: int, lr: float) -> list[dict[str, torch.Tensor]]:
-    model = model_10m()
+def train_versions(n: int, lr: float, lora_rank: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` versions of the weights an engine is sent: the model's, or with ``lora_rank`` the
+    merged weights of a LoRA adapter trained on the frozen model."""
+    model = with_lora(model_10m(), LoraSettings(rank=lora_rank))
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params", file=sys.stderr)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     batches = source_batches(4, 128)
-    versions = [{k: v.clone() for k, v in model.state_dict().items()}]
+    versions = [{k: v.clone() for k, v in merged_state_dict(model).items()}]
     for _ in range(n - 1):
         x = next(batches)
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
-        versions.append({k: v.clone() for k, v in model.state_dict().items()})
+        versions.append({k: v.clone() for k, v in merged_state_dict(model).items()})
     return versions
 
 
@@ -91,6 +98,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--versions", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--lora", type=int, default=0, help="also a LoRA adapter of this rank")
+    ap.add_argument("--lora-lr", type=float, default=1e-4, help="LoRA's rate (~10x full's)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     versions = train_versions(args.versions, args.lr)
@@ -104,6 +113,13 @@ def main() -> None:
                   f"fetch full={r['fetch_full_ms']:.0f}ms apply delta={r['apply_ms']:.0f}ms")
     default = WeightStoreConfig()
     r = results[(default.dtype, default.codec)]
+    if args.lora:
+        lora = measure(train_versions(args.versions, args.lora_lr, args.lora), default.dtype,
+                       default.codec)
+        print(f"lora rank {args.lora}: delta/bf16_full={lora['delta_bytes_fraction']:.4f} "
+              f"({lora['delta_bytes_fraction'] / r['delta_bytes_fraction']:.2f}x full "
+              f"fine-tuning's) publish delta={lora['publish_ms']:.0f}ms "
+              f"apply delta={lora['apply_ms']:.0f}ms")
     print(f"delta_bytes_fraction={r['delta_bytes_fraction']:.4f} publish_ms={r['publish_ms']:.1f} "
           f"apply_ms={r['apply_ms']:.1f}")
 

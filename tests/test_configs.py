@@ -1,5 +1,5 @@
 """Every shipped config loads into its typed config and reads as a recipe; a newcomer reads at
-most 40 fields; the CLI lists every command."""
+most 41 fields; the CLI lists every command."""
 
 import re
 from pathlib import Path
@@ -84,12 +84,13 @@ def test_configs_built_from_cli_flags_check_the_same_ranges():
     assert CycleConfig(min_sessions=8).grpo().experimental.objective.norm_tokens == 1024
 
 
-NEWCOMER_FIELDS = 40
-"""At most this many fields outside the ``experimental`` sections (issue 52): what a newcomer
+NEWCOMER_FIELDS = 41
+"""At most this many fields outside the ``experimental`` sections (issue 52's 40, plus
+``model.lora.rank`` of issue 56: LoRA is what a user of any peer sets first): what a newcomer
 reads to run training of their own."""
 
 
-def test_a_newcomer_reads_at_most_40_fields():
+def test_a_newcomer_reads_at_most_41_fields():
     every = leaves(TrainConfig)
     user = [leaf.key for leaf in every if not leaf.experimental]
     assert len(user) <= NEWCOMER_FIELDS, (len(user), user)

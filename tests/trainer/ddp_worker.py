@@ -2,12 +2,14 @@
 
     python ddp_worker.py OUT ddp                            # one process, every group
     torchrun --nproc_per_node 2 ddp_worker.py OUT fsdp [ac] # each rank its share (gloo)
+    python ddp_worker.py OUT ddp lora                       # a LoRA adapter trains (models.lora)
 
 Steps 1 and 2 train, a checkpoint is saved (``Sharding.save``), a model with other weights
 loads it (``Sharding.load``: weights and the SGD momentum) and trains step 3. The groups split
 unevenly over 2 ranks (3 per step, the odd one to rank 0), and in step 2 rank 1's only group
 has equal rewards (skipped): that rank trains on padding alone. ``ac`` turns on activation
-checkpointing. Rank 0 writes ``OUT.json`` (losses), ``OUT.init.safetensors`` and
+checkpointing; ``lora`` puts a rank-4 adapter on both models (the weights written are the
+merged ones, ``Sharding.state_dict``). Rank 0 writes ``OUT.json`` (losses), ``OUT.init.safetensors`` and
 ``OUT.safetensors`` (weights before and after), and the checkpoint under ``OUT.ckpt/``.
 """
 
@@ -20,6 +22,7 @@ import safetensors.torch
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from looprl.models.lora import LoraSettings, merged_state_dict, with_lora
 from looprl.trainer import ddp
 from looprl.trainer.losses import LossParams
 from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
@@ -63,14 +66,17 @@ def main() -> None:
     cfg = GRPOConfig(experimental=GRPOExperimental(
         micro_batch_tokens=16, max_grad_norm=1e9, objective=LossParams(norm_tokens=8),
         parallel=parallel, activation_checkpointing="ac" in sys.argv[3:]))
-    first = model(0)
+    adapt = (lambda m: with_lora(m, LoraSettings(rank=4))) if "lora" in sys.argv[3:] \
+        else (lambda m: m)
+    first = adapt(model(0))
     if dist.is_main:
-        safetensors.torch.save_model(first, out + ".init.safetensors")
+        safetensors.torch.save_file({k: v.contiguous() for k, v in merged_state_dict(first).items()},
+                                    out + ".init.safetensors")
     step = make_step(first, cfg, dist)
     losses = [step.on_groups(groups(s)[dist.rank::dist.world_size]).loss for s in (1, 2)]
     ckpt = step.sharding.save(Path(out + ".ckpt"), 2, step.optimizer)
     ckpt = ddp.broadcast_object(ckpt, dist)
-    other = make_step(model(1), cfg, dist)  # other weights: the checkpoint must replace them
+    other = make_step(adapt(model(1)), cfg, dist)  # other weights: the checkpoint must replace them
     other.sharding.load(ckpt, other.optimizer)
     losses.append(other.on_groups(groups(3)[dist.rank::dist.world_size]).loss)
     weights = other.sharding.state_dict()

@@ -99,6 +99,40 @@ def test_loop_on_the_torch_engine_publishes_and_swaps_weights(tmp_path):
     assert "engine/spec/acceptance" in rows[-1] and "engine/spec/tokens_per_verify" in rows[-1]
 
 
+def test_lora_loop_syncs_merged_weights_to_the_engine(tmp_path):
+    """The loop with a LoRA adapter (``models.lora``): each step publishes the merged weights
+    under the base model's names and the torch engine takes them; after two steps (groups of an
+    oracle and a null trajectory: every group trains) the engine holds exactly the trainer's
+    merged weights, which differ from the start's in the adapted layers alone."""
+    from looprl.models.lora import LoraSettings, merged_state_dict, with_lora
+
+    tok = build_tokenizer(None)
+    model = _model(tok)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = TorchEngine(copy.deepcopy(model), tok, max_len=16384)
+    policy = with_lora(model, LoraSettings(rank=4))
+    calls = iter(range(10_000))
+
+    def policy_for(task):  # alternate oracle / null per trajectory attempt
+        if next(calls) % 2 == 0:
+            return OracleAgent(task, tok)
+        return ScriptedPolicy(tok, ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>'])
+
+    store = LocalWeightStore(str(tmp_path / "weights"), dtype="float32")
+    try:
+        stats = _run(tmp_path, tok, policy_for, policy, engine, store, sync=False,
+                     max_new_tokens=1024)
+    finally:
+        engine.close()
+    assert stats.steps == 2 and stats.zero_variance_groups == 0
+    assert engine.policy_version == 2 and store.latest() == 2
+    merged, served = merged_state_dict(policy), engine.model.state_dict()
+    assert merged.keys() == served.keys() == start.keys()
+    assert all(torch.equal(served[k], merged[k]) for k in merged)
+    assert any(not torch.equal(merged[k], start[k]) for k in merged), "the adapter trained"
+    assert all(torch.equal(merged[k], start[k]) for k in merged if "proj" not in k)
+
+
 @pytest.mark.parametrize("sync", [False, True])
 def test_loop_moves_the_policy_toward_the_rewarded_trajectory(tmp_path, sync):
     """Each group holds one oracle (tests pass) and one null (finishes at once) trajectory: after

@@ -100,3 +100,23 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, one_process, mode):
     assert all(torch.allclose(opt_a["state"][i]["momentum_buffer"],
                               opt_b["state"][i]["momentum_buffer"], rtol=0, atol=1e-6)
                for i in opt_a["state"])
+
+
+@pytest.mark.slow
+def test_torchrun_lora_matches_one_process(tmp_path):
+    """A LoRA adapter under DDP: two ranks give one process's losses and merged weights (only
+    the adapter trains: the merged weights of untargeted layers stay the initial ones)."""
+    torchrun = shutil.which("torchrun", path=str(Path(PY).parent)) or shutil.which("torchrun")
+    assert torchrun, "torchrun not found next to the interpreter"
+    one, two = tmp_path / "one", tmp_path / "two"
+    run([PY, str(HERE / "ddp_worker.py"), str(one), "ddp", "lora"], env=ENV)
+    run([torchrun, "--standalone", "--nproc_per_node", "2", str(HERE / "ddp_worker.py"),
+         str(two), "ddp", "lora"], env=ENV)
+    ref, got = (json.loads(Path(f"{p}.json").read_text()) for p in (one, two))
+    assert got["world"] == 2 and got["losses"] == pytest.approx(ref["losses"], rel=1e-6)
+    a, b = weights(Path(f"{one}.safetensors")), weights(Path(f"{two}.safetensors"))
+    init = weights(Path(f"{one}.init.safetensors"))
+    assert a.keys() == b.keys() == init.keys()
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-6) for k in a), "the update differs"
+    moved = {k for k in a if not torch.equal(a[k], init[k])}
+    assert moved and all(k.endswith("proj.weight") for k in moved)

@@ -1,4 +1,4 @@
-"""Load any Hugging Face causal LM (and its tokenizer) from a local directory.
+"""Load any Hugging Face causal LM (and its tokenizer) from a local directory or a hub id.
 
 The same code serves the tiny embedded default and a real checkpoint (e.g. a Qwen coder model):
 
@@ -6,7 +6,8 @@ The same code serves the tiny embedded default and a real checkpoint (e.g. a Qwe
     lm.model, lm.tokenizer, lm.num_params
     save_model(lm.model, lm.tokenizer, "runs/x/model_sft")   # weights, tokenizer, MTP heads
 
-Only local paths are accepted (no hub access here); weights are read from safetensors. MTP heads
+``path`` may be a hub id (``org/name[@revision]``), resolved through the local hub cache by
+``looprl.models.hub``; weights are read from safetensors. MTP heads
 saved beside the weights (``mtp_heads.safetensors`` + ``mtp_config.json``, ``looprl.models.mtp``)
 are attached to the model as ``model.mtp_heads``. The tokenizer's fingerprint is recorded on the
 model's config (``looprl.models.fingerprint``), so a saved model carries it in ``config.json``.
@@ -29,6 +30,7 @@ from transformers import (
 
 from looprl.errors import ConfigError
 from looprl.models.fingerprint import CONFIG_ATTR, tokenizer_fingerprint
+from looprl.models.hub import resolve_model_path
 from looprl.models.mtp import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -82,8 +84,9 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "float32") -> LoadedModel:
-    """Load the model and tokenizer saved in HF format at ``path`` (config.json + safetensors)."""
-    p = Path(path).expanduser()
+    """Load the model and tokenizer saved in HF format at ``path`` (config.json + safetensors),
+    a local directory or a hub id (``looprl.models.hub``)."""
+    p = resolve_model_path(path)
     torch_dtype = resolve_dtype(dtype)
     if not (p / "config.json").exists():
         raise ConfigError(f"no HF model at {p} (config.json missing); create the default one with "

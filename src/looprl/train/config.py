@@ -9,7 +9,7 @@ model, on which device), ``demos`` + ``sft`` (the optional supervised warm start
 for drills).
 
 The fields a user sets sit at the top of each section (``tests/test_configs.py`` keeps them at
-most 40); each section's ``experimental`` sub-section holds the component's research switches
+most 41); each section's ``experimental`` sub-section holds the component's research switches
 and tuning knobs, with the measured defaults: ``-o
 grpo.experimental.credit.negative_advantage_scale=0``. Every numeric field declares its range
 (``looprl.config.Range``), checked at load.
@@ -28,6 +28,7 @@ from looprl.faults import FaultsConfig
 from looprl.fleet.config import FleetConfig
 from looprl.harness.agent import AgentConfig
 from looprl.inference.spec import MODES as SPEC_MODES
+from looprl.models.lora import LoraSettings
 from looprl.models.mtp import MAX_HEADS
 from looprl.models.tiny import SIZES
 from looprl.plugins import find
@@ -165,8 +166,9 @@ class ModelExperimental:
 @dataclass(frozen=True)
 class ModelSection:
     path: str = ""
-    """A local HF checkpoint to train (safetensors, a tokenizer with a chat template); empty =
-    init the default model."""
+    """An HF checkpoint to train (safetensors, a tokenizer with a chat template): a local
+    directory or a hub id ``org/name[@revision]`` (``looprl.models.hub``); empty = init the
+    default model."""
     engine: str = "torch"
     """Rollout engine: torch (in-process, CPU or GPU), vllm (GPU; ``pip install -e .[vllm]``) or
     an engine plugin (``looprl.plugins``) built with ``model_path=`` the starting checkpoint."""
@@ -177,6 +179,9 @@ class ModelSection:
     """Where the trainer and the torch engine run: auto (cuda when present), cpu, cuda, cuda:N."""
     size: str = "small"
     """A name in ``looprl.models.tiny.SIZES`` (default model only)."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """LoRA RL (``looprl.models.lora``): ``model.lora.rank=8`` trains an adapter, not the
+    weights; engines get the merged weights, ``model_rl/`` holds them and ``lora_adapter/``."""
     experimental: ModelExperimental = field(default_factory=ModelExperimental)
 
     def __post_init__(self) -> None:
@@ -188,6 +193,9 @@ class ModelSection:
             except ConfigError as e:
                 raise FieldError("engine", f"has {e}") from None
         check_choice("size", self.size, SIZES)
+        if self.lora.enabled and self.experimental.mtp_heads:
+            raise FieldError("lora.rank", "does not adapt MTP heads; set "
+                             "model.experimental.mtp_heads=0 or model.lora.rank=0")
         if self.experimental.lookup and self.engine != "torch":
             raise FieldError("experimental.lookup", f"drafts in the torch engine only, not "
                              f"{self.engine!r}; set model.experimental.lookup = 0 (or "

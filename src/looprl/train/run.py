@@ -221,6 +221,7 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
     rd = RunDir(runs_root / cfg.name)
     run_dir = rd.root
     ddp.per_rank(cfg.loop.groups_per_step, dist, "loop.groups_per_step")  # before hours of SFT
+    ddp.check_lora_parallel(cfg.model.lora.enabled, dist, cfg.grpo.experimental.parallel)
     if dist.is_main:
         if resume:
             check_resumable(cfg, run_dir)

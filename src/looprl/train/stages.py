@@ -84,11 +84,17 @@ def fit_precision(cfg: TrainConfig, device: torch.device) -> TrainConfig:
 
 def save_model(model: Any, tok: Any, dest: Path) -> Path:
     """``save_pretrained`` into ``dest`` atomically: a run killed while saving leaves no
-    half-written checkpoint that ``--resume`` would take for a finished one."""
+    half-written checkpoint that ``--resume`` would take for a finished one. A LoRA model is
+    saved merged, its adapter in ``dest/lora_adapter`` (``models.lora.save_merged``)."""
+    from looprl.models.lora import is_lora, save_merged
+
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
+    if is_lora(model):
+        save_merged(model, tok, tmp)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest
@@ -99,12 +105,14 @@ def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
     default model (pretrained later, by ``pretrain_model``, once the demos exist)."""
     from looprl.models.tiny import default_model_dir
 
-    if cfg.model.path:  # a real checkpoint: train it as it is
-        path = Path(cfg.model.path).expanduser()
+    if cfg.model.path:  # a real checkpoint (a directory or a hub id): train it as it is
+        from looprl.models.hub import resolve_model_path
+
+        path = resolve_model_path(cfg.model.path)
         if not (path / "config.json").is_file():
-            raise ConfigError(f"model.path={path} is not a HF checkpoint (no config.json); "
-                              "give a directory written by save_pretrained, or leave it empty "
-                              "for the default model")
+            raise ConfigError(f"model.path={cfg.model.path} is not a HF checkpoint (no "
+                              f"config.json in {path}); give a directory written by "
+                              "save_pretrained or a hub id, or leave it empty for the default model")
         return path
     with console.status(f"the default model ({cfg.model.size}) and its tokenizer"):
         cache = default_model_dir(cfg.model.size, cfg.seed)
@@ -291,6 +299,7 @@ def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: lis
 def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
               run_dir: Path, resume: bool, dist: DistInfo) -> tuple[RLSummary, Any]:
     from looprl.inference import TorchEngine, make_engine
+    from looprl.models.lora import with_lora
     from looprl.trainer.grpo import GRPOLoop
     from looprl.trainer.sampler import TaskSampler
     from looprl.trainer.step import GRPOStep
@@ -313,6 +322,9 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     store = RetryingStore(FsspecWeightStore(weights_url), ledger=ledger) if dist.is_main else None
     # KL is measured against the model RL starts from (the SFT checkpoint), frozen
     ref = copy.deepcopy(model).eval() if cfg.grpo.experimental.objective.kl_coef else None
+    # LoRA: the adapter goes on the trained model only; the engine's and the reference's copies
+    # above are the base model, and the engine is sent merged weights under its names
+    model = with_lora(model, cfg.model.lora)
     # under torchrun the step wraps the model (DDP, or FSDP in place): the copies come first
     step = GRPOStep(model.train(), cfg.grpo, ref_model=ref, pad_id=tok.pad_token_id, dist=dist)
     tasks = train[dist.rank::dist.world_size]  # this rank's share

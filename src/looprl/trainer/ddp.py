@@ -18,6 +18,9 @@ equals one process's on all ranks' groups, whatever each rank's share
 ranks with empty micro-batches (loss mask 0), because under FSDP every forward and backward is a
 collective, and under DDP the last backward of every update is.
 
+A LoRA model (``looprl.models.lora``) trains under DDP as any other (only the adapter has
+gradients to all-reduce); FSDP refuses it. ``Sharding.state_dict`` gives its merged weights.
+
 Checkpoints have one format whatever the parallelism (``Sharding.save``): rank 0 writes the full
 model and an optimizer state laid out as one process's, which one process loads as it is. Under
 FSDP rank 0 gathers them into a CPU replica of the model (one more copy of the weights in host
@@ -42,6 +45,7 @@ import torch.distributed as td
 from torch import nn
 
 from looprl.errors import ConfigError
+from looprl.models.lora import is_lora, merged_state_dict
 from looprl.trainer.checkpoint import Resumed, load_checkpoint, save_checkpoint
 
 T = TypeVar("T")
@@ -203,6 +207,13 @@ def _cpu_replica(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def check_lora_parallel(lora: bool, dist: DistInfo, parallel: str) -> None:
+    """A LoRA model trains under DDP, not FSDP: a one-line ``ConfigError`` for that pair."""
+    if lora and dist.enabled and parallel == "fsdp":
+        raise ConfigError("model.lora does not run under FSDP; set grpo.experimental.parallel=ddp "
+                          "(the adapter is small: every rank keeps it whole) or model.lora.rank=0")
+
+
 class Sharding:
     """A trainer's model spread over the ranks (module docstring): the wrapped model, its full
     weights, and checkpoints in the one-process format."""
@@ -211,6 +222,7 @@ class Sharding:
                  ) -> None:
         self.dist = dist or ONE_PROCESS
         self.parallel = parallel
+        check_lora_parallel(is_lora(model), self.dist, parallel)
         will_shard = self.dist.enabled and parallel == "fsdp" and not is_wrapped(model)
         # the copy checkpoints go through; made before fully_shard turns the weights to shards
         self._replica = _cpu_replica(model) if will_shard and self.dist.is_main else None
@@ -223,10 +235,11 @@ class Sharding:
         return unwrap(self.model)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The full weights, keyed as ``module.state_dict()``: under FSDP a collective that
-        every rank calls, and every rank gets them (their engines take them)."""
+        """The full weights the policy computes with, keyed as ``module.state_dict()`` (a LoRA
+        model's merged weights, keyed as its base model's: ``models.lora``): under FSDP a
+        collective that every rank calls, and every rank gets them (their engines take them)."""
         if not is_sharded(self.model):
-            return self.module.state_dict()
+            return merged_state_dict(self.module)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         # cast: full_state_dict gathers plain tensors; torch's return type covers sharded ones too

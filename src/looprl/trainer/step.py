@@ -37,6 +37,7 @@ from torch import nn
 
 from looprl.config import Range, Tokens, check_choice
 from looprl.models.fingerprint import check_trajectories, model_fingerprint
+from looprl.models.lora import base_of
 from looprl.models.mtp import DistillOut, capture_hidden, clip_grad_norms, heads_of
 from looprl.trainer import ddp
 from looprl.trainer.advantages import ADVANTAGES
@@ -228,7 +229,8 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
     B = tokens_B_T.shape[0]
     with ctx:
         pre = model(input_ids=tokens_B_T[:1, :P], use_cache=True)
-        kw = _cache_kw(model.__class__)  # type: ignore[arg-type]  # (a class is hashable)
+        # PEFT's wrapper passes the cache on by keyword: the name is the base model's
+        kw = _cache_kw(base_of(model).__class__)  # type: ignore[arg-type]  # (a class is hashable)
         cache = pre[kw]
         cache.batch_repeat_interleave(B)
         rest = model(input_ids=tokens_B_T[:, P:], attention_mask=attention_mask_B_T,
