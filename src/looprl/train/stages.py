@@ -272,12 +272,31 @@ class RLSummary:
     """The loop's per-step metrics rows (``metrics.jsonl``)."""
     groups_screened_out: int = 0
     screen_rollouts: int = 0
+    no_pass_groups: int = 0
+    """Trained groups where no rollout passed the tests (all of them: RL had no test signal)."""
 
     @classmethod
     def of(cls, stats: Any, minutes: float) -> RLSummary:
+        from looprl.trainer.loggers import groups_without_pass
+
         return cls(stats.steps, stats.groups_trained, stats.groups_stale,
                    stats.zero_variance_groups, stats.idle_fraction, minutes, stats.history,
-                   stats.groups_screened_out, stats.screen_rollouts)
+                   stats.groups_screened_out, stats.screen_rollouts,
+                   groups_without_pass(stats.history)[1])
+
+    @property
+    def learned_from_no_pass(self) -> bool:
+        """RL trained groups, and none had a passing rollout: the tests never rewarded it."""
+        return self.groups_trained > 0 and self.no_pass_groups >= self.groups_trained
+
+    def no_pass_warning(self) -> str:
+        """One line saying so (empty when some group had a pass)."""
+        if not self.learned_from_no_pass:
+            return ""
+        return (f"RL had no test signal: none of the {self.groups_trained} groups it trained on "
+                "had a rollout that passed the tests, so only the shaping terms (length, broken "
+                "calls, ...) moved the policy; start from a stronger model (more SFT demos, "
+                "demos.synthetic), use easier tasks, or a larger rollout.group_size")
 
 
 def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
