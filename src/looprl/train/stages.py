@@ -335,7 +335,8 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
         with only_gpu(next(model.parameters()).device):
             engine = make_engine(cfg.model.engine, model_path=str(start_dir),
                                  **cfg.model.engine_options)
-    weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights)
+    # absolute: a Ray node's workers resolve a relative path against their own directory
+    weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights.absolute())
     # rank 0 counts the run's infrastructure failures and alone is failed on purpose (drills)
     ledger = InfraLedger(RunDir(run_dir).infra_ledger if dist.is_main else None, resumed=resume)
     store = RetryingStore(FsspecWeightStore(weights_url), ledger=ledger) if dist.is_main else None
@@ -417,7 +418,7 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
 
         injector = faults.active()
         fleet = await RayFleet.start(cfg.fleet, MemberSpec(
-            str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
+            str(Path(start_dir).absolute()), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
             faults=injector.cfg if injector is not None else None,
             http_roots=task_roots(tasks) if cfg.fleet.experimental.sandboxes == "http" else None),
             snapshot=RunDir(run_dir).fleet, ledger=ledger)
