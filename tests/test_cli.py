@@ -217,3 +217,13 @@ def test_model_serve_without_a_model_finds_the_newest_trained_one(tmp_path):
     os.utime(tmp_path / "old" / "model_rl", (1e9, 1e9))
     (tmp_path / "not_a_run").mkdir()
     assert _trained_model(tmp_path) == tmp_path / "new" / "model_rl"
+
+
+def test_help_shows_flags_without_a_value_and_no_rst():
+    root = CliRunner().invoke(app, ["--help"], terminal_width=200).output
+    assert "--debug" in root and "<bool>" not in root
+    train = CliRunner().invoke(app, ["train", "--help"], terminal_width=200).output
+    assert "--resume" in train and "<bool>" not in train and "<path>" in train  # values keep theirs
+    for name, _, _ in SUBCOMMANDS:
+        out = CliRunner().invoke(app, [name, "--help"], terminal_width=200).output
+        assert "``" not in out, name
