@@ -339,7 +339,9 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights.absolute())
     # rank 0 counts the run's infrastructure failures and alone is failed on purpose (drills)
     ledger = InfraLedger(RunDir(run_dir).infra_ledger if dist.is_main else None, resumed=resume)
-    store = RetryingStore(FsspecWeightStore(weights_url), ledger=ledger) if dist.is_main else None
+    store = RetryingStore(FsspecWeightStore(
+        weights_url, storage_options=cfg.fleet.experimental.weights_options),
+        ledger=ledger) if dist.is_main else None
     # KL is measured against the model RL starts from (the SFT checkpoint), frozen
     ref = copy.deepcopy(model).eval() if cfg.grpo.experimental.objective.kl_coef else None
     # LoRA: the adapter goes on the trained model only; the engine's and the reference's copies
@@ -419,6 +421,7 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
         injector = faults.active()
         fleet = await RayFleet.start(cfg.fleet, MemberSpec(
             str(Path(start_dir).absolute()), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
+            weights_options=dict(cfg.fleet.experimental.weights_options),
             faults=injector.cfg if injector is not None else None,
             http_roots=task_roots(tasks) if cfg.fleet.experimental.sandboxes == "http" else None),
             snapshot=RunDir(run_dir).fleet, ledger=ledger)
