@@ -174,7 +174,10 @@ class StepMetrics:
     """MoE models: the load-balancing loss (mean over micro-batches; 1.0 = perfectly balanced)."""
 
     def to_dict(self) -> dict[str, float]:
-        d = {k: float(v) for k, v in self.__dict__.items() if k != "router_disagree_L"}
+        moe = ("router_disagree_L", "router_disagree", "moe_aux_loss")
+        d = {k: float(v) for k, v in self.__dict__.items() if k not in moe}
+        if self.router_disagree_L:  # a MoE model's step
+            d.update(router_disagree=self.router_disagree, moe_aux_loss=self.moe_aux_loss)
         d.update({f"router_disagree_l{i}": v for i, v in enumerate(self.router_disagree_L)})
         return d
 
