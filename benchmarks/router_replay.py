@@ -1,7 +1,7 @@
 """Router replay (R3) on the tiny MoE: the engine's rollouts scored by the trainer with and without
 the engine's recorded experts.
 
-    .venv/bin/python benchmarks/router_replay.py                  # default MoE, ~4 minutes
+    .venv/bin/python benchmarks/router_replay.py                  # default MoE, ~3 minutes on an idle 2-core machine
     .venv/bin/python benchmarks/router_replay.py --model DIR --pretrain-steps 0  # a trained MoE
 
 The default MoE is pretrained briefly first (``--pretrain-steps``, into a temporary copy): at
@@ -77,14 +77,14 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pretrain-steps", type=int, default=60,
+    ap.add_argument("--pretrain-steps", type=int, default=20,
                     help="next-token steps on the source corpus first (0: the model as it is)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model_dir = Path(a.model) if a.model else default_model_dir("moe")
     if a.pretrain_steps:
         t0 = time.perf_counter()
-        r = pretrain(model_dir, steps=a.pretrain_steps, batch=8, seq_len=256, corpus_chars=1_000_000,
+        r = pretrain(model_dir, steps=a.pretrain_steps, batch=4, seq_len=128, corpus_chars=300_000,
                      out_dir=Path(tempfile.mkdtemp(prefix="looprl-r3-")) / "model", show_progress=False,
                      seed=a.seed)
         model_dir = r.model_dir
