@@ -54,9 +54,9 @@ class LogError(ValueError):
     """The eval log grades nothing (the patch did not apply, no test output); one line."""
 
 
-def eval_output(log: str) -> str:
+def eval_output(log: str, markers: bool = False) -> str:
     """The test part of an eval log (between SWE-bench's markers; the whole log when it has
-    none). ``LogError`` for a log that says it graded nothing.
+    none, unless ``markers`` requires them). ``LogError`` for a log that says it graded nothing.
 
     >>> log = "PASSED t.py::old\\n>>>>> Start Test Output\\nPASSED t.py::a\\n>>>>> End Test Output\\n"
     >>> parse_pytest(eval_output(log))
@@ -67,11 +67,11 @@ def eval_output(log: str) -> str:
             raise LogError(f"the eval log says {why} ({marker!r})")
     start = log.find(START)
     end = log.find(END, start + 1 if start >= 0 else 0)
-    if start < 0 and end < 0:
+    if start < 0 and end < 0 and not markers:
         return log
     if start < 0 or end < 0:
-        raise LogError(f"the eval log has no {END if end < 0 else START!r} marker: the test "
-                       "command did not run to its end")
+        raise LogError(f"the eval log has no {START if start < 0 else END!r} marker: the test "
+                       "command did not run (to its end)")
     return log[start + len(START):end]
 
 
