@@ -7,7 +7,7 @@ import pytest
 
 MODULES = ["looprl.rewards.length", "looprl.rewards.hacking", "looprl.rewards.verifier",
            "looprl.rewards.isolation", "looprl.rewards.style", "looprl.rewards.composite",
-           "looprl.rewards.logparse", "looprl.rewards.graded"]
+           "looprl.rewards.logparse", "looprl.rewards.graded", "looprl.rewards.evalscript"]
 
 
 @pytest.mark.parametrize("name", MODULES)

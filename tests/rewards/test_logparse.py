@@ -150,3 +150,20 @@ def test_r2egym_exact_match_of_expected_output_json():
         verdict("r2egym", st)
     with pytest.raises(ValueError, match="not known"):
         verdict("swebench-lite", st, ["x"])
+
+
+def test_an_eval_scripts_log_is_judged_by_its_contract():
+    from looprl.rewards.evalscript import judge, write_eval_script
+    from looprl.types import EvalScript
+
+    expected = {"TestParse.test_empty": "PASSED", "test_roundtrip": "PASSED",
+                "TestParse.test_unicode": "FAILED"}
+    v, tests = judge(EvalScript("", "r2egym", "r2egym", expected=expected), R2E_LOG, (), ())
+    assert v.resolved and tests["TestParse.test_unicode"] == "failed"  # R2E-Gym logs: no markers
+    with pytest.raises(LogError, match="no '>>>>> Start Test Output' marker"):
+        judge(EvalScript("", "pytest", "swebench"), R2E_LOG, ["x"], [])
+    f2p = ["tests/test_core.py::test_plural"]
+    v, tests = judge(EvalScript("", "parse_log_pytest", "swebench"), SWEBENCH_LOG, f2p, [])
+    assert not v.resolved and tests == {f2p[0]: "failed"}
+    script = write_eval_script("python -m pytest", f2p, "--- a/t\n+++ b/t\n", "/testbed")
+    assert "<<'EOF_LOOPRL_TEST_PATCH'\n--- a/t\n+++ b/t\nEOF_LOOPRL_TEST_PATCH\n" in script
