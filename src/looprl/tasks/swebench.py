@@ -369,7 +369,13 @@ async def _import_row(row: Row, dest: Path, repos: Path | None, grade_by: str
                      "version": metadata.get("version") or row.version,
                      "base_commit": row.base_commit})
     timeout = float((row.env or {}).get("timeout_s") or 300.0)
-    grader = Grader(command, row.fail_to_pass, row.pass_to_pass, test_files, timeout,
+    f2p, p2p = row.fail_to_pass, row.pass_to_pass
+    if not by_script and row.env and row.env.get("fail_to_pass"):
+        # looprl's rows: node ids in full (the row's lists are named as the log parser reads them)
+        f2p = _tests(row.env["fail_to_pass"], f"{LOOPRL_COLUMN}.fail_to_pass", row.instance_id)
+        p2p = _tests(row.env.get("pass_to_pass", []), f"{LOOPRL_COLUMN}.pass_to_pass",
+                     row.instance_id)
+    grader = Grader(command, f2p, p2p, test_files, timeout,
                     row.test_patch if row.flavour != "swesmith" else "")
     if by_script:  # the script applies the hidden tests itself
         contract = ("swesmith" if row.flavour == "swesmith" else
@@ -464,6 +470,16 @@ def commit_tree(git_dir: Path, tree: Path, message: str) -> str:
         index.unlink(missing_ok=True)
 
 
+def _parsed_name(test: str) -> str:
+    """A test's name as SWE-bench's pytest log parser reads it: up to its first whitespace
+    (``t.py::f[a b]`` -> ``t.py::f[a``; SWE-bench's own rows name such tests so).
+
+    >>> _parsed_name("t.py::test_titleize[active_record-Active Record]")
+    't.py::test_titleize[active_record-Active'
+    """
+    return test.split()[0] if test.strip() else test
+
+
 def task_row(task: Task, repo: str, commit: str) -> dict[str, Any]:
     """``task`` as a SWE-bench row (test lists JSON-encoded, as in SWE-bench's parquet) with the
     ``looprl`` column that lets ``import_swebench`` rebuild its environment offline."""
@@ -474,12 +490,15 @@ def task_row(task: Task, repo: str, commit: str) -> dict[str, Any]:
         "test_files": list(g.test_files), "timeout_s": g.timeout_s,
         "metadata": {k: v for k, v in task.metadata.items() if isinstance(v, (str, int, float, bool))}}
     targets = list(dict.fromkeys((*g.fail_to_pass, *g.pass_to_pass)))
+    env["fail_to_pass"], env["pass_to_pass"] = list(g.fail_to_pass), list(g.pass_to_pass)
+    f2p = list(dict.fromkeys(map(_parsed_name, g.fail_to_pass)))
+    p2p = [t for t in dict.fromkeys(map(_parsed_name, g.pass_to_pass)) if t not in f2p]
     return {"instance_id": task.id, "repo": repo, "base_commit": commit,
             "environment_setup_commit": commit, "patch": task.gold_patch or "",
             "test_patch": g.test_patch, "problem_statement": task.prompt, "hints_text": "",
             "created_at": "", "version": str(task.metadata.get("version", "")),
-            "FAIL_TO_PASS": json.dumps(list(g.fail_to_pass)),
-            "PASS_TO_PASS": json.dumps(list(g.pass_to_pass)), LOOPRL_COLUMN: json.dumps(env),
+            "FAIL_TO_PASS": json.dumps(f2p), "PASS_TO_PASS": json.dumps(p2p),
+            LOOPRL_COLUMN: json.dumps(env),
             "eval_script": write_eval_script(g.test_command, targets, g.test_patch, EVAL_WORKDIR),
             "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail"}
 
