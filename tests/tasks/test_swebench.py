@@ -202,6 +202,26 @@ def test_fuzzed_rows_give_one_line_errors(clones):
             assert "\n" not in str(e) and str(e).startswith("f:1: field "), str(e)
 
 
+def test_fuzzed_v5_and_r2egym_rows_give_one_line_errors(clones):
+    rng = random.Random(51)
+    v5 = swebench_row(clones, eval_script=v5_script(clones), log_parser="parse_log_pytest",
+                      eval_type="pass_and_fail", image="swebench/sweb.eval.x86_64.a:latest")
+    r2e = {"repo_name": "pandas", "commit_hash": "a" * 40, "docker_image": "r2e/pandas:1",
+           "problem_statement": "x", "expected_output_json": '{"test_a": "PASSED"}'}
+    values = [None, 0, True, "", "x", [], {}, ["a"], "{}", '{"t": 1}', "fail_only", "django"]
+    for base in (v5, r2e):
+        for _ in range(300):
+            row = dict(base)
+            for key in rng.sample(sorted(row), rng.randint(1, 3)):
+                row[key] = rng.choice(values)
+            try:
+                parse_row(row, "f:1")
+            except TaskError as e:
+                assert "\n" not in str(e) and str(e).startswith("f:1: "), str(e)
+    with pytest.raises(TaskError, match="^f:1: an R2E-Gym row"):
+        parse_row(r2e, "f:1")
+
+
 @pytest.mark.slow
 @pytest.mark.needs_bwrap
 @skip_without_sandbox
