@@ -183,7 +183,7 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
         if ctx.finished:
             return StopReason.FINISHED, None
         obs = fmt.observation_ids(tool_msgs)
-        if gen.token_ids[-1] != fmt.eot_id:  # the turn was cut: close it before the tool output
+        if gen.token_ids[-1] not in fmt.end_ids:  # the turn was cut: close it before the tool output
             obs = [fmt.eot_id] + obs
         run.add_context(obs)
         run.counters["tool_output_tokens"] += len(obs)
