@@ -93,6 +93,9 @@ class ParsedTurn:
     (``ChatFormat.parse_ids``; empty when parsed from text)."""
     error_token_spans: tuple[tuple[int, int], ...] = ()
     """The same for each of ``errors``' blocks: the trainer credits a broken call's own tokens."""
+    error_ids: tuple[str, ...] = ()
+    """The id of each of ``errors``' broken results, where the format needs its own (Mistral's
+    templates take nine alphanumerics only); empty: the harness names them."""
 
 
 def _to_call(obj: Any, call_id: str, example: str = _EXAMPLE) -> ToolCall | str:
@@ -187,8 +190,11 @@ def _turn(text: str, spans: list[_Span], call_prefix: str, tf: ToolFormat = HERM
     pieces = _pieces(text, spans, call_prefix, tf)
     thinking = "\n".join(_thought(p) for p in pieces if p.kind == "think")
     content = "".join(p.text for p in pieces if p.kind == "content")
+    errors: list[str] = [p.value for p in pieces if p.kind == "broken"]  # type: ignore[misc]
+    error_ids = () if tf.call_id is HERMES.call_id else tuple(
+        tf.call_id(f"{call_prefix}_err", k) for k in range(len(errors)))
     return ParsedTurn(content.strip(), [p.value for p in pieces if p.kind == "call"],  # type: ignore[misc]
-                      [p.value for p in pieces if p.kind == "broken"], thinking)  # type: ignore[misc]
+                      errors, thinking, error_ids=error_ids)
 
 
 def parse_turn(text: str, *, call_prefix: str = "call", thinking_open: bool = False,
@@ -334,7 +340,9 @@ class ChatFormat:
         ids = list(ids)
         if ids and ids[-1] in self.end_ids:
             ids = ids[:-1]
-        text = self.decode(ids)
+        # one end token is dropped, not two: harmony's turn may hold a stray <|call|> at its end
+        text = self.decode(ids) if self.tf is HERMES else self.tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         spans = self._split(text)
         turn = _turn(text, spans, call_prefix, self.tf)
         # the fast path needs every span edge at a marker token: Hermes's, not bare-JSON formats'

@@ -277,7 +277,8 @@ async def execute_calls(turn: ParsedTurn, tools: dict[str, Tool], ctx: ToolConte
         elif item is not None:
             results.append(await _run_one(*item, ctx))
     for k, err in enumerate(turn.errors):
-        results.append(ToolResult(f"{call_prefix}_err{k}", "invalid_tool_call",
+        rid = turn.error_ids[k] if k < len(turn.error_ids) else f"{call_prefix}_err{k}"
+        results.append(ToolResult(rid, "invalid_tool_call",
                                   f"Invalid tool call: {err}", "broken"))
     return results
 
