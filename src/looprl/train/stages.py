@@ -154,6 +154,19 @@ def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], t
              exclude=task_packages(cfg, tasks))
 
 
+def check_demo_format(tok: Any) -> None:
+    """Refuse SFT demos for a model whose chat template writes tool calls in another format
+    than the demos' (the oracle writes hermes calls)."""
+    from looprl.chat import ChatFormat
+
+    found = ChatFormat(tok).tool_format
+    if found != "hermes":
+        raise ConfigError(f"this model's chat template writes {found!r} tool calls; the SFT "
+                          "demos (demos.oracle, demos.synthetic) are hermes calls: set "
+                          "demos.oracle = false and demos.synthetic = 0 (RL from the model as "
+                          "it is)")
+
+
 def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
     """The oracle's checked trajectories on the train tasks (``demos.oracle``), then
     ``demos.synthetic`` more from the source corpus, all with the tools RL and evaluation offer
@@ -174,6 +187,7 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
                     for i in items]
     if not sources:
         return []
+    check_demo_format(tok)
     with progress_bar() as bar:
         job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
         demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
@@ -443,5 +457,6 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
         if callable(getattr(engine, "close", None)):
             engine.close()
 
-    return (RolloutRunner(engine, ChatFormat(tok), pool, make_scorer(cfg.reward), cfg.rollout,
+    fmt = ChatFormat(tok, tool_format=cfg.model.experimental.tool_format or None)
+    return (RolloutRunner(engine, fmt, pool, make_scorer(cfg.reward), cfg.rollout,
                           ledger=ledger), engine, close)
