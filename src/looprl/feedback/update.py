@@ -20,13 +20,12 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from looprl.errors import ConfigError
 from looprl.feedback.policies import OPTIMIZER_FILE, PolicyRef, save_candidate
-from looprl.trainer.step import GRPOConfig, StepMetrics
+from looprl.trainer.step import GRPOConfig
 from looprl.types import Group
 
 if TYPE_CHECKING:
@@ -91,10 +90,10 @@ def continue_adam(opt: Any, state: Path, model_path: Path | str, momentum: bool 
 
 
 def merge_steps(metrics: list[dict[str, float]]) -> dict[str, float]:
-    """One dict for a cycle's steps: ``COUNTS`` summed, the rest averaged (one step: itself)."""
+    """One dict for a cycle's steps: ``COUNTS`` summed, the rest averaged (one step: itself).
+    The keys are the steps' own: a dense model's steps carry no MoE router metrics."""
     n = len(metrics)
-    return {f.name: math.fsum(m[f.name] for m in metrics) / (1 if f.name in COUNTS else n)
-            for f in fields(StepMetrics)}
+    return {k: math.fsum(m[k] for m in metrics) / (1 if k in COUNTS else n) for k in metrics[0]}
 
 
 def train_groups(cur: PolicyRef, groups: list[Group], grpo: GRPOConfig, steps: int, seed: int,
