@@ -128,22 +128,34 @@ def serve(model_dir: ModelDir = None,
               help="on SIGTERM: seconds running requests may finish", min=0.1)] = 30.0,
           runs: Annotated[Path, typer.Option(
               help="without MODEL_DIR: serve the newest RUNS/<name>/model_rl")] = Path("runs"),
+          tool_format: Annotated[str | None, typer.Option(
+              help="tool-call format of the chat template: hermes, qwen3_coder, llama3, "
+                   "mistral, mistral_v11 or harmony (default: probed from the template)")] = None,
           ) -> None:
     """Serve a model through an OpenAI-compatible API: chat with tool calls and streaming,
     completions, /health, /v1/models (inference/openai_server.py). Without MODEL_DIR: the model
-    the newest `looprl train` run trained (runs/<name>/model_rl)."""
+    the newest `looprl train` run trained (runs/<name>/model_rl). Tool calls are read in the
+    format the model's chat template writes (docs/formats.md)."""
     if not api_key and not _loopback(host):
         raise typer.BadParameter(f"without an API key the server is open to anyone who reaches "
                                  f"{host}: pass --api-key (or set LOOPRL_API_KEY), or bind "
                                  "127.0.0.1", param_hint="--host")
     from looprl.asgi import run
+    from looprl.chat.tool_formats import FORMATS
     from looprl.inference.openai_server import create_app
     from looprl.inference.torch_engine import TorchEngine
 
+    if tool_format is not None and tool_format not in FORMATS:
+        raise typer.BadParameter(f"unknown tool format {tool_format!r}; use one of "
+                                 f"{', '.join(FORMATS)}", param_hint="--tool-format")
     _port_free(host, port)
     engine = TorchEngine.from_path(model_dir or _trained_model(runs), dtype=dtype,
                                    max_batch=max_batch)
-    app_ = create_app(engine, name, api_key=api_key, drain_s=drain)
+    try:
+        app_ = create_app(engine, name, api_key=api_key, drain_s=drain, tool_format=tool_format)
+    except ValueError as e:
+        engine.close()
+        raise typer.BadParameter(str(e), param_hint="--tool-format") from None
     access = ("API key required" if api_key else
               "NO API key: open to every user and process on this machine")
     console.print(f"looprl model server on http://{host}:{port}/v1, model {name!r} "

@@ -197,9 +197,13 @@ def import_swebench_cmd(
     repos: Annotated[Path | None, typer.Option(help="directory of git clones (OWNER__NAME[.git]"
                                                " or NAME[.git]): where repositories come from "
                                                "offline", file_okay=False)] = None,
-    flavour: Annotated[str, typer.Option(help="auto | swebench | swegym | swesmith")] = "auto",
+    flavour: Annotated[str, typer.Option(help="auto | swebench | swegym | swesmith | r2egym")
+                       ] = "auto",
     jobs: Annotated[int, typer.Option(help="tasks validated at once", min=1)] = 2,
     limit: Annotated[int, typer.Option(help="only the first N rows (0 = all)", min=0)] = 0,
+    grade_by: Annotated[str, typer.Option(help="auto | eval_script | tests: grade by the row's "
+                                          "eval_script log, or by looprl's pytest grader")
+                        ] = "auto",
 ) -> None:
     """Import SWE-bench-family rows: check out each repository, build its venv, validate."""
     import asyncio
@@ -207,7 +211,7 @@ def import_swebench_cmd(
     from looprl.tasks.swebench import import_swebench
 
     report = asyncio.run(import_swebench(rows, _store_for(out), repos=repos, flavour=flavour,
-                                         jobs=jobs, limit=limit))
+                                         jobs=jobs, limit=limit, grade_by=grade_by))
     _finish_import(report, out, str(rows))
 
 

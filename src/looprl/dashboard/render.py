@@ -47,7 +47,8 @@ SCRIPTS = ("uPlot.iife.min.js", "dashboard.js")
 STYLES = ("uPlot.min.css", "style.css")
 SERVED, INLINE = "served", "inline"
 
-# (title, metric keys); "reward/*" expands to every reward term but the total.
+# (title, metric keys); "reward/*" expands to every reward term but the total, another "x*" to
+# every key starting with x.
 TRAINING_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mean reward", ("reward/total_mean",)),
     ("pass rate (hidden tests)", ("rollout/pass_rate",)),
@@ -59,6 +60,11 @@ TRAINING_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("broken tool calls / call", ("broken_call_rate",)),
     ("groups without reward variance", ("train/zero_variance_groups", "train/no_pass_groups")),
     ("staleness (versions behind)", ("train/mean_staleness",)),
+    ("train-inference KL (engine || trainer)", ("train/engine_kl",)),
+    ("tokens with engine/trainer logprobs apart", ("train/engine_mismatch_frac",)),
+    ("MoE router disagreement with the engine, per layer",
+     ("train/router_disagree", "train/router_disagree_l*")),
+    ("MoE load-balancing loss", ("train/moe_aux_loss",)),
 )
 THROUGHPUT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("throughput (tokens/s)", ("rollout/tokens_per_s", "train/tokens_per_s")),
@@ -147,6 +153,8 @@ def _expand(keys: Sequence[str], present: list[str]) -> list[str]:
     for k in keys:
         if k == "reward/*":
             out += [p for p in present if p.startswith("reward/") and p != "reward/total_mean"]
+        elif k.endswith("*"):
+            out += [p for p in present if p.startswith(k[:-1])]
         elif k in present:
             out.append(k)
     return out

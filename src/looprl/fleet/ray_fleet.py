@@ -86,6 +86,8 @@ class MemberSpec:
     reward: RewardConfig
     engine: str = "torch"
     """``looprl.inference`` engine name (torch; vllm on GPU nodes)."""
+    weights_options: dict[str, Any] = field(default_factory=dict)
+    """fsspec storage options of ``weights_url`` (``fleet.experimental.weights_options``)."""
     faults: FaultsConfig | None = None
     """Failures the members' actors inject (drills; ``looprl.faults``)."""
     http_roots: tuple[str, ...] | None = None
@@ -392,7 +394,8 @@ class RayFleet:
         replica = ray.remote(EngineReplica).options(
             num_cpus=c.cpus_per_engine, num_gpus=c.gpus_per_engine, scheduling_strategy=on_node)
         replicas = [replica.remote(s.model_dir, s.engine, s.weights_url, c.engine_threads,
-                                   c.gpus_per_engine > 0, fc) for _ in range(c.engines_per_node)]
+                                   c.gpus_per_engine > 0, fc, s.weights_options)
+                    for _ in range(c.engines_per_node)]
         env = ray.remote(EnvServer).options(num_cpus=0, scheduling_strategy=on_node).remote(
             replicas, self._tokenizer_ref, s.rollout, s.reward, c.sandboxes_per_node,
             faults_cfg=fc, http_roots=s.http_roots)

@@ -183,6 +183,19 @@ def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], t
              exclude=task_packages(cfg, tasks))
 
 
+def check_demo_format(tok: Any) -> None:
+    """Refuse SFT demos for a model whose chat template writes tool calls in another format
+    than the demos' (the oracle writes hermes calls)."""
+    from looprl.chat import ChatFormat
+
+    found = ChatFormat(tok).tool_format
+    if found != "hermes":
+        raise ConfigError(f"this model's chat template writes {found!r} tool calls; the SFT "
+                          "demos (demos.oracle, demos.synthetic) are hermes calls: set "
+                          "demos.oracle = false and demos.synthetic = 0 (RL from the model as "
+                          "it is)")
+
+
 def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
     """The oracle's checked trajectories on the train tasks (``demos.oracle``), then
     ``demos.synthetic`` more from the source corpus, all with the tools RL and evaluation offer
@@ -203,6 +216,7 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
                     for i in items]
     if not sources:
         return []
+    check_demo_format(tok)
     with progress_bar() as bar:
         job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
         demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
@@ -368,7 +382,9 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights.absolute())
     # rank 0 counts the run's infrastructure failures and alone is failed on purpose (drills)
     ledger = InfraLedger(RunDir(run_dir).infra_ledger if dist.is_main else None, resumed=resume)
-    store = RetryingStore(FsspecWeightStore(weights_url), ledger=ledger) if dist.is_main else None
+    store = RetryingStore(FsspecWeightStore(
+        weights_url, storage_options=cfg.fleet.experimental.weights_options),
+        ledger=ledger) if dist.is_main else None
     # KL is measured against the model RL starts from (the SFT checkpoint), frozen
     ref = copy.deepcopy(model).eval() if cfg.grpo.experimental.objective.kl_coef else None
     # LoRA: the adapter goes on the trained model only; the engine's and the reference's copies
@@ -448,6 +464,7 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
         injector = faults.active()
         fleet = await RayFleet.start(cfg.fleet, MemberSpec(
             str(Path(start_dir).absolute()), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
+            weights_options=dict(cfg.fleet.experimental.weights_options),
             faults=injector.cfg if injector is not None else None,
             http_roots=task_roots(tasks) if cfg.fleet.experimental.sandboxes == "http" else None),
             snapshot=RunDir(run_dir).fleet, ledger=ledger)
@@ -469,5 +486,6 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
         if callable(getattr(engine, "close", None)):
             engine.close()
 
-    return (RolloutRunner(engine, ChatFormat(tok), pool, make_scorer(cfg.reward), cfg.rollout,
+    fmt = ChatFormat(tok, tool_format=cfg.model.experimental.tool_format or None)
+    return (RolloutRunner(engine, fmt, pool, make_scorer(cfg.reward), cfg.rollout,
                           ledger=ledger), engine, close)

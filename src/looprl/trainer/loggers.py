@@ -56,7 +56,7 @@ class MetricLogger(Protocol):
 TRAINED_ONLY = frozenset({
     "train/loss", "train/kl_mean", "train/is_ratio_mean", "train/is_ratio_max",
     "train/clip_fraction", "train/grad_norm", "train/mean_staleness", "train/mtp_kl",
-    "train/mtp_accept"})
+    "train/mtp_accept", "train/engine_kl", "train/engine_mismatch_frac"})
 """Metrics measured on the trained tokens: undefined on a step that trained on none."""
 
 
