@@ -145,9 +145,14 @@ def test_a_run_that_failed_its_input_checks_does_not_keep_its_name(tmp_path):
         train_run._claim(cfg, rd, resume=False)
     runstate.mark(rd.root, "training", stage="RL")  # this process: alive
     state = json.loads(rd.state.read_text())
-    rd.state.write_text(json.dumps({**state, "pid": os.getppid()}))  # a live other process
+    rd.state.write_text(json.dumps({**state, "pid": os.getppid(),  # a live other process
+                                    "started": runstate._started(os.getppid())}))
     with pytest.raises(ConfigError, match="being trained right now"):
         train_run._claim(cfg, rd, resume=True)
+    rd.state.write_text(json.dumps({**state, "pid": os.getppid(), "started": "1"}))
+    assert runstate.read(rd.root).status == "killed"  # its pid now names another process
+    with pytest.raises(ConfigError, match="holds an earlier run \\(killed\\)"):
+        train_run._claim(cfg, rd, resume=False)
 
 
 def test_resume_with_a_bigger_budget_continues_a_finished_run(tmp_path, capsys):
