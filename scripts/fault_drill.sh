@@ -25,7 +25,8 @@
 # Short rollouts (3 turns of 96 tokens: an edit call, run_tests, finish; groups of 2, 4 in flight): with one node, a node_lost at
 # 5% of attempts takes every attempt in flight, and the node's restart costs about a minute on 2
 # busy cores; groups of 4 with 8 in flight trained no step in 5 minutes.
-# Each life's output goes to RUNS_DIR/NAME.lifeN.log, one line per life to RUNS_DIR/NAME.lives.
+# Each life's output goes to RUNS_DIR/NAME.lifeN.log, one line per life to RUNS_DIR/NAME.lives;
+# running the script again with the same RUNS_DIR and NAME resumes the drill.
 set -u
 RUNS=${1:-runs}
 NAME=${2:-fault_drill}
@@ -47,6 +48,11 @@ ARGS=(-c configs/quickstart.toml --runs "$RUNS" -o name="$NAME"
 mkdir -p "$RUNS"
 life=0
 resume=()
+# run again after a life ended for a reason outside the injector, the drill goes on from there
+if [ -s "$RUNS/$NAME.lives" ]; then
+  life=$(wc -l < "$RUNS/$NAME.lives")
+  resume=(--resume)
+fi
 while true; do
   start=$(date +%s)
   "$PY" -m looprl train "${ARGS[@]}" "${resume[@]}" > "$RUNS/$NAME.life$life.log" 2>&1

@@ -147,6 +147,31 @@ class FleetStats:
     events: deque[str] = field(default_factory=lambda: deque(maxlen=50))
 
 
+def _init_ray(ray: Any, kwargs: dict[str, Any], address: str | None) -> None:
+    """Join Ray, or start a head of our own when no address is given. A head Ray starts here
+    waits a fixed 30 s for its raylet and then raises a bare Exception; on an overloaded machine
+    that is a slow start, not a broken setup, so a head of our own is started up to three
+    times before the fleet gives up."""
+    attempts = 1 if address else 3
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise FleetError(f"cannot join Ray at fleet.address={address!r}: {e}; start the "
+                             "head with `ray start --head` and pass its HOST:PORT") from None
+        except Exception as e:  # Ray's own startup timeout is a bare Exception
+            if "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
+            if attempt == attempts:
+                raise FleetError(f"Ray did not start ({attempts} tries, 30 s each): {e} Free "
+                                 "some CPU, or start Ray yourself with `ray start --head` and "
+                                 "pass fleet.address") from None
+            log.warning("Ray's head timed out starting (try %d of %d); starting it again",
+                           attempt, attempts)
+
+
 class RayFleet:
     """See the module docstring. Implements the runner's ``Executor`` (``open_group``,
     ``close_group``, ``attempt``) and the trainer's weight hand-off (``update_weights``)."""
@@ -211,12 +236,7 @@ class RayFleet:
                                       "logging_level": logging.WARNING}
             if self.cfg.experimental.node_ip:
                 kwargs["_node_ip_address"] = self.cfg.experimental.node_ip
-            try:
-                ray.init(**kwargs)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                raise FleetError(f"cannot join Ray at fleet.address={self.cfg.address!r}: {e}; "
-                                 "start the head with `ray start --head` and pass its HOST:PORT"
-                                 ) from None
+            _init_ray(ray, kwargs, self.cfg.address)
             self._owns_ray = True
         self._tokenizer_ref = ray.put(self.spec.tokenizer)
 
