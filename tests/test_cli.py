@@ -227,3 +227,13 @@ def test_help_shows_flags_without_a_value_and_no_rst():
     for name, _, _ in SUBCOMMANDS:
         out = CliRunner().invoke(app, [name, "--help"], terminal_width=200).output
         assert "``" not in out, name
+
+
+def test_a_run_that_failed_its_input_checks_can_be_run_again_without_fresh(tmp_path):
+    args = ("train", "-c", str(Path(__file__).parents[1] / "configs" / "train_cpu.toml"), "-o",
+            f"tasks.train_file={tmp_path / 'nope.jsonl'}", "--runs", str(tmp_path / "runs"))
+    for _ in range(2):  # the second is the same error, not "holds an earlier run"
+        r = looprl(*args)
+        assert r.returncode == 2 and "nope.jsonl not found" in r.stderr, r.stderr
+    state = json.loads((tmp_path / "runs" / "train_cpu" / "state.json").read_text())
+    assert state["status"] == "failed" and state["stage"] == "tasks"

@@ -7,7 +7,8 @@ from looprl import rundir
 from looprl.rundir import RunDir
 
 ON_DISK = {
-    "config": "config.json", "report": "report.md", "tasks": "tasks",
+    "config": "config.json", "report": "report.md", "tasks": "tasks", "state": "state.json",
+    "clock": "clock.json",
     "model_init": "model_init", "validation_demos": "demos_validation.jsonl",
     "sft_loss": "sft_loss.png", "model_start": "model_start", "model_sft": "model_sft",
     "start_record": "start.json", "metrics": "metrics.jsonl", "tensorboard": "tb",

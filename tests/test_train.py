@@ -145,9 +145,14 @@ def test_a_run_that_failed_its_input_checks_does_not_keep_its_name(tmp_path):
         train_run._claim(cfg, rd, resume=False)
     runstate.mark(rd.root, "training", stage="RL")  # this process: alive
     state = json.loads(rd.state.read_text())
-    rd.state.write_text(json.dumps({**state, "pid": os.getppid()}))  # a live other process
+    rd.state.write_text(json.dumps({**state, "pid": os.getppid(),  # a live other process
+                                    "started": runstate._started(os.getppid())}))
     with pytest.raises(ConfigError, match="being trained right now"):
         train_run._claim(cfg, rd, resume=True)
+    rd.state.write_text(json.dumps({**state, "pid": os.getppid(), "started": "1"}))
+    assert runstate.read(rd.root).status == "killed"  # its pid now names another process
+    with pytest.raises(ConfigError, match="holds an earlier run \\(killed\\)"):
+        train_run._claim(cfg, rd, resume=False)
 
 
 def test_resume_with_a_bigger_budget_continues_a_finished_run(tmp_path, capsys):
@@ -187,3 +192,15 @@ def test_ctrl_c_leaves_a_report_that_says_how_to_continue(tmp_path):
     text = write_stopped_report(tmp_path, _cfg(), "RL", rows, "step_00000002").read_text()
     assert "(stopped)" in text and "RL: 2 steps logged, 3 groups, 1.5 min" in text
     assert "-0.500 → -0.250" in text and "ckpt/step_00000002" in text and "--resume" in text
+
+
+def test_a_model_path_without_a_chat_template_is_one_line_before_the_tasks(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 8}))
+    cfg = _cfg(f"model.path={tmp_path}")
+    with pytest.raises(ConfigError, match="no chat template"):
+        stages.check_model_path(cfg)
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    stages.check_model_path(cfg)  # transformers' own place for it
+    with pytest.raises(ConfigError, match="not a HF checkpoint"):
+        stages.check_model_path(_cfg(f"model.path={tmp_path / 'missing'}"))

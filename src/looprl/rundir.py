@@ -7,10 +7,10 @@
 
 Writers and readers (training, the trainer, the dashboard, bench, benchmarks and scripts) take
 their paths from here, so a name changes in one place. A ``looprl train`` run, stage by stage
-(``looprl.train.run``): ``config.json``; ``tasks/``; ``model_init/``, ``demos_validation.jsonl``,
+(``looprl.train.run``): ``config.json``, ``state.json`` (``looprl.runstate``); ``tasks/``; ``model_init/``, ``demos_validation.jsonl``,
 ``sft_loss.png``, ``model_start/`` and ``start.json``; ``eval_start*.json``; RL's
 ``metrics.jsonl``, ``tb/``, ``ckpt/``, ``weights/``, ``trajectories/train.jsonl``, ``fleet.json``,
-``infra.json``, ``faults.jsonl`` (with fault injection), ``reward_curve.png``, ``rl.json`` and ``model_rl/``; ``eval_rl*.json``; ``report.md``,
+``infra.json``, ``faults.jsonl`` (with fault injection), ``clock.json``, ``reward_curve.png``, ``rl.json`` and ``model_rl/``; ``eval_rl*.json``; ``report.md``,
 ``turn_accuracy.json``, ``dashboard.html``. A real-time loop run (``looprl feedback loop``) shares
 ``config.json`` and ``report.md`` and adds ``feedback.db``, ``policies/``, ``server.json``,
 ``users.json``, ``users_tasks.jsonl``, ``gate/``, ``cycles.jsonl``, ``final_ab.json``, ``ab.png``,

@@ -1,12 +1,13 @@
 """Where a ``looprl train`` run stands, in ``runs/<name>/state.json``: written by the run, read
-by the dashboard, ``looprl model serve`` and the next ``looprl train`` on the same name.
+by the dashboard and the next ``looprl train`` on the same name.
 
     mark(run_dir, "training")            # pid and host recorded: a reader can tell a dead one
     mark(run_dir, "failed", error="ConfigError: ...", stage="tasks")
     read(run_dir).status                 # "training" | "finished" | "stopped" | "failed" | "killed"
 
 ``killed`` is never written: it is what a reader on the same host sees when the state says
-``training`` but that process is gone (``kill -9``, a machine that rebooted). A run directory
+``training`` but that process is gone (``kill -9``, a machine that rebooted; a pid reused by
+another process is told apart by its start time, on Linux). A run directory
 without ``state.json`` (older runs) reads as ``finished`` when it holds ``report.md``, else as
 ``unknown``. What this does not do: tell a dead process on another host from a live one (the
 state then stays ``training``), or lock a run directory against two writers started in the same
@@ -57,20 +58,33 @@ def mark(run_dir: Path, status: str, *, stage: str = "", error: str = "") -> Non
     path = _path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"status": status, "stage": stage, "error": error, "pid": os.getpid(),
-            "host": socket.gethostname(), "updated": time.time()}
+            "started": _started(os.getpid()), "host": socket.gethostname(),
+            "updated": time.time()}
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(body))
     tmp.replace(path)
 
 
-def _pid_alive(pid: int) -> bool:
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, Linux's /proc); "" elsewhere or
+    when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]  # field 22; the name before ")" may hold spaces
+
+
+def _pid_alive(pid: int, started: str) -> bool:
+    """Whether the process that wrote the state still runs: its pid exists and, where /proc
+    tells, started when the writer did (a reused pid is another process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        return True
-    return True
+        pass
+    return not started or _started(pid) in ("", started)
 
 
 def read(run_dir: Path) -> RunState:
@@ -78,13 +92,14 @@ def read(run_dir: Path) -> RunState:
     path = _path(run_dir)
     try:
         raw = json.loads(path.read_text())
+        started = str(raw.get("started", ""))
         state = RunState(str(raw["status"]), str(raw.get("stage", "")), str(raw.get("error", "")),
                          int(raw.get("pid", 0)), str(raw.get("host", "")),
                          float(raw.get("updated", 0.0)))
     except (OSError, ValueError, KeyError, TypeError):
         return RunState("finished" if RunDir(run_dir).report.is_file() else "unknown")
     if (state.status == "training" and state.host == socket.gethostname() and state.pid
-            and not _pid_alive(state.pid)):
+            and not _pid_alive(state.pid, started)):
         return RunState("killed", state.stage, state.error, state.pid, state.host, state.updated)
     return state
 

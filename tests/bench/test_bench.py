@@ -347,3 +347,4 @@ def test_gate_never_passes_a_difference_it_cannot_tell_from_zero():
     noisy = compare(_report([0, 1] * 10, 0), _report([1, 0] * 10, 0), min_gain=0.01)
     assert noisy.diffs[0].lo < 0 < noisy.diffs[0].hi and not noisy.passed
     assert compare(nothing, _report([1] * 20, 0), min_gain=0.01).passed  # a real gain still does
+    assert compare(nothing, nothing, zero_is_evidence=True).passed  # the real-time loop's screen

@@ -192,6 +192,7 @@ def test_a_runs_state_shows_finished_stopped_failed_or_killed(run_copy: Path, tm
     runstate.mark(run_copy, "finished", stage="report")
     assert load_run(run_copy).state.status == "finished"
     assert render.train_status(load_run(run_copy)) == "finished"
+    assert " · finished · updated" in render.run_section(load_run(run_copy), "r")  # an export too
     runstate.mark(run_copy, "stopped", stage="RL")
     run = load_run(run_copy)
     assert render.train_status(run) == "stopped (RL)"

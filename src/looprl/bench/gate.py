@@ -252,7 +252,10 @@ def _bootstrap(a: list[float], b: list[float], n_boot: int, rng: random.Random
 
 def compare(a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 2000, seed: int = 0,
             max_drop: Share = 0.02, min_gain: float = 0.0, max_infra_share: float = 0.05,
-            max_infra_increase: float = 0.0) -> Comparison:
+            max_infra_increase: float = 0.0, zero_is_evidence: bool = False) -> Comparison:
+    """The gate's verdict on report ``b`` against ``a`` (module docstring). With
+    ``zero_is_evidence`` a pass@1 of 0 on both sides passes as "not worse" (a screen before an
+    A/B test that decides, as the real-time loop's); by default it fails: nothing was shown."""
     common = sorted(set(a["per_task"]) & set(b["per_task"]))
     if not common:
         raise ConfigError("the two reports share no task ids; run both on the same task file")
@@ -280,7 +283,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 2000, seed: i
             f"not promoted: its rollouts failed as infrastructure more than its parent's "
             f"({shares[1]:.1%}: {_by_kind(b)} vs {shares[0]:.1%}; max_infra_increase="
             f"{max_infra_increase:g}); pass@1 diff {p1.diff:+.3f}"), precision(a, b), shares)
-    if p1.a == 0 and p1.b == 0:
+    if p1.a == 0 and p1.b == 0 and not zero_is_evidence:
         # Nothing passed on either side: a difference of 0 with a CI of [0, 0] is no evidence
         # the candidate works, only that neither does.
         ok, why = False, ("no evidence: pass@1 is 0 for both base and candidate on "

@@ -335,7 +335,7 @@ def run_section(run: RunData, prefix: str, *, title_href: str | None = None) -> 
     n = len(run.rows)
     return (f'<section id="{esc(prefix)}"><h2>training — {title}</h2>'
             f'<div class="muted" data-live>{esc(str(run.path))} · {n} step{"s" * (n != 1)} logged'
-            f" · updated {esc(ago(run.mtime))}</div>"
+            f" · {train_status(run)} · updated {esc(ago(run.mtime))}</div>"
             f'<div data-live>{problems(run.problems)}</div>{run_cards(run)}{skipped_note(run)}'
             + charts_grid(run_charts(run.rows, TRAINING_PANELS), prefix + "-t")
             + "<h3>rollout and trainer throughput</h3>" + cards(run.last, THROUGHPUT_CARDS)

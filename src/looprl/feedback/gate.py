@@ -55,7 +55,9 @@ def gate_reports(current: dict[str, Any], candidate: dict[str, Any], max_drop: f
         errors = {s["error"] for r in (current, candidate) for s in r["samples"] if s["error"]}
         return {"passed": None, "n_tasks": 0, "reason": "the bench graded no task (infrastructure "
                 f"errors, never the model's fault): {sorted(errors)[:2]}"}
-    c = compare(current, candidate, max_drop=max_drop, min_gain=min_gain)
+    # a screen before the users' A/B, which decides: a candidate no worse on tasks neither
+    # policy solves goes on to it (the A/B's resolved share and follow-ups tell them apart)
+    c = compare(current, candidate, max_drop=max_drop, min_gain=min_gain, zero_is_evidence=True)
     p1 = c.diffs[0]
     return {"passed": c.passed, "reason": c.reason, "n_tasks": c.n_tasks,
             "pass1_current": p1.a, "pass1_candidate": p1.b, "ci_low": p1.lo, "ci_high": p1.hi}

@@ -343,6 +343,8 @@ def _stages(cfg: TrainConfig, rd: RunDir, resume: bool, dist: ddp.DistInfo, life
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, rd.config)
+        life.at("model")
+        stages.check_model_path(cfg)  # minutes before the model stage would find it
         life.at("tasks")
     reopened_at = _reopen_rl(cfg, rd) if resume and dist.is_main else None
     reopened_at = ddp.broadcast_object(reopened_at, dist)

@@ -100,6 +100,39 @@ def save_model(model: Any, tok: Any, dest: Path) -> Path:
     return dest
 
 
+def has_chat_template(path: Path) -> bool:
+    """Whether the HF checkpoint at ``path`` ships a chat template (in ``tokenizer_config.json``
+    or beside it, as transformers saves it), read without loading the tokenizer."""
+    import json
+
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((path / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_model_path(cfg: TrainConfig) -> None:
+    """``model.path`` names a HF checkpoint the harness can talk to (config.json, a chat
+    template): a one-line error now, before the tasks are built, not a traceback later."""
+    if not cfg.model.path:
+        return
+    from looprl.models.hub import resolve_model_path
+
+    path = resolve_model_path(cfg.model.path)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model.path={cfg.model.path} is not a HF checkpoint (no "
+                          f"config.json in {path}); give a directory written by "
+                          "save_pretrained or a hub id, or leave it empty for the default model")
+    if not has_chat_template(path):
+        raise ConfigError(f"model.path={cfg.model.path}: its tokenizer has no chat template (none "
+                          f"in {path}/tokenizer_config.json, no chat_template.jinja), and the "
+                          "harness renders every conversation with it; use the chat/instruct "
+                          "variant of the model, or set tokenizer.chat_template and "
+                          "save_pretrained it there")
+
+
 def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
     """The model this run trains: the checkpoint in ``model.path``, or a fresh copy of the
     default model (pretrained later, by ``pretrain_model``, once the demos exist)."""
@@ -108,12 +141,8 @@ def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
     if cfg.model.path:  # a real checkpoint (a directory or a hub id): train it as it is
         from looprl.models.hub import resolve_model_path
 
-        path = resolve_model_path(cfg.model.path)
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model.path={cfg.model.path} is not a HF checkpoint (no "
-                              f"config.json in {path}); give a directory written by "
-                              "save_pretrained or a hub id, or leave it empty for the default model")
-        return path
+        check_model_path(cfg)
+        return resolve_model_path(cfg.model.path)
     with console.status(f"the default model ({cfg.model.size}) and its tokenizer"):
         cache = default_model_dir(cfg.model.size, cfg.seed)
     dest = RunDir(run_dir).model_init
