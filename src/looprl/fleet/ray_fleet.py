@@ -162,6 +162,9 @@ class RayFleet:
         self._nodes: dict[str, dict[str, Any]] = {}
         self._failures: dict[str, int] = {}
         self._retry_at: dict[str, float] = {}
+        self._fatal: str | None = None
+        """A member that could not start for a config error (the same on every try and every
+        node): ``start`` stops at once with it instead of retrying until its timeout."""
         self._spawned = 0
         """Members spawned so far: each draws its own fault stream (``_member_faults``)."""
         self._background: set[asyncio.Task[None]] = set()
@@ -183,6 +186,9 @@ class RayFleet:
         fleet._watcher = asyncio.create_task(fleet._watch())
         deadline = time.monotonic() + x.start_timeout_s
         while len(fleet._live()) < x.min_nodes:
+            if fleet._fatal is not None:
+                await fleet.close()
+                raise ConfigError(f"{fleet._fatal} (a config error: not retried)")
             if time.monotonic() > deadline:
                 await fleet.close()
                 raise FleetError(
@@ -429,6 +435,9 @@ class RayFleet:
         except (RayError, asyncio.TimeoutError) as e:
             why = "timed out" if isinstance(e, asyncio.TimeoutError) else \
                 f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, ConfigError):  # e.g. a model path the node cannot read
+                self._fatal = f"node {m.address} could not start its member: {cause}"
             self._lose(m, f"could not start ({why})")
             return
         m.state, m.version, m.since = "live", got, time.monotonic()
