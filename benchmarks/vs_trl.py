@@ -189,7 +189,9 @@ def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Curve
             num_generations=args.group_size, max_completion_length=args.max_new_tokens,
             temperature=1.0, top_p=1.0, loss_type="dr_grpo", scale_rewards="none", beta=0.0,
             num_iterations=1, seed=args.seed, shuffle_dataset=False, bf16=False,
-            max_grad_norm=1.0, weight_decay=0.0, dataloader_num_workers=0, disable_dropout=True)
+            max_grad_norm=1.0, weight_decay=0.0, dataloader_num_workers=0, disable_dropout=True,
+            # trl 1.16 turns checkpointing on by default; looprl's step does not recompute
+            gradient_checkpointing=False)
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds,
                               processing_class=tok)
         gen = trainer._generate_and_score_completions

@@ -29,14 +29,16 @@ Last line, for the default store config (``WeightStoreConfig``) through S3 (loca
 ``delta_bytes_fraction=`` the same over the uncompressed bf16 snapshot (flattering; the figure
 earlier versions of this benchmark printed),
 ``publish_ms=`` / ``publish_full_ms=`` and ``apply_ms=`` / ``fetch_full_ms=`` (a reader holding
-v-1 rebuilds v / a reader fetches full v), and ``speedup=`` (full publish + fetch) / (delta
-publish + apply).
+v-1 rebuilds v / a reader fetches full v), ``speedup=`` (full publish + fetch) / (delta
+publish + apply) in wall time, and ``speedup_cpu=`` the same in CPU time of this process and
+the S3 server's (steadier than wall time on a shared machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -107,15 +109,42 @@ def s3_server() -> Iterator[dict[str, Any]]:
             raise SystemExit(f"moto server did not start (printed {line!r}); "
                              "pip install s3fs 'moto[server]' or run with --store local")
         yield {"endpoint_url": f"http://127.0.0.1:{int(line)}", "key": "bench", "secret": "bench",
-               "skip_instance_cache": True}  # a client per store, as on separate nodes
+               "skip_instance_cache": True,  # a client per store, as on separate nodes
+               "_pid": proc.pid}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
+def server_cpu_s(options: dict[str, Any]) -> float:
+    """CPU-seconds the S3 server's process has used (0 without one): its share of the work."""
+    pid = options.get("_pid")
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Clock:
+    """Wall ms and CPU ms (this process and the S3 server's) of one timed call."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+
+    def __enter__(self) -> Clock:
+        self.w, self.c = time.perf_counter(), time.process_time() + server_cpu_s(self.options)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall_ms = (time.perf_counter() - self.w) * 1e3
+        self.cpu_ms = (time.process_time() + server_cpu_s(self.options) - self.c) * 1e3
+
+
 def open_store(where: str, name: str, options: dict[str, Any], **kw: Any) -> FsspecWeightStore:
     url = f"s3://bench/{name}" if options else f"{where}/{name}"
-    return FsspecWeightStore(url, storage_options=options, **kw)
+    return FsspecWeightStore(url, storage_options={k: v for k, v in options.items() if k != "_pid"},
+                             **kw)
 
 
 def measure(versions: list[dict[str, torch.Tensor]], codec: str, level: int, where: str,
@@ -127,24 +156,30 @@ def measure(versions: list[dict[str, torch.Tensor]], codec: str, level: int, whe
     d_bytes, f_bytes, d_pub, f_pub = [], [], [], []
     for v, sd in enumerate(versions):
         for store, times, sizes in ((delta, d_pub, d_bytes), (full, f_pub, f_bytes))[::(-1) ** v]:
-            t0 = time.perf_counter()
-            store.publish(sd, v)
-            times.append((time.perf_counter() - t0) * 1e3)
+            with Clock(options) as c:
+                store.publish(sd, v)
+            times.append(c)
             sizes.append(store.last_publish.blob_bytes)
     d_reader = open_store(where, f"{tag}-delta", options)
     f_reader = open_store(where, f"{tag}-full", options)
     d_reader.fetch(0)
-    apply, fetch = [], []
+    apply: list[Clock] = []
+    fetch: list[Clock] = []
     for v in range(1, len(versions)):
         for reader, times in ((d_reader, apply), (f_reader, fetch))[::(-1) ** v]:
-            t0 = time.perf_counter()
-            reader.fetch(v)
-            times.append((time.perf_counter() - t0) * 1e3)
+            with Clock(options) as c:
+                reader.fetch(v)
+            times.append(c)
     n_params = sum(t.numel() for k, t in versions[0].items() if k != "lm_head.weight")
-    med = statistics.median
+
+    def med(cs: list[Clock], what: str = "wall_ms") -> float:
+        return statistics.median(getattr(c, what) for c in cs)
+
     return {"delta_bytes": statistics.mean(d_bytes[1:]), "full_bytes": statistics.mean(f_bytes[1:]),
             "raw_bf16": 2 * n_params, "publish_ms": med(d_pub[1:]), "publish_full_ms": med(f_pub[1:]),
-            "apply_ms": med(apply), "fetch_full_ms": med(fetch)}
+            "apply_ms": med(apply), "fetch_full_ms": med(fetch),
+            "cpu_delta_ms": med(d_pub[1:], "cpu_ms") + med(apply, "cpu_ms"),
+            "cpu_full_ms": med(f_pub[1:], "cpu_ms") + med(fetch, "cpu_ms")}
 
 
 def report(label: str, r: dict[str, float]) -> str:
@@ -153,7 +188,8 @@ def report(label: str, r: dict[str, float]) -> str:
             f"delta_bytes_fraction={r['delta_bytes'] / r['raw_bf16']:.4f} "
             f"publish_ms={r['publish_ms']:.0f} publish_full_ms={r['publish_full_ms']:.0f} "
             f"apply_ms={r['apply_ms']:.0f} fetch_full_ms={r['fetch_full_ms']:.0f} "
-            f"speedup={speedup:.2f} store={label}")
+            f"speedup={speedup:.2f} speedup_cpu={r['cpu_full_ms'] / r['cpu_delta_ms']:.2f} "
+            f"store={label}")
 
 
 def main() -> None:

@@ -41,3 +41,14 @@ def test_the_public_api_imports_light_and_names_resolve():
             "assert not missing, missing; from looprl.train import TrainConfig; "
             "assert looprl.TrainConfig is TrainConfig")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.slow  # imports every package (torch, transformers) in a fresh interpreter
+def test_every_packages_lazy_exports_resolve():
+    """A module renamed or split must take its package's lazy export table along."""
+    pkgs = ["sandbox", "tasks", "harness", "trainer", "serve", "feedback", "search", "rewards",
+            "weights", "models", "dashboard"]
+    code = (f"import importlib; pkgs = {pkgs!r}; missing = [p + '.' + n for p in pkgs "
+            "for m in [importlib.import_module('looprl.' + p)] for n in m.__all__ "
+            "if not hasattr(m, n)]; assert not missing, missing")
+    subprocess.run([sys.executable, "-c", code], check=True)
