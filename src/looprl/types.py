@@ -109,6 +109,30 @@ class Verifier(_Record):
 
 
 @dataclass(frozen=True)
+class EvalScript(_Record):
+    """A script whose log grades the final workspace (SWE-bench v5's ``eval_script``): it runs
+    in a fresh sandbox over the graded diff, its log is read by ``log_parser`` into per-test
+    statuses and judged by ``contract`` (``looprl.rewards.graded``)."""
+
+    script: str
+    """The bash script (it applies hidden tests and runs them between SWE-bench's markers)."""
+    log_parser: str = "pytest"
+    """A name of ``looprl.rewards.logparse.PARSERS``."""
+    contract: str = "swebench"
+    """A name of ``looprl.rewards.graded.CONTRACTS``."""
+    workdir: str = ""
+    """Where the workspace sits for the script (``/testbed``); empty: the repo's own path."""
+    expected: dict[str, str] = field(default_factory=dict)
+    """The ``r2egym`` contract's expected statuses (``expected_output_json``)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalScript:
+        return cls(script=str(d["script"]), log_parser=str(d.get("log_parser", "pytest")),
+                   contract=str(d.get("contract", "swebench")), workdir=str(d.get("workdir", "")),
+                   expected={str(k): str(v) for k, v in (d.get("expected") or {}).items()})
+
+
+@dataclass(frozen=True)
 class Grader(_Record):
     """How a task is graded: its own test suite, run in a fresh sandbox over the agent's diff."""
 
@@ -128,6 +152,9 @@ class Grader(_Record):
     verifier: Verifier | None = None
     """Set: the task is graded by this verifier's reward file instead of the node ids above
     (``test_command`` is then the verifier's own command line, for people reading the task)."""
+    eval: EvalScript | None = None
+    """Set: the task is graded by this script's log, read per test and judged by its family's
+    rule (the tests above are the ones the rule grades)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Grader:
@@ -139,6 +166,7 @@ class Grader(_Record):
             timeout_s=float(d.get("timeout_s", 120.0)),
             test_patch=str(d.get("test_patch", "")),
             verifier=Verifier.from_dict(d["verifier"]) if d.get("verifier") else None,
+            eval=EvalScript.from_dict(d["eval"]) if d.get("eval") else None,
         )
 
 

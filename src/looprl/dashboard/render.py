@@ -318,7 +318,7 @@ def runs_table(runs: Sequence[RunData], href: Callable[[RunData], str] | None,
                      esc(fmt(last.get("reward/total_mean"))),
                      esc(fmt(last.get("rollout/pass_rate"))), str(len(run.skipped_steps))]
                     if not run.is_loop else ["—", esc(ago(run.mtime)), "—", "—", "—"])
-        rows.append(box + [name, loop_status(run) if run.is_loop else "training", *training,
+        rows.append(box + [name, loop_status(run) if run.is_loop else train_status(run), *training,
                            esc(evals), str(len(run.problems))])
     msgs = [f"{run.name}: {p}" for run in runs for p in run.problems]
     body = table(head, rows, "runs") + problems(msgs[:10]) + (
@@ -402,6 +402,16 @@ def trajectories_section(run: RunData, counts: dict[str, int], href: Callable[[s
 
 NO_KEPT = "an arm had no session with an edit"
 """Why a kept rate (and its B − A) has no value: it is measured on sessions with an edit event."""
+
+
+def train_status(run: RunData) -> str:
+    """The runs list's cell of a train run: its state (``looprl.runstate``), and the stage a
+    run still training, or one that ended early, was in."""
+    st = run.state
+    if st.status == "unknown":  # no state.json: a run older than it, or not a train run
+        return "training" if not run.report_md else "finished"
+    stage = f" ({esc(st.stage)})" if st.stage and st.status != "finished" else ""
+    return f"{esc(st.status)}{stage}"
 
 
 def loop_status(run: RunData) -> str:

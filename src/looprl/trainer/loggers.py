@@ -105,6 +105,20 @@ def read_metrics(path: Path, last_step: int | None = None) -> list[dict[str, Any
     return rows
 
 
+def groups_without_pass(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(groups trained, those of them where no rollout passed the tests) over metrics rows.
+    Equal and nonzero: RL never saw a pass, so the tests gave it no signal and only the shaping
+    terms (length, broken calls, ...) moved the policy.
+
+    >>> groups_without_pass([{"tasks": ["a", "b"], "train/no_pass_groups": 2.0},
+    ...                      {"tasks": ["c"], "train/no_pass_groups": 0.0}])
+    (3, 2)
+    """
+    groups = sum(len(r.get("tasks", ())) for r in rows if "train/no_pass_groups" in r)
+    no_pass = sum(int(r["train/no_pass_groups"]) for r in rows if "train/no_pass_groups" in r)
+    return groups, no_pass
+
+
 class JsonlLogger:
     """``run_dir/metrics.jsonl``: one JSON object per step, appended as it is trained."""
 
