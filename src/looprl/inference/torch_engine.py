@@ -30,6 +30,10 @@ numbers of tokens; a row's rejected drafts leave KV past its length, which its n
 overwrites (the cache is position-addressed, so rollback is the length alone). Heads
 are swapped with the weights (their keys are part of ``model.state_dict()``). ``auto`` measures
 plain and speculative steps per batch size and uses the faster one (``engine.metrics()``).
+
+MoE models (Qwen3-MoE): every ``Generation`` carries ``routes``, the top-k experts of each MoE
+layer at the position each sampled token was sampled from (uint8), which the trainer can replay
+(``looprl.models.moe``, ``grpo.experimental.router_replay``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ Sizes (``SIZES``) were compared with ``benchmarks/engine.py --engine-only --turn
 tiny 0.63M params 1,323 tok per CPU-second, small 3.5M 379, medium 10.2M 201. "small" is the
 default: a group of 8 three-turn rollouts (~6k tokens) costs ~16 CPU-seconds, so an RL run takes
 minutes, while "tiny" has too little capacity to learn the tool-call format well.
+"moe" is a Qwen3-MoE of "small"'s attention with 8 experts, top-2 (~5.2M params, ~2.3M active),
+trained by the same stages with a load-balancing loss (``MOE_AUX_LOSS_COEF``); the torch engine
+records its routes and the GRPO step can replay them (``looprl.models.moe``).
 """
 
 from __future__ import annotations

@@ -171,7 +171,8 @@ class StepMetrics:
     router_disagree_L: tuple[float, ...] = ()
     """The same per MoE layer (``router_disagree_l{i}`` in ``to_dict``)."""
     moe_aux_loss: float = 0.0
-    """MoE models: the load-balancing loss (mean over micro-batches; 1.0 = perfectly balanced)."""
+    """MoE models: the load-balancing loss (mean over micro-batches; top-k when every
+    expert gets the same share of tokens and router probability, more as routing concentrates)."""
 
     def to_dict(self) -> dict[str, float]:
         moe = ("router_disagree_L", "router_disagree", "moe_aux_loss")
