@@ -99,12 +99,24 @@ def build_cmd(
             bar.update(job, description=spec)
             sub = bar.add_task(f"  {spec} tasks", total=max_tasks)
 
-            def tick(what: str, n: int, sub: TaskID = sub) -> None:
+            def tick(what: str, n: int, sub: TaskID = sub, spec: str = spec,
+                     tried: list[int] = [0]) -> None:  # noqa: B006 (one list per package)
                 if what == "validated":
                     bar.advance(sub, n)
+                elif what == "tried":  # off a terminal, the minute's line says it is screening
+                    tried[0] += n
+                    bar.update(sub, description=f"  {spec} tasks ({tried[0]} bugs tried)")
 
             try:
                 snap = fetch_package(spec)
+                if "==" not in spec:  # the newest release today: another one on another day
+                    bar.console.print(f"{spec}: no version given, using the newest release, "
+                                      f"{snap.name}=={snap.version} (pin it for the same tasks "
+                                      "on any machine)", highlight=False)
+                if not bar.console.is_terminal:  # no live bar: say what the wait is
+                    bar.console.print(f"{snap.name}=={snap.version}: screening candidate bugs "
+                                      f"(at most {budget_s:g} s), a progress line a minute",
+                                      highlight=False)
                 all_tasks += build_package_tasks(snap, cfg, tick)
                 if releases:
                     all_tasks += build_release_tasks(snap, releases, cfg, tick)
