@@ -14,8 +14,12 @@ JSON-encoded strings in SWE-bench's parquet and lists elsewhere; both are read. 
 - ``swesmith``: ``patch`` *introduces* the bug (the task repo is the clean repo with it applied,
   the gold patch its reverse) and there is no test patch; its own grader counts a test absent
   from the log as passed. Here every graded test must be reported passed: absent is failed.
-R2E-Gym rows (graded by an exact match of the parsed statuses with ``expected_output_json``,
-shipped as Docker images) are not read: see docs/tasks.md.
+- ``r2egym``: rows are checked and refused in one line naming their image (their tests and
+  runner are files of the image only); their rule is ``rewards.graded.r2egym``.
+A row with an ``eval_script`` (SWE-bench v5, with ``log_parser`` and ``eval_type``) is graded by
+that script's log (``Grader.eval``, ``rewards.evalscript``) unless it carries the ``looprl``
+column (``grade_by`` chooses); exported rows carry both. A SWE-bench task repo (``sweb.yaml`` +
+``tasks/<id>/``) reads as rows (``read_task_repo``).
 
 Offline, a repository comes from a directory of git clones (``repos``); a row whose repository
 or commit is not there is skipped with one line (as is one that names only a Docker image). The
