@@ -327,5 +327,53 @@ def test_a_file_with_bad_rows_imports_the_rest_and_names_the_bad(looprl_home, cl
     assert "not in" in why["bad-commit"] and "log_parser" in why["many.jsonl:11"]
 
 
+def write_task_repo(root, c):
+    """A SWE-bench task repo (``sweb.yaml`` + ``tasks/<id>/``) of one good task and two bad."""
+    import yaml
+
+    root.mkdir()
+    (root / "sweb.yaml").write_text(yaml.safe_dump({"dataset": "example/Example",
+                                                    "splits": ["test"]}))
+    good = root / "tasks" / "example__minicalc-1"
+    good.mkdir(parents=True)
+    meta = {k: v for k, v in swebench_row(c).items() if k not in (
+        "patch", "test_patch", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS")}
+    (good / "task.yaml").write_text(yaml.safe_dump({**meta, "split": "test",
+                                                    "log_parser": "parse_log_pytest"}))
+    (good / "tests.json").write_text(json.dumps({"FAIL_TO_PASS": [*CLAMP_TESTS[1:], HIDDEN],
+                                                 "PASS_TO_PASS": [CLAMP_TESTS[0], *MEAN]}))
+    (good / "gold.patch").write_text(c["fix"])
+    (good / "test.patch").write_text(c["hidden"])
+    (good / "eval.sh").write_text(v5_script(c))
+    (good / "problem_statement.md").write_text("clamp ignores the upper bound\n")
+    (root / "tasks" / "bad-yaml").mkdir()
+    (root / "tasks" / "bad-yaml" / "task.yaml").write_text("instance_id: [unclosed\n")
+    (root / "tasks" / "no-yaml").mkdir()
+    return root
+
+
+def test_a_swebench_task_repo_reads_as_rows(clones, tmp_path):
+    rows = dict(swebench.read_rows(write_task_repo(tmp_path / "repo", clones)))
+    assert "cannot be read" in rows["tasks/bad-yaml"] and "\n" not in rows["tasks/bad-yaml"]
+    assert "cannot be read" in rows["tasks/no-yaml"]
+    row = parse_row(rows["tasks/example__minicalc-1"], "tasks/example__minicalc-1")
+    assert row.fail_to_pass == (*CLAMP_TESTS[1:], HIDDEN) and row.patch == clones["fix"]
+    assert row.eval_script == v5_script(clones) and row.log_parser == "parse_log_pytest"
+    with pytest.raises(TaskError, match="has no sweb.yaml"):
+        swebench.read_rows(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_bwrap
+@skip_without_sandbox
+def test_a_swebench_task_repo_imports(looprl_home, clones, tmp_path):
+    report = asyncio.run(import_swebench(write_task_repo(tmp_path / "repo", clones),
+                                         tmp_path / "s", repos=clones["dir"]))
+    (t,) = report.tasks
+    assert t.grader.eval is not None and sorted(dict(report.skipped)) == ["tasks/bad-yaml",
+                                                                          "tasks/no-yaml"]
+    assert asyncio.run(grade(t, t.gold_patch, cache=False)).score == 1.0
+
+
 def test_the_doctests_run():
     assert doctest.testmod(swebench).failed == 0

@@ -191,8 +191,8 @@ def import_harbor_cmd(
 
 @import_app.command("swebench")
 def import_swebench_cmd(
-    rows: Annotated[Path, typer.Argument(help="JSONL or parquet rows", exists=True,
-                                         dir_okay=False)],
+    rows: Annotated[Path, typer.Argument(help="JSONL, JSON or parquet rows, or a SWE-bench "
+                                         "task repo (sweb.yaml + tasks/<id>/)", exists=True)],
     out: Annotated[Path, typer.Option("--out", help="JSONL task file to write", dir_okay=False)],
     repos: Annotated[Path | None, typer.Option(help="directory of git clones (OWNER__NAME[.git]"
                                                " or NAME[.git]): where repositories come from "

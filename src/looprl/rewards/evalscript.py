@@ -28,6 +28,8 @@ as ``runner_tampering``), not one that builds the line at run time.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import shlex
 import shutil
 import stat
@@ -45,6 +47,7 @@ from looprl.types import EvalScript
 SCRIPT_AT, LOG_AT = "/looprl-eval", "/looprl-log"
 EVAL_COMMAND = f"bash {SCRIPT_AT}/eval.sh > {LOG_AT}/eval.log 2>&1"
 MAX_LOG_BYTES = 32 << 20
+_STATUS_WORD = re.compile(r"\b(PASSED|FAILED|ERROR|XFAIL|SKIPPED|ok)\b")
 _OUTCOME = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "SKIPPED": "skipped",
             "XFAIL": "xfailed"}
 
@@ -75,11 +78,21 @@ def read_log(log_dir: Path) -> str:
     """The script's log (its last ``MAX_LOG_BYTES``; '' when there is none or it is not a
     regular file), read without following links."""
     with Root(log_dir) as root:
-        st = root.lstat("eval.log")
-        if st is None or not stat.S_ISREG(st.st_mode):
+        try:
+            fd = root.open("eval.log", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
             return ""
-        data = root.read("eval.log")
-    return data[-MAX_LOG_BYTES:].decode("utf-8", "replace")
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return ""
+            os.lseek(fd, max(0, st.st_size - MAX_LOG_BYTES), os.SEEK_SET)
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+    return b"".join(chunks)[-MAX_LOG_BYTES:].decode("utf-8", "replace")
 
 
 def judge(e: EvalScript, log: str, f2p: Sequence[str], p2p: Sequence[str]
@@ -102,15 +115,17 @@ def judge(e: EvalScript, log: str, f2p: Sequence[str], p2p: Sequence[str]
 
 
 def status_writes(diff: str, tests: Sequence[str]) -> tuple[str, ...]:
-    """Lines the diff adds that print a marker or a graded test's name: code of the workspace
-    writing its own test statuses into the log (``runner_tampering``).
+    """Lines the diff adds that hold a marker, or a graded test's name beside a status word:
+    code of the workspace writing its own test statuses into the log (``runner_tampering``). A
+    line naming a test without a status (``def test_sqrt``, a comment) is not one.
 
-    >>> status_writes("--- a/m.py\\n+++ b/m.py\\n@@ -1 +1 @@\\n-x\\n+print('PASSED t.py::a')\\n", ["t.py::a"])
+    >>> d = "--- a/m.py\\n+++ b/m.py\\n@@ -1 +1,2 @@\\n-x\\n+print('PASSED t.py::a')\\n+# t.py::a\\n"
+    >>> status_writes(d, ["t.py::a"])
     ("print('PASSED t.py::a')",)
     """
-    needles = (">>>>> ", *(t for t in tests if len(t) > 3))
+    names = [t for t in tests if len(t) > 3]
     return tuple(ln for fp in parse_diff(diff) for ln in fp.added_lines
-                 if any(n in ln for n in needles))
+                 if ">>>>> " in ln or (_STATUS_WORD.search(ln) and any(n in ln for n in names)))
 
 
 def write_eval_script(test_command: str, tests: Sequence[str], test_patch: str,

@@ -14,8 +14,12 @@ JSON-encoded strings in SWE-bench's parquet and lists elsewhere; both are read. 
 - ``swesmith``: ``patch`` *introduces* the bug (the task repo is the clean repo with it applied,
   the gold patch its reverse) and there is no test patch; its own grader counts a test absent
   from the log as passed. Here every graded test must be reported passed: absent is failed.
-R2E-Gym rows (graded by an exact match of the parsed statuses with ``expected_output_json``,
-shipped as Docker images) are not read: see docs/tasks.md.
+- ``r2egym``: rows are checked and refused in one line naming their image (their tests and
+  runner are files of the image only); their rule is ``rewards.graded.r2egym``.
+A row with an ``eval_script`` (SWE-bench v5, with ``log_parser`` and ``eval_type``) is graded by
+that script's log (``Grader.eval``, ``rewards.evalscript``) unless it carries the ``looprl``
+column (``grade_by`` chooses); exported rows carry both. A SWE-bench task repo (``sweb.yaml`` +
+``tasks/<id>/``) reads as rows (``read_task_repo``).
 
 Offline, a repository comes from a directory of git clones (``repos``); a row whose repository
 or commit is not there is skipped with one line (as is one that names only a Docker image). The
@@ -211,18 +215,60 @@ def _r2egym_row(row: dict[str, Any], where: str) -> None:
                     "rewards.graded.r2egym where a container backend runs the image)")
 
 
+TASK_REPO_FILES = {"patch": "gold.patch", "test_patch": "test.patch", "eval_script": "eval.sh",
+                   "problem_statement": "problem_statement.md"}
+"""SWE-bench's task-repo layout (``sweb.yaml`` + ``tasks/<id>/``): columns kept as files."""
+
+
+def read_task_repo(path: Path) -> list[tuple[str, object]]:
+    """(where, row) of each ``tasks/<id>/`` of a SWE-bench task repo: ``task.yaml`` (metadata),
+    the columns kept as files (``TASK_REPO_FILES``), ``tests.json`` (the test lists) when there
+    is one. A task directory that cannot be read is returned as its error text (one line)."""
+    import yaml
+
+    if not (path / "sweb.yaml").is_file():
+        raise TaskError(f"{path}: a directory of rows must be a SWE-bench task repo (sweb.yaml + "
+                        "tasks/<id>/task.yaml); it has no sweb.yaml")
+    dirs = sorted(d for d in (path / "tasks").glob("*") if d.is_dir()) if (
+        path / "tasks").is_dir() else []
+    rows: list[tuple[str, object]] = []
+    for d in dirs:
+        where = f"tasks/{d.name}"
+        try:
+            row = yaml.safe_load((d / "task.yaml").read_text(encoding="utf-8"))
+            if not isinstance(row, dict):
+                raise TaskError("task.yaml must hold a mapping of fields")
+            for column, name in TASK_REPO_FILES.items():
+                if (d / name).is_file():
+                    with open(d / name, encoding="utf-8", newline="") as fh:  # keep CRLF in patches
+                        row[column] = fh.read()
+            if (d / "tests.json").is_file():
+                tests = json.loads((d / "tests.json").read_text(encoding="utf-8"))
+                if not isinstance(tests, dict):
+                    raise TaskError("tests.json must hold an object (FAIL_TO_PASS, PASS_TO_PASS)")
+                row.update({k: v for k, v in tests.items() if k in ("FAIL_TO_PASS", "PASS_TO_PASS")})
+            rows.append((where, row))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError, TaskError) as e:
+            rows.append((where, f"cannot be read: {one_line(str(e))}"))
+    if not rows:
+        raise TaskError(f"{path}: no tasks/<id>/ directories")
+    return rows
+
+
 def read_rows(path: Path, limit: int = 0) -> list[tuple[str, object]]:
-    """(where, row) of a JSONL, JSON (a list) or parquet file; ``TaskError`` for a file that is
-    none of them (a bad JSONL line is returned as its error text, for the report)."""
-    if path.suffix == ".parquet":
+    """(where, row) of a JSONL, JSON (a list) or parquet file or a SWE-bench task repo
+    (``read_task_repo``); ``TaskError`` for a file that is none of them (a bad JSONL line is
+    returned as its error text, for the report)."""
+    if path.is_dir():
+        rows: list[tuple[str, object]] = read_task_repo(path)
+    elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         try:
             table = pq.read_table(path)
         except Exception as e:  # noqa: BLE001 — pyarrow raises several kinds for a bad file
             raise TaskError(f"{path}: not a parquet file ({one_line(str(e))})") from None
-        rows: list[tuple[str, object]] = [(f"{path.name}:row {i}", r)
-                                          for i, r in enumerate(table.to_pylist())]
+        rows = [(f"{path.name}:row {i}", r) for i, r in enumerate(table.to_pylist())]
     elif path.suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
