@@ -175,3 +175,23 @@ def test_mtp_and_speculation_settings_are_checked_at_load(override, says):
 def test_sft_data_and_schedule_settings_are_checked_at_load(override, says):
     with pytest.raises(ConfigError, match=says):
         load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"), override)
+
+
+@pytest.mark.parametrize("override,says", [
+    (["model.experimental.tool_format=llama"], "tool_format must be one of .*did you mean llama3"),
+    (["model.experimental.tool_format=llama3"], "tool_format 'llama3' needs model.path"),
+    (["model.experimental.tool_format=llama3", "model.path=/nonexistent/llama"],
+     "'llama3': the SFT demos .* are written as hermes calls; set demos.oracle = false")])
+def test_a_tool_format_that_cannot_work_is_refused_at_load(override, says):
+    with pytest.raises(ConfigError, match=says):
+        load_config(TrainConfig, CONFIGS[0].with_name("quickstart.toml"), override)
+
+
+def test_sft_demos_for_a_model_in_another_tool_format_are_refused():
+    from looprl.models.tokenizer import build_tokenizer
+    from looprl.train.stages import check_demo_format
+    from tests.chat_families import family_tokenizer
+
+    check_demo_format(build_tokenizer(None))  # hermes: the demos' own format
+    with pytest.raises(ConfigError, match="writes 'mistral_v11' tool calls; the SFT demos"):
+        check_demo_format(family_tokenizer("mistral_v11"))

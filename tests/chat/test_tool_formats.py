@@ -230,3 +230,17 @@ def test_mistral_call_ids_are_nine_alphanumerics():
     again = parse_turn(FORMATS["mistral"].render([("a", {})]), tool_format="mistral",
                        call_prefix="t4")
     assert again.tool_calls[0].id not in ids
+
+
+def test_every_token_that_ends_a_turn_is_one_end():
+    """A turn ending with any of the family's stop tokens ended by itself (the harness does not
+    close it again): Llama's <|eom_id|> after a call, gpt-oss's <|call|> and <|return|>."""
+    for name, ends in {"llama3": ("<|eot_id|>", "<|eom_id|>"), "harmony": ("<|call|>", "<|return|>"),
+                       "hermes": ("<|im_end|>",), "mistral": ("</s>",)}.items():
+        fmt = fmt_of(name)
+        tok = fmt.tokenizer
+        assert fmt.end_ids == {tok.convert_tokens_to_ids(e) for e in ends}, name
+        text = FORMATS[name].render([("glob", {"pattern": "*"})])
+        for e in ends:
+            turn = fmt.parse_ids(fmt.encode(text) + [tok.convert_tokens_to_ids(e)])
+            assert [c.name for c in turn.tool_calls] == ["glob"] and turn.errors == [], (name, e)

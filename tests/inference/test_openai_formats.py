@@ -110,7 +110,8 @@ def test_a_tool_format_the_template_contradicts_is_refused(tmp_path):
     try:
         with pytest.raises(ValueError, match="writes tool calls as 'llama3'"):
             create_app(engine, "m", tool_format="qwen3_coder")
-        assert create_app(engine, "m", tool_format="llama3") is not None
+        assert create_app(engine, "m", tool_format="llama3").state.tool_format == "llama3"
+        assert create_app(engine, "m").state.tool_format == "llama3"  # probed from the template
     finally:
         engine.close()
 

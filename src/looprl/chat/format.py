@@ -9,7 +9,11 @@
 The model's own sampled tokens are never re-tokenized: ``observation_ids`` renders a fixed dummy
 conversation with and without the new messages and tokenizes only the string delta, which is
 what the chat template would have put after the end-of-turn token.
-Tool calls are Hermes/Qwen blocks: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+Tool calls are in the format the chat template writes (``tool_formats``, probed from it, or
+``tool_format=``): by default Hermes/Qwen blocks, ``<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>``, which the rules below read. Another family's module replaces rules 2 and 3 with its
+own (its docstring has them) and keeps rule 1 and the checks of a call; harmony marks its thinking
+itself (the analysis channel).
 
 How a turn is read (``parse_turn``). The four markers are single tokens of our tokenizer and of
 Qwen's, and the encoder makes a marker's text that token wherever it stands, inside a JSON

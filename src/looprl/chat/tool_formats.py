@@ -57,7 +57,7 @@ class ToolFormat:
     end_of_turn: str | None = None
     """The end-of-turn token when the tokenizer does not say (harmony: ``<|call|>``)."""
     extra_ends: tuple[str, ...] = ()
-    """Other tokens that end a turn (harmony: ``<|return|>``)."""
+    """Other tokens that end a turn (harmony: ``<|return|>``; Llama: ``<|eom_id|>``)."""
     call_before_result: bool = False
     """The template renders a tool result only after the call it answers (harmony names the
     tool from it): observations are cut after a dummy call instead of a dummy reply."""
@@ -70,7 +70,8 @@ FORMATS: dict[str, ToolFormat] = {f.name: f for f in (
                qwen3_coder.EXAMPLE, (qwen3_coder.TOOL_OPEN, qwen3_coder.TOOL_CLOSE),
                (qwen3_coder.TOOL_OPEN,)),
     ToolFormat("llama3", llama3.blocks, llama3.render, llama3.detect, llama3.EXAMPLE,
-               (llama3.PYTHON_TAG,), (llama3.PYTHON_TAG,), end_of_turn="<|eot_id|>"),
+               (llama3.PYTHON_TAG,), (llama3.PYTHON_TAG,), end_of_turn="<|eot_id|>",
+               extra_ends=("<|eom_id|>",)),  # after a <|python_tag|> call, Llama may end so
     ToolFormat("mistral", mistral.blocks, mistral.render, mistral.detect, mistral.EXAMPLE,
                (mistral.TOOL_CALLS,), (mistral.TOOL_CALLS,), mistral.call_id, end_of_turn="</s>"),
     ToolFormat("mistral_v11", mistral.blocks_v11, mistral.render_v11, mistral.detect_v11,

@@ -158,8 +158,10 @@ def serve(model_dir: ModelDir = None,
         raise typer.BadParameter(str(e), param_hint="--tool-format") from None
     access = ("API key required" if api_key else
               "NO API key: open to every user and process on this machine")
+    calls = (f"{app_.state.tool_format} tool calls" if app_.state.tool_format
+             else "no chat template: completions only")
     console.print(f"looprl model server on http://{host}:{port}/v1, model {name!r} "
-                  f"({engine.max_len} tokens of context); {access}")
+                  f"({engine.max_len} tokens of context, {calls}); {access}")
     try:
         run(app_, host=host, port=port, drain=app_.state.drain, drain_s=drain)
     finally:

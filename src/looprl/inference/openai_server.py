@@ -401,6 +401,7 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
     app = FastAPI(title="looprl OpenAI-compatible server")
     drain = app.state.drain = Drain()
     server = _Server(engine, model_name, drain, drain_s, tool_format)
+    app.state.tool_format = server.fmt.tool_format if server.fmt is not None else None
     weights_limit = _weights_limit(engine)
     app.add_middleware(
         Guard, authorized=bearer(api_key) if api_key else None, open_paths={"/health"},
