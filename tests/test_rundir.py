@@ -20,7 +20,7 @@ ON_DISK = {
     "dashboard_page": "dashboard.html", "feedback_db": "feedback.db", "policies": "policies",
     "cycles": "cycles.jsonl", "final_ab": "final_ab.json", "result": "result.txt",
     "server_info": "server.json", "users_summary": "users.json", "users_tasks": "users_tasks.jsonl",
-    "ab_plot": "ab.png", "gate_plot": "gate.png", "clock": "clock.json", "state": "state.json",
+    "ab_plot": "ab.png", "gate_plot": "gate.png",
 }
 """Renaming one strands every saved run: ``--resume``, the dashboard and the scripts would no
 longer find it."""
