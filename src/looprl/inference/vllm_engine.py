@@ -87,8 +87,8 @@ class _Request:
 class VLLMEngine:
     """See the module docstring."""
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 4096,
-                 gpu_memory_utilization: float = 0.1, seed: int = 0, python: str | None = None,
+    def __init__(self, model_path: str, *, dtype: str | None = None, max_model_len: int = 4096,
+                 gpu_memory_utilization: float | None = None, seed: int = 0, python: str | None = None,
                  kv_cache_gib: float = 1.0, threads: int = 1, stop_on_eos: bool = True,
                  startup_timeout_s: float = 600.0,
                  **engine_kwargs: Any) -> None:
@@ -116,8 +116,12 @@ class VLLMEngine:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),
                "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                "VLLM_CONFIGURE_LOGGING": "1", "PYTHONPATH": ""}
-        config = {"model": str(path), "dtype": dtype, "max_model_len": max_model_len,
-                  "gpu_memory_utilization": gpu_memory_utilization, "seed": seed,
+        gpu = torch.cuda.is_available()
+        # defaults: on CPU fp32 (vLLM's "auto" would cast an fp32 checkpoint to bf16) and a small
+        # share of RAM beside the trainer; on a GPU vLLM's own choices
+        config = {"model": str(path), "dtype": dtype or ("auto" if gpu else "float32"),
+                  "max_model_len": max_model_len,
+                  "gpu_memory_utilization": gpu_memory_utilization or (0.8 if gpu else 0.1), "seed": seed,
                   "threads": threads, **engine_kwargs}
         self._proc = subprocess.Popen([str(exe), str(WORKER), str(theirs.fileno()), json.dumps(config)],
                                       pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
