@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/engine.py                 # default model, ~2-3 minutes
     .venv/bin/python benchmarks/engine.py --size medium --threads 1
+    .venv/bin/python benchmarks/engine.py --vllm          # vLLM (`make vllm`) as one more baseline
 
 Workload (an agent group): G=8 rollouts of one ~1,000-token prompt, 3 turns of 256 new tokens
 (end-of-turn ignored so lengths are equal), ~200 tool-output tokens appended between turns.
@@ -11,6 +12,9 @@ Workload (an agent group): G=8 rollouts of one ~1,000-token prompt, 3 turns of 2
 - HF per rollout: ``model.generate`` for one rollout, turn by turn (timed on one rollout: the
   rate does not depend on how many are run one after another).
 - HF batched: ``model.generate`` over the G rollouts of the group at once, turn by turn.
+- vLLM (``--vllm``): ``VLLMEngine`` (vLLM's CPU build in its worker process, ``--threads``
+  OpenMP threads, fp32, prefix caching) driven exactly as TorchEngine, the same weight update
+  included. Its CPU time is another process's: only its wall-clock rate is compared.
 peak_fraction = tok_s x 2 x params / matmul peak measured in this run (model dtype).
 The contestants run interleaved turn by turn so they see the same machine load; tok/s per
 CPU-second is printed too (steadier than wall time on a shared machine). The last line is
@@ -152,6 +156,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     ap.add_argument("--tool-tokens", type=int, default=200)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--vllm", action="store_true", help="add VLLMEngine (needs `make vllm`)")
     ap.add_argument("--engine-only", action="store_true",
                     help="skip the HF baselines (compare model sizes: --size tiny|small|medium)")
     args = ap.parse_args()
@@ -176,6 +181,11 @@ def main() -> None:
     eng, hf1, hfb = Contestant("TorchEngine"), Contestant("HF per rollout"), Contestant("HF batched")
     runs = (EngineRun(engine, prompt, tools, G, N), HFRun(model, prompt, tools, 1, N),
             HFRun(model, prompt, tools, G, N))
+    vl, vrun = Contestant("vLLM"), None
+    if args.vllm:
+        from looprl.inference.vllm_engine import VLLMEngine
+        vrun = EngineRun(VLLMEngine(str(path), stop_on_eos=False, max_model_len=4096,  # type: ignore[arg-type]
+                                    threads=args.threads), prompt, tools, G, N)
     # Interleaved turn by turn, so the three see the same load on a shared machine.
     for t in range(args.turns):
         eng.timed(lambda t=t: runs[0].turn(t, state_dict if t == 0 else None))
@@ -183,8 +193,10 @@ def main() -> None:
             continue
         hf1.timed(lambda t=t: runs[1].turn(t))
         hfb.timed(lambda t=t: runs[2].turn(t))
+        if vrun is not None:
+            vl.timed(lambda t=t: vrun.turn(t, state_dict if t == 0 else None))
         console.print(f"turn {t + 1}/{args.turns}: " + ", ".join(
-            f"{c.name} {c.tokens} tok {c.tok_s:.0f} tok/s" for c in (eng, hf1, hfb)))
+            f"{c.name} {c.tokens} tok {c.tok_s:.0f} tok/s" for c in (eng, hf1, hfb, vl) if c.tokens))
     st = engine.stats
     engine.close()
     update_ms = runs[0].update_ms[0]
@@ -198,13 +210,21 @@ def main() -> None:
     console.print("per CPU-second (robust to other load): " + ", ".join(
         f"{c.name} {c.tok_cpu_s:.0f}" for c in (eng, hf1, hfb))
         + f" -> {eng.tok_cpu_s / hf1.tok_cpu_s:.1f}x / {eng.tok_cpu_s / hfb.tok_cpu_s:.1f}x")
+    vs_vllm = ""
+    if vrun is not None:
+        vst = vrun.engine.stats
+        console.print(f"vLLM: {vl.tok_s:.0f} tok/s; its prefix cache served {vst.cached_prompt_tokens} "
+                      f"of {vst.prompt_tokens} prompt tokens; weight update {vrun.update_ms[0]:.1f} ms")
+        vrun.engine.close()
+        vs_vllm = (f" vllm_tok_s={vl.tok_s:.0f} speedup_vs_vllm_batched={eng.tok_s / vl.tok_s:.2f}"
+                   f" vllm_weight_update_ms={vrun.update_ms[0]:.1f}")
     tok_s, hf1, hfb = eng.tok_s, hf1.tok_s, hfb.tok_s
     frac = tok_s * 2 * params / (peak * 1e9)
     console.print(f"speed-up: {tok_s / hf1:.1f}x vs HF per rollout, {tok_s / hfb:.1f}x vs HF batched; "
                   f"{frac * 100:.2f}% of matmul peak")
     print(f"tok_s={tok_s:.0f} hf_per_rollout_tok_s={hf1:.0f} hf_batched_tok_s={hfb:.0f} "
           f"speedup_vs_hf_per_rollout={tok_s / hf1:.2f} speedup_vs_hf_batched={tok_s / hfb:.2f} "
-          f"peak_fraction={frac:.4f} weight_update_ms={update_ms:.1f}")
+          f"peak_fraction={frac:.4f} weight_update_ms={update_ms:.1f}{vs_vllm}")
 
 
 if __name__ == "__main__":

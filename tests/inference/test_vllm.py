@@ -19,8 +19,9 @@ from looprl.inference import vllm_rpc
 from looprl.inference.vllm_engine import VLLMEngine, find_vllm_python
 from looprl.types import SamplingParams
 
-LOGPROB_ATOL = 2e-3
-"""vLLM's CPU kernels vs PyTorch's, both fp32: measured max |diff| ~1e-5 (docs/experiments.md)."""
+LOGPROB_ATOL = 1e-4
+"""vLLM's CPU kernels vs PyTorch's, both fp32: measured max |diff| 3e-6 after a weight update,
+1e-6 on a fresh request, 0 before any update (docs/experiments.md)."""
 
 
 def test_rpc_frames_round_trip_json_and_blob():

@@ -115,7 +115,11 @@ class VLLMEngine:
         self._sock = ours
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),
                "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "VLLM_CONFIGURE_LOGGING": "1", "PYTHONPATH": ""}
+               "VLLM_CONFIGURE_LOGGING": "1", "PYTHONPATH": "",
+               # collective_rpc ships one small function of vllm_worker.py (re-packing a tied
+               # lm_head after a weight reload) to vLLM's engine process by pickle; that
+               # travels over vLLM's own local IPC between the worker's processes only
+               "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
         gpu = torch.cuda.is_available()
         # defaults: on CPU fp32 (vLLM's "auto" would cast an fp32 checkpoint to bf16) and a small
         # share of RAM beside the trainer; on a GPU vLLM's own choices

@@ -44,6 +44,16 @@ def _load_rpc() -> Any:
 rpc = _load_rpc()
 
 
+def _repack_head(worker: Any) -> None:
+    """Runs in vLLM's worker after ``reload_weights``. On CPU vLLM computes logits with a packed
+    copy of ``lm_head`` (``cpu_linear``); a head tied to the embedding is never "loaded" by a
+    reload, so its copy would keep the old weights (measured: logprobs off by up to 0.06)."""
+    head = getattr(worker.model_runner.model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if head is not None and hasattr(head, "cpu_linear") and method is not None:
+        method.process_weights_after_loading(head)
+
+
 class Worker:
     def __init__(self, sock: socket.socket, config: dict[str, Any]) -> None:
         import torch
@@ -102,6 +112,7 @@ class Worker:
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
                 await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": d})
+                await self.llm.collective_rpc(_repack_head)
                 await self.llm.update_weight_version(str(version))
                 self.version = version
             finally:
