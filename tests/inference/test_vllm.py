@@ -145,5 +145,5 @@ def test_prefix_cache_hits_on_a_groups_shared_prompt(engine):
     asyncio.run(main())
     hit = engine.stats.cached_prompt_tokens - before
     assert hit >= 3 * 256, f"3 later requests reused {hit} of their 3x512 prompt tokens"
-    metrics = asyncio.run(engine.metrics())
+    metrics = asyncio.run(engine.vllm_metrics())
     assert metrics.get("vllm:prefix_cache_hits", 0) >= hit, metrics

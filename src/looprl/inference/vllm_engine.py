@@ -179,7 +179,15 @@ class VLLMEngine:
     async def release(self, session_id: str) -> None:
         """Nothing to do: vLLM's prefix cache evicts unused blocks itself."""
 
-    async def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
+        """For the run's log (as ``TorchEngine.metrics``): this engine's counters."""
+        st = self.stats
+        return {"engine/generated_tokens": float(st.generated_tokens),
+                "engine/prompt_tokens": float(st.prompt_tokens),
+                "engine/prefix_cached_tokens": float(st.cached_prompt_tokens),
+                "engine/weight_updates": float(st.weight_updates)}
+
+    async def vllm_metrics(self) -> dict[str, float]:
         """vLLM's own counters (its Prometheus metrics, e.g. ``vllm:prefix_cache_hits``)."""
         reply = await self._call({"op": "metrics"})
         return {k: float(v) for k, v in reply["metrics"].items()}
