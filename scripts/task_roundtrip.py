@@ -9,8 +9,10 @@
 2. ``looprl tasks export harbor`` -> ``OUT/harbor/`` and ``looprl tasks export swebench`` ->
    ``OUT/rows.jsonl`` + ``OUT/rows.repos/``;
 3. ``looprl tasks import harbor OUT/harbor`` and ``looprl tasks import swebench OUT/rows.jsonl
-   --repos OUT/rows.repos`` (each import realises every task offline under bubblewrap and
-   validates it: gold 1, untouched less);
+   --repos OUT/rows.repos``, once graded by looprl's pytest grader and once (``--grade-by
+   eval_script``, format ``swebench_eval``) by each row's SWE-bench v5 eval script, its log read
+   by the row's log parser and judged by SWE-bench's rule (each import realises every task
+   offline under bubblewrap and validates it: gold 1, untouched less);
 4. reads each imported task's grades: the import graded its gold patch (kept only at 1.0)
    and the untouched task (``metadata.untouched_score``) with the rollout grader; with
    ``--regrade`` every imported task is graded again, afresh, the same two ways;
@@ -82,11 +84,16 @@ def _untouched(t: Task) -> float:
     return float(u) if isinstance(u, (int, float)) and not isinstance(u, bool) else -1.0
 
 
+FORMATS = ("harbor", "swebench", "swebench_eval")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100, help="quickstart tasks to round-trip")
     ap.add_argument("--out", type=Path, default=Path("runs/roundtrip"))
     ap.add_argument("--config", type=Path, default=Path("configs/quickstart.toml"))
+    ap.add_argument("--tasks", type=Path, default=None,
+                    help="a looprl task file to round-trip instead of the quickstart's tasks")
     ap.add_argument("--jobs", type=int, default=2, help="tasks validated/graded at once")
     ap.add_argument("--regrade", action="store_true",
                     help="grade the imported tasks again after the import (twice the time)")
@@ -95,7 +102,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t0 = time.monotonic()
-    src = pick(a.n, a.config)
+    src = load_tasks(a.tasks)[:a.n] if a.tasks else pick(a.n, a.config)
     write_tasks(src, out / "quickstart.jsonl")
     times["pick"] = time.monotonic() - t0
     times["export harbor"] = looprl("tasks", "export", "harbor", str(out / "quickstart.jsonl"),
@@ -108,12 +115,16 @@ def main() -> int:
     times["import swebench"] = looprl("tasks", "import", "swebench", str(out / "rows.jsonl"),
                                       "--repos", str(out / "rows.repos"), "--out",
                                       str(out / "from_swebench.jsonl"), "--jobs", str(a.jobs))
+    times["import swebench_eval"] = looprl(
+        "tasks", "import", "swebench", str(out / "rows.jsonl"), "--repos", str(out / "rows.repos"),
+        "--out", str(out / "from_swebench_eval.jsonl"), "--jobs", str(a.jobs),
+        "--grade-by", "eval_script")
+    rows = sum(1 for line in (out / "rows.jsonl").read_text().splitlines() if line.strip())
     exported = {"harbor": sum(1 for p in (out / "harbor").iterdir() if (p / "task.toml").is_file()),
-                "swebench": sum(1 for line in (out / "rows.jsonl").read_text().splitlines()
-                                if line.strip())}
+                "swebench": rows, "swebench_eval": rows}
     formats: dict[str, dict[str, Any]] = {}
     ok = True
-    for fmt in ("harbor", "swebench"):
+    for fmt in FORMATS:
         f = out / f"from_{fmt}.jsonl"
         tasks = load_tasks(f) if f.is_file() else []
         if a.regrade:

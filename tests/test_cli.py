@@ -155,6 +155,7 @@ CASES: list[tuple[list[str], str]] = [
     (["model", "pretrain", "--steps", "0"], "--steps"),
     (["model", "pretrain", "--lr", "-1"], "--lr"),
     (["model", "serve", "--port", "70000"], "--port"),
+    (["model", "serve", "--runs", "DIR"], "no model to serve: no"),
     # weights, rewards, search
     (["weights", "ls", "MISSING"], "no weight store"),
     (["weights", "verify", "MISSING"], "no weight store"),
@@ -193,3 +194,36 @@ def test_a_partly_failed_command_exits_nonzero(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOPRL_HOME", str(tmp_path / "home"))
     r = CliRunner().invoke(app, ["tasks", "fetch", "not a spec!"])
     assert r.exit_code == 1 and "not a spec!: rejected: bad package spec" in r.stderr
+
+
+def test_model_serve_fails_on_a_busy_port_before_any_banner(files, tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = CliRunner().invoke(app, ["model", "serve", files["DIR"], "--port", str(port)])
+    assert r.exit_code == 2 and "cannot listen on 127.0.0.1:" in r.stderr
+    assert "model server on" not in r.stdout
+
+
+def test_model_serve_without_a_model_finds_the_newest_trained_one(tmp_path):
+    from looprl.commands.model import _trained_model
+
+    for name in ("old", "new"):
+        (tmp_path / name / "model_rl").mkdir(parents=True)
+        os.utime(tmp_path / name / "model_rl", (1e9 + len(name), 1e9 + len(name)))
+    os.utime(tmp_path / "old" / "model_rl", (1e9, 1e9))
+    (tmp_path / "not_a_run").mkdir()
+    assert _trained_model(tmp_path) == tmp_path / "new" / "model_rl"
+
+
+def test_help_shows_flags_without_a_value_and_no_rst():
+    root = CliRunner().invoke(app, ["--help"], terminal_width=200).output
+    assert "--debug" in root and "<bool>" not in root
+    train = CliRunner().invoke(app, ["train", "--help"], terminal_width=200).output
+    assert "--resume" in train and "<bool>" not in train and "<path>" in train  # values keep theirs
+    for name, _, _ in SUBCOMMANDS:
+        out = CliRunner().invoke(app, [name, "--help"], terminal_width=200).output
+        assert "``" not in out, name

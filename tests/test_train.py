@@ -2,7 +2,10 @@
 
 import dataclasses
 import doctest
+import importlib
+import json
 import math
+import os
 
 import pytest
 
@@ -107,3 +110,80 @@ def test_native_bf16_reads_the_cpu_flags(monkeypatch):
                           ("avx2 amx_bf16 amx_tile", True)]:
         monkeypatch.setattr(stages.Path, "read_text", lambda self, f=flags: f"flags\t: {f}\n")
         assert stages.native_bf16(torch.device("cpu")) is native, flags
+
+
+def _cfg(*overrides: str):
+    from looprl.config import load_config
+    from looprl.train import TrainConfig
+
+    return load_config(TrainConfig, None, ["name=r", "tasks.train_file=t.jsonl", *overrides])
+
+
+def _summary(steps: int = 5, groups: int = 20, no_pass: int = 0, minutes: float = 1.0):
+    return stages.RLSummary(steps, groups, 0, 0, 0.0, minutes,
+                            [{"step": i + 1, "tasks": ["t"] * (groups // steps)}
+                             for i in range(steps)], no_pass_groups=no_pass)
+
+
+def test_a_run_that_failed_its_input_checks_does_not_keep_its_name(tmp_path):
+    from looprl import runstate
+    from looprl.config import save_config
+    from looprl.rundir import RunDir
+    train_run = importlib.import_module("looprl.train.run")
+
+    cfg, rd = _cfg(), RunDir(tmp_path / "r")
+    rd.root.mkdir()
+    save_config(cfg, rd.config)
+    runstate.mark(rd.root, "failed", stage="tasks", error="TaskError: no such file t.jsonl")
+    train_run._claim(cfg, rd, resume=False)  # a failed start is taken over: no --fresh needed
+    assert not rd.root.exists()
+    rd.root.mkdir()
+    save_config(cfg, rd.config)
+    rd.start_record.write_text("{}")  # the start model was made: that run is worth keeping
+    runstate.mark(rd.root, "failed", stage="RL")
+    with pytest.raises(ConfigError, match="--resume"):
+        train_run._claim(cfg, rd, resume=False)
+    runstate.mark(rd.root, "training", stage="RL")  # this process: alive
+    state = json.loads(rd.state.read_text())
+    rd.state.write_text(json.dumps({**state, "pid": os.getppid()}))  # a live other process
+    with pytest.raises(ConfigError, match="being trained right now"):
+        train_run._claim(cfg, rd, resume=True)
+
+
+def test_resume_with_a_bigger_budget_continues_a_finished_run(tmp_path, capsys):
+    from looprl.rundir import RunDir
+    train_run = importlib.import_module("looprl.train.run")
+
+    rd = RunDir(tmp_path / "r")
+    rd.root.mkdir()
+    (rd.model_rl).mkdir()
+    rd.rl_record.write_text(json.dumps(dataclasses.asdict(_summary(steps=5, minutes=1.0))))
+    rd.evaluation("rl").write_text("{}")
+    rd.report.write_text("old")
+    assert train_run._reopen_rl(_cfg("loop.max_steps=5"), rd) is None  # the budget it used
+    assert rd.rl_record.is_file() and "loop.max_steps=5 allows no more" in " ".join(
+        capsys.readouterr().out.split())
+    assert train_run._reopen_rl(_cfg("loop.max_steps=50", "loop.max_minutes=0.5"), rd) is None
+    assert "loop.max_minutes=0.5 allows no more" in " ".join(capsys.readouterr().out.split())
+    assert train_run._reopen_rl(_cfg("loop.max_steps=50"), rd) == 5
+    assert not (rd.rl_record.exists() or rd.model_rl.exists() or rd.evaluation("rl").exists()
+                or rd.report.exists())  # RL continues from its checkpoint, then evaluates again
+
+
+def test_rl_without_a_passing_group_says_so():
+    assert _summary(groups=20, no_pass=20).learned_from_no_pass
+    assert "none of the 20 groups" in _summary(groups=20, no_pass=20).no_pass_warning()
+    assert _summary(groups=20, no_pass=19).no_pass_warning() == ""
+    assert _summary(groups=0, no_pass=0).no_pass_warning() == ""
+
+
+def test_ctrl_c_leaves_a_report_that_says_how_to_continue(tmp_path):
+    from looprl.train.report import write_stopped_report
+
+    rows = [{"step": 1, "tasks": ["a", "b"], "elapsed_s": 30, "reward/total_mean": -0.5,
+             "rollout/pass_rate": 0.0},
+            {"step": 2, "tasks": ["c"], "elapsed_s": 90, "reward/total_mean": -0.25,
+             "rollout/pass_rate": 0.25}]
+    text = write_stopped_report(tmp_path, _cfg(), "RL", rows, "step_00000002").read_text()
+    assert "(stopped)" in text and "RL: 2 steps logged, 3 groups, 1.5 min" in text
+    assert "-0.500 → -0.250" in text and "ckpt/step_00000002" in text and "--resume" in text

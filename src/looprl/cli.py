@@ -15,14 +15,16 @@ imported inside the commands that use them (``tests/test_cli.py`` checks it).
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import re
 import traceback
 from typing import Annotated, Any, NoReturn
 
 import typer
 from typer._click.core import Context  # TyperGroup's methods take click's (typer's subclasses it)
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer vendors click
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from looprl.errors import LooprlError
 
@@ -100,6 +102,32 @@ for _name, _where, _help in SUBCOMMANDS:
 
 # train, quickstart and version are commands of the root itself
 app.registered_commands += importlib.import_module("looprl.commands.train").app.registered_commands
+
+
+def _plain(doc: str) -> str:
+    """A docstring as terminal help: RST's ``code`` as `code`, each paragraph's lines joined
+    (help text is wrapped to the terminal; the docstring's own breaks would show as ragged)."""
+    doc = re.sub(r"``([^`]+)``", r"`\1`", inspect.cleandoc(doc))
+    return "\n\n".join(p if p.startswith(" ") else " ".join(p.split())  # examples kept
+                       for p in re.split(r"\n\s*\n", doc))
+
+
+def _plain_help(typer_app: typer.Typer) -> None:
+    for cmd in typer_app.registered_commands:
+        doc = cmd.help or (cmd.callback.__doc__ if cmd.callback else None)
+        if doc:
+            cmd.help = _plain(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _plain_help(group.typer_instance)
+
+
+_plain_help(app)
+
+# A flag takes no value: typer's help would show it as `--debug <bool>`.
+_option_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = (  # type: ignore[method-assign]
+    lambda self, ctx: None if self.is_flag and not self.count else _option_type(self, ctx))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 
-def home() -> Path:
+def home(create: bool = True) -> Path:
     p = Path(os.environ.get("LOOPRL_HOME", Path.home() / ".cache" / "looprl"))
-    p.mkdir(parents=True, exist_ok=True)
+    if create:
+        p.mkdir(parents=True, exist_ok=True)
     return p
 
 

@@ -165,7 +165,18 @@ class RunDir:
 
     @property
     def model_rl(self) -> Path:
+        """The trained model (HF format): ``looprl model serve runs/<name>/model_rl``."""
         return self.root / "model_rl"
+
+    @property
+    def clock(self) -> Path:
+        """Minutes the stages before RL took, over every life of the run (the report's total)."""
+        return self.root / "clock.json"
+
+    @property
+    def state(self) -> Path:
+        """Where the run stands: training, finished, stopped, failed (``looprl.runstate``)."""
+        return self.root / "state.json"
 
     @property
     def saved_models(self) -> tuple[Path, ...]:

@@ -16,6 +16,7 @@ Every record round-trips through JSON: ``Record.from_dict(json.loads(json.dumps(
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import enum
 import json
@@ -108,6 +109,30 @@ class Verifier(_Record):
 
 
 @dataclass(frozen=True)
+class EvalScript(_Record):
+    """A script whose log grades the final workspace (SWE-bench v5's ``eval_script``): it runs
+    in a fresh sandbox over the graded diff, its log is read by ``log_parser`` into per-test
+    statuses and judged by ``contract`` (``looprl.rewards.graded``)."""
+
+    script: str
+    """The bash script (it applies hidden tests and runs them between SWE-bench's markers)."""
+    log_parser: str = "pytest"
+    """A name of ``looprl.rewards.logparse.PARSERS``."""
+    contract: str = "swebench"
+    """A name of ``looprl.rewards.graded.CONTRACTS``."""
+    workdir: str = ""
+    """Where the workspace sits for the script (``/testbed``); empty: the repo's own path."""
+    expected: dict[str, str] = field(default_factory=dict)
+    """The ``r2egym`` contract's expected statuses (``expected_output_json``)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalScript:
+        return cls(script=str(d["script"]), log_parser=str(d.get("log_parser", "pytest")),
+                   contract=str(d.get("contract", "swebench")), workdir=str(d.get("workdir", "")),
+                   expected={str(k): str(v) for k, v in (d.get("expected") or {}).items()})
+
+
+@dataclass(frozen=True)
 class Grader(_Record):
     """How a task is graded: its own test suite, run in a fresh sandbox over the agent's diff."""
 
@@ -127,6 +152,9 @@ class Grader(_Record):
     verifier: Verifier | None = None
     """Set: the task is graded by this verifier's reward file instead of the node ids above
     (``test_command`` is then the verifier's own command line, for people reading the task)."""
+    eval: EvalScript | None = None
+    """Set: the task is graded by this script's log, read per test and judged by its family's
+    rule (the tests above are the ones the rule grades)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Grader:
@@ -138,6 +166,7 @@ class Grader(_Record):
             timeout_s=float(d.get("timeout_s", 120.0)),
             test_patch=str(d.get("test_patch", "")),
             verifier=Verifier.from_dict(d["verifier"]) if d.get("verifier") else None,
+            eval=EvalScript.from_dict(d["eval"]) if d.get("eval") else None,
         )
 
 
@@ -217,6 +246,54 @@ class ToolResult(_Record):
 
 
 @dataclass(frozen=True)
+class Routes(_Record):
+    """The experts a MoE model routed tokens to: per token, per MoE layer, the top-k expert ids,
+    uint8 (255 = no record: prompt and tool tokens), as ``[T, L, K]`` bytes (base64 in JSON, so a
+    6,000-token trajectory of a 4-layer top-2 model adds ~64 KB). For a sampled token they are the
+    routes of the forward position it was sampled from (``looprl.models.moe``: router replay).
+
+    >>> r = Routes.of([[[1, 2]], [[255, 255]]]); (r.tokens, r.layers, r.top_k, r.rows()[0])
+    (2, 1, 2, [[1, 2]])
+    """
+
+    layers: int
+    top_k: int
+    data: str
+    """base64 of the ``T * layers * top_k`` uint8 expert ids, token-major."""
+
+    @classmethod
+    def of(cls, routes_T_L_K: Any) -> Routes:
+        """From anything shaped ``[T, L, K]`` of ints in 0..255 (a numpy array, nested lists)."""
+        import numpy as np
+
+        a = np.asarray(routes_T_L_K)
+        if a.ndim != 3 or (a.size and (a.min() < 0 or a.max() > 255)):
+            raise ValueError(f"routes must be [tokens, layers, top_k] ids in 0..255, not shape {a.shape}")
+        return cls(int(a.shape[1]), int(a.shape[2]), base64.b64encode(a.astype(np.uint8).tobytes()).decode())
+
+    @property
+    def raw(self) -> bytes:
+        return base64.b64decode(self.data)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.raw) // max(self.layers * self.top_k, 1)
+
+    def array(self) -> Any:
+        """The ``[T, L, K]`` uint8 numpy array."""
+        import numpy as np
+
+        return np.frombuffer(self.raw, dtype=np.uint8).reshape(-1, self.layers, self.top_k)
+
+    def rows(self) -> list[list[list[int]]]:
+        return self.array().tolist()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Routes:
+        return cls(int(d["layers"]), int(d["top_k"]), str(d["data"]))
+
+
+@dataclass(frozen=True)
 class Segment(_Record):
     """One generation context, token-exact: what the policy saw and what it emitted.
 
@@ -224,17 +301,20 @@ class Segment(_Record):
     ``logprobs_T`` holds the sampling engine's logprob for model tokens and 0.0 elsewhere.
     ``policy_version_T`` is the weight version that sampled each model token (-1 elsewhere), so a
     trajectory that crosses a weight update mid-rollout is corrected token by token.
+    ``routes`` (MoE models) holds the engine's expert choice for every model token, none elsewhere.
     """
 
     token_ids_T: tuple[int, ...]
     logprobs_T: tuple[float, ...]
     loss_mask_T: tuple[int, ...]
     policy_version_T: tuple[int, ...]
+    routes: Routes | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids_T)
         assert len(self.logprobs_T) == n and len(self.loss_mask_T) == n and len(
             self.policy_version_T) == n, "Segment fields must all have one entry per token"
+        assert self.routes is None or self.routes.tokens == n, "Segment.routes has one entry per token"
 
     @property
     def num_model_tokens(self) -> int:
@@ -260,7 +340,8 @@ class Segment(_Record):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Segment:
         return cls(tuple(d["token_ids_T"]), tuple(float(x) for x in d["logprobs_T"]),
-                   tuple(d["loss_mask_T"]), tuple(d["policy_version_T"]))
+                   tuple(d["loss_mask_T"]), tuple(d["policy_version_T"]),
+                   Routes.from_dict(d["routes"]) if d.get("routes") else None)
 
 
 @dataclass(frozen=True)
@@ -509,11 +590,14 @@ class Generation(_Record):
     finish_reason: Literal["stop", "length", "abort"]
     """stop: an end-of-turn token or stop string; length: the token budget ran out."""
     text: str = ""
+    routes: Routes | None = None
+    """MoE models, engines that record them: the experts each sampled token's forward used."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Generation:
         return cls(tuple(d["token_ids"]), tuple(d["logprobs"]), tuple(d["policy_versions"]),
-                   d["finish_reason"], d.get("text", ""))
+                   d["finish_reason"], d.get("text", ""),
+                   Routes.from_dict(d["routes"]) if d.get("routes") else None)
 
 
 @dataclass(frozen=True)

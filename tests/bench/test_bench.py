@@ -337,3 +337,13 @@ def test_a_candidate_that_fails_more_as_infrastructure_is_not_promoted():
     assert not c.passed and not c.refused and "not promoted" in c.reason
     assert compare(parent, child, max_infra_increase=0.05).passed
     assert compare(child, parent).passed is False  # the parent's pass@1 is lower: a real fail
+
+
+def test_gate_never_passes_a_difference_it_cannot_tell_from_zero():
+    nothing = _report([0] * 20, 0)
+    both_zero = compare(nothing, _report([0] * 20, 0))
+    assert not both_zero.passed and "no evidence" in both_zero.reason
+    assert both_zero.diffs[0].lo == both_zero.diffs[0].hi == 0
+    noisy = compare(_report([0, 1] * 10, 0), _report([1, 0] * 10, 0), min_gain=0.01)
+    assert noisy.diffs[0].lo < 0 < noisy.diffs[0].hi and not noisy.passed
+    assert compare(nothing, _report([1] * 20, 0), min_gain=0.01).passed  # a real gain still does

@@ -162,7 +162,7 @@ def test_running_loop_page_and_overview(grpo_run: Path, loop_run: Path):
     assert "final A/B" not in page and "kept B − A 95% CI" not in page
     overview = client.get("/").text
     assert '<span class="tag">real-time loop</span> 2 cycles · running' in overview
-    assert "<td>training</td>" in overview  # the GRPO run beside it
+    assert "<td>finished</td>" in overview  # the GRPO run beside it (it has its report)
     (loop_run / "cycles.jsonl").write_text("".join(lines))
     (loop_run / "result.txt").write_text("cycles=3 sessions=300 kept_delta=0.2500 "
                                          "kept_ci_low=0.0667 kept_ci_high=0.4167 rollback_ok=1\n")

@@ -180,3 +180,43 @@ def test_loop_files_being_written_or_damaged(loop_run: Path):
     assert any(p.startswith("final_ab.json could not be read") for p in run.problems)
     assert "result.txt: 'kept_delta=oops' is not key=number; skipped" in run.problems
     assert run.final_ab is None and run.result == {"cycles": 3.0}
+
+
+def test_a_runs_state_shows_finished_stopped_failed_or_killed(run_copy: Path, tmp_path: Path):
+    import subprocess
+    import sys
+
+    from looprl import runstate
+    from looprl.dashboard import render
+
+    runstate.mark(run_copy, "finished", stage="report")
+    assert load_run(run_copy).state.status == "finished"
+    assert render.train_status(load_run(run_copy)) == "finished"
+    runstate.mark(run_copy, "stopped", stage="RL")
+    run = load_run(run_copy)
+    assert render.train_status(run) == "stopped (RL)"
+    assert any("stopped in its RL stage" in p and "--resume" in p for p in run.problems)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    early = tmp_path / "early"
+    runstate.mark(early, "training", stage="SFT")
+    state = json.loads((early / "state.json").read_text())
+    (early / "state.json").write_text(json.dumps({**state, "pid": int(dead.stdout)}))
+    run = load_run(early)  # its process is gone: killed, not "training" forever
+    assert run.state.status == "killed" and render.train_status(run) == "killed (SFT)"
+    assert any("killed in its SFT stage, before its first training step" in p for p in run.problems)
+    assert not any("refreshes by itself" in p for p in run.problems)
+    runstate.mark(early, "training", stage="SFT")  # this process: alive
+    assert "refreshes by itself" in load_run(early).problems[0]
+
+
+def test_rl_without_a_passing_group_is_a_problem(run_copy: Path):
+    lines = (run_copy / "metrics.jsonl").read_text().splitlines()
+    no_pass = [json.dumps({**json.loads(line), "train/no_pass_groups": len(json.loads(line)
+                                                                             ["tasks"])})
+               for line in lines]
+    (run_copy / "metrics.jsonl").write_text("\n".join(no_pass) + "\n")
+    assert any("RL had no test signal" in p for p in load_run(run_copy).problems)
+    some = [json.dumps({**json.loads(line), "train/no_pass_groups": 0}) for line in lines]
+    (run_copy / "metrics.jsonl").write_text("\n".join(some) + "\n")
+    assert not any("no test signal" in p for p in load_run(run_copy).problems)

@@ -97,3 +97,14 @@ def test_small_ab_samples_are_flagged(feedback_db: Path):
 
     html = render.feedback_section(FeedbackData(feedback_db, rep, (), 400))
     assert "small sample" not in html and 'class="intervals"' in html
+
+
+def test_a_moe_run_charts_router_disagreement_per_layer():
+    rows = [{"step": s, "train/router_disagree": 0.01 * s, "train/router_disagree_l0": 0.02 * s,
+             "train/router_disagree_l1": 0.0, "train/engine_kl": 1e-4} for s in (1, 2)]
+    charts = {c.title: c for c in render.run_charts(rows, render.TRAINING_PANELS)}
+    moe = charts["MoE router disagreement with the engine, per layer"]
+    assert list(moe.series) == ["train/router_disagree", "train/router_disagree_l0",
+                                "train/router_disagree_l1"]
+    assert moe.series["train/router_disagree_l0"] == [0.02, 0.04]
+    assert "train-inference KL (engine || trainer)" in charts

@@ -21,11 +21,14 @@ cached forward (other kernels, other rounding) picks the same tokens."""
 
 
 def teach(tok, examples: list[tuple[list[int], list[int]]], out_dir: Path, *,
-          max_positions: int = 4096, max_steps: int = 600, seed: int = 0) -> Path:
+          max_positions: int = 4096, max_steps: int = 600, seed: int = 0,
+          ends: tuple[str, ...] = ("<|im_end|>",)) -> Path:
     """Train until greedy decoding of every prompt gives exactly its turn (teacher-forced, every
-    turn token leads by ``MARGIN``; the turn ends with the end-of-turn token), then save."""
+    turn token leads by ``MARGIN``; the turn ends with one of the end tokens ``ends``, which the
+    saved model stops on), then save."""
     torch.manual_seed(seed)
-    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    end_ids = [tok.convert_tokens_to_ids(e) for e in ends]
+    eot: int | list[int] = end_ids[0] if len(end_ids) == 1 else end_ids
     model = LlamaForCausalLM(LlamaConfig(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
@@ -34,7 +37,7 @@ def teach(tok, examples: list[tuple[list[int], list[int]]], out_dir: Path, *,
     ids_B_T = torch.full((len(examples), width), tok.pad_token_id)
     labels_B_T = torch.full((len(examples), width), -100)
     for b, (prompt, turn) in enumerate(examples):
-        assert turn and turn[-1] == eot, "each turn must end with the end-of-turn token"
+        assert turn and turn[-1] in end_ids, "each turn must end with an end-of-turn token"
         seq = prompt + turn
         ids_B_T[b, :len(seq)] = torch.tensor(seq)
         labels_B_T[b, len(prompt):len(seq)] = torch.tensor(turn)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -37,5 +39,11 @@ def test_load_saved_checkpoint_roundtrips(tmp_path, arch):
 def test_missing_model_and_bad_dtype_say_how_to_fix(tmp_path):
     with pytest.raises(ConfigError, match="looprl model init"):
         load_model(tmp_path / "nothing")
+    with pytest.raises(ConfigError) as run_ckpt:  # a run's checkpoint: never re-made untrained
+        load_model(tmp_path / "runs" / "r" / "model_start")
+    assert "model init" not in str(run_ckpt.value) and "save_pretrained" in str(run_ckpt.value)
+    from looprl.models.loading import no_model_message
+
+    assert f"resolved against {Path.cwd()}" in no_model_message(Path("runs/r/model_start"))
     with pytest.raises(ConfigError, match="use one of"):
         load_model(tmp_path, dtype="float8")

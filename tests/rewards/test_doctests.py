@@ -6,7 +6,8 @@ import importlib
 import pytest
 
 MODULES = ["looprl.rewards.length", "looprl.rewards.hacking", "looprl.rewards.verifier",
-           "looprl.rewards.isolation", "looprl.rewards.style", "looprl.rewards.composite"]
+           "looprl.rewards.isolation", "looprl.rewards.style", "looprl.rewards.composite",
+           "looprl.rewards.logparse", "looprl.rewards.graded", "looprl.rewards.evalscript"]
 
 
 @pytest.mark.parametrize("name", MODULES)

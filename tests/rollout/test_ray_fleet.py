@@ -256,3 +256,37 @@ def test_a_load_report_our_code_fails_on_keeps_the_node(tmp_path):
     asyncio.run(fleet._sample_member(member))
     assert fleet.members["n1"] is member and member.state == "live"
     assert fleet.stats.members_lost == 0 and not fleet.stats.events
+
+
+def test_a_config_error_on_a_node_stops_the_start_at_once(tmp_path, monkeypatch):
+    """A member that cannot start for a config error (a model path its node cannot read) fails
+    the same way on every try: the fleet's start stops with it instead of retrying it until
+    ``start_timeout_s``."""
+    from ray.exceptions import RayTaskError
+
+    from looprl.errors import ConfigError
+
+    missing = ConfigError("no HF model at runs/r/model_start (config.json missing)")
+
+    class Failing:
+        def remote(self, version):
+            async def fail():
+                raise RayTaskError("start", "Traceback: ConfigError", missing)
+            return fail()
+
+    fleet = RayFleet(FleetConfig(backend="ray"), MemberSpec(str(tmp_path), None, str(tmp_path),
+                                                             ROLLOUT, RewardConfig()))
+    lane = type("Lane", (), {"replica": type("Replica", (), {"start": Failing()})()})()
+    member = fleet.members["n1"] = _Member("n1", "127.0.0.2", None, lanes=[lane])
+    monkeypatch.setattr(RayFleet, "_kill", staticmethod(lambda m: None))  # no actors to kill
+    asyncio.run(fleet._bring_up(member))
+    assert "n1" not in fleet.members and "no HF model at runs/r/model_start" in fleet._fatal
+    monkeypatch.setattr(RayFleet, "_connect", lambda self: None)
+    monkeypatch.setattr(RayFleet, "_watch", lambda self: self._bring_up(
+        self.members.setdefault("n1", _Member("n1", "127.0.0.2", None, lanes=[lane]))))
+    monkeypatch.setattr(RayFleet, "close", lambda self: asyncio.sleep(0))
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="could not start its member: no HF model.*not retried"):
+        asyncio.run(RayFleet.start(FleetConfig(backend="ray", experimental=FleetExperimental(
+            start_timeout_s=30)), fleet.spec))
+    assert time.monotonic() - t0 < 10  # not after fleet.experimental.start_timeout_s

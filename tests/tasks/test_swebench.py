@@ -158,6 +158,9 @@ def test_a_test_absent_from_the_run_counts_failed_not_passed(looprl_home, clones
     ({"patch": None}, "field patch must be a non-empty string"),
     ({"instance_id": 7}, "field instance_id must be a non-empty string"),
     ({"looprl": "{"}, "field looprl is not JSON"),
+    ({"log_parser": "parse_log_cargo"}, "field log_parser: log parser 'parse_log_cargo' is not known"),
+    ({"eval_type": "lenient"}, "field eval_type must be pass_and_fail or fail_only"),
+    ({"eval_script": ["cd /testbed"]}, "field eval_script must be a string"),
 ])
 def test_malformed_rows_are_one_line_naming_row_and_field(clones, tmp_path, change, says):
     path = _write(tmp_path / "r.jsonl", [swebench_row(clones, **change)])
@@ -199,6 +202,26 @@ def test_fuzzed_rows_give_one_line_errors(clones):
             assert "\n" not in str(e) and str(e).startswith("f:1: field "), str(e)
 
 
+def test_fuzzed_v5_and_r2egym_rows_give_one_line_errors(clones):
+    rng = random.Random(51)
+    v5 = swebench_row(clones, eval_script=v5_script(clones), log_parser="parse_log_pytest",
+                      eval_type="pass_and_fail", image="swebench/sweb.eval.x86_64.a:latest")
+    r2e = {"repo_name": "pandas", "commit_hash": "a" * 40, "docker_image": "r2e/pandas:1",
+           "problem_statement": "x", "expected_output_json": '{"test_a": "PASSED"}'}
+    values = [None, 0, True, "", "x", [], {}, ["a"], "{}", '{"t": 1}', "fail_only", "django"]
+    for base in (v5, r2e):
+        for _ in range(300):
+            row = dict(base)
+            for key in rng.sample(sorted(row), rng.randint(1, 3)):
+                row[key] = rng.choice(values)
+            try:
+                parse_row(row, "f:1")
+            except TaskError as e:
+                assert "\n" not in str(e) and str(e).startswith("f:1: "), str(e)
+    with pytest.raises(TaskError, match="^f:1: an R2E-Gym row"):
+        parse_row(r2e, "f:1")
+
+
 @pytest.mark.slow
 @pytest.mark.needs_bwrap
 @skip_without_sandbox
@@ -217,6 +240,91 @@ def test_a_looprl_task_exports_to_a_row_and_imports_back(lean_task, tmp_path, mo
     assert asyncio.run(grade(back, lean_task.gold_patch, cache=False)).score == 1.0
     assert asyncio.run(grade(back, "", cache=False)).score == 0.0
     shutil.rmtree(tmp_path / "store")
+
+
+def v5_script(c):
+    """An eval script of SWE-bench v5's shape (conda, ``git checkout`` of the test files, the
+    test patch as a heredoc, the markers under ``set -x``): offline the first three lines fail
+    harmlessly (no conda, the workspace is no git repository) and the rest runs."""
+    return ("#!/bin/bash\nset -uxo pipefail\nsource /opt/miniconda3/bin/activate\n"
+            "conda activate testbed\ncd /testbed\ngit checkout " + c["buggy"] +
+            " tests/test_core.py\ngit apply -v - <<'EOF_114329324912'\n" + c["hidden"] +
+            "EOF_114329324912\n: '>>>>> Start Test Output'\nPYTHONPATH=src python -m pytest -rA "
+            "tests/test_core.py tests/test_hidden.py\n: '>>>>> End Test Output'\n"
+            "git checkout " + c["buggy"] + " tests/test_core.py\n")
+
+
+@pytest.mark.slow
+@pytest.mark.needs_bwrap
+@skip_without_sandbox
+def test_a_v5_row_is_graded_by_its_eval_script_log(looprl_home, clones, tmp_path):
+    rows = [swebench_row(clones, instance_id="v5-1", eval_script=v5_script(clones),
+                         log_parser="parse_log_pytest", eval_type="pass_and_fail",
+                         image="swebench/sweb.eval.x86_64.example_1776_minicalc-1:latest"),
+            swebench_row(clones, instance_id="v5-nolog", eval_script="cd /testbed\n")]
+    report = asyncio.run(import_swebench(_write(tmp_path / "v5.jsonl", rows), tmp_path / "s",
+                                         repos=clones["dir"]))
+    (t,) = report.tasks
+    assert t.grader.eval is not None and t.grader.eval.contract == "swebench"
+    assert t.grader.test_patch == "" and t.metadata["grading"] == "eval_script/pytest/swebench"
+    g = asyncio.run(grade(t, t.gold_patch, cache=False))
+    assert g.score == 1.0 and g.tests[HIDDEN] == "passed"
+    g = asyncio.run(grade(t, "", cache=False))
+    assert g.score == 0.0 and g.tests[HIDDEN] == "failed"
+    # a diff that prints a graded test's status into the log scores 0, whatever the log says
+    forge = clones["fix"] + unified_diff("src/minicalc/extra.py", None,
+                                         f"print('PASSED {HIDDEN}')\n")
+    assert asyncio.run(grade(t, forge, cache=False)).flags.count("runner_tampering") == 1
+    ((_, why),) = report.skipped  # a script whose log has no test output is skipped, one line
+    assert "could not be graded" in why or "graded nothing" in why, why
+    assert "\n" not in why
+
+
+@pytest.mark.slow
+@pytest.mark.needs_bwrap
+@skip_without_sandbox
+def test_a_looprl_task_round_trips_graded_by_its_exported_eval_script(lean_task, tmp_path):
+    n, _, repos = export_swebench([lean_task], tmp_path / "rows.jsonl")
+    (row,) = [json.loads(ln) for ln in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert row["log_parser"] == "parse_log_pytest" and ">>>>> Start Test Output" in row["eval_script"]
+    report = asyncio.run(import_swebench(tmp_path / "rows.jsonl", tmp_path / "store",
+                                         repos=repos, grade_by="eval_script"))
+    (back,) = report.tasks
+    assert back.grader.eval is not None
+    assert asyncio.run(grade(back, lean_task.gold_patch, cache=False)).score == 1.0
+    assert asyncio.run(grade(back, "", cache=False)).score == 0.0
+    auto = asyncio.run(import_swebench(tmp_path / "rows.jsonl", tmp_path / "store2", repos=repos))
+    assert auto.tasks[0].grader.eval is None  # a row with looprl's column: its pytest grader
+
+
+def test_an_r2egym_row_is_refused_in_one_line_naming_its_image(tmp_path):
+    row = {"repo_name": "pandas", "commit_hash": "a" * 40,
+           "docker_image": "namanjain12/pandas_final:a1b2", "problem_statement": "x",
+           "expected_output_json": json.dumps({"TestA.test_x": "PASSED", "test_y": "FAILED"})}
+    bad = {**row, "expected_output_json": "{nope"}
+    report = asyncio.run(import_swebench(_write(tmp_path / "r2e.jsonl", [row, bad]),
+                                         tmp_path / "s"))
+    why = dict(report.skipped)
+    assert "ship only inside namanjain12/pandas_final:a1b2" in why["r2e.jsonl:1"]
+    assert "2 expected statuses" in why["r2e.jsonl:1"]
+    assert "field expected_output_json is not JSON" in why["r2e.jsonl:2"]
+    assert all("\n" not in w for w in why.values())
+
+
+@pytest.mark.slow
+@pytest.mark.needs_bwrap
+@skip_without_sandbox
+def test_a_file_with_bad_rows_imports_the_rest_and_names_the_bad(looprl_home, clones, tmp_path):
+    rows = [swebench_row(clones, instance_id=f"ok-{i}") for i in range(12)]
+    rows[3] = swebench_row(clones, instance_id="bad-lists", FAIL_TO_PASS="[oops")
+    rows[7] = swebench_row(clones, instance_id="bad-commit", base_commit="f" * 40)
+    rows[10] = swebench_row(clones, instance_id="bad-parser", log_parser="nope")
+    report = asyncio.run(import_swebench(_write(tmp_path / "many.jsonl", rows), tmp_path / "s",
+                                         repos=clones["dir"]))
+    assert len(report.tasks) == 9
+    why = dict(report.skipped)
+    assert sorted(why) == ["bad-commit", "many.jsonl:11", "many.jsonl:4"]
+    assert "not in" in why["bad-commit"] and "log_parser" in why["many.jsonl:11"]
 
 
 def test_the_doctests_run():

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import datasets
 import pytest
@@ -93,3 +94,24 @@ def test_show_cli_checks_the_file(tmp_path):
     path.write_text(path.read_text() + '{"id": "x"}\n')
     r = CliRunner().invoke(app, ["show", str(path)])
     assert r.exit_code != 0 and "t.jsonl:3: missing field 'repo'" in str(r.exception)
+
+
+def test_task_files_store_paths_relative_to_the_looprl_home(tmp_path, monkeypatch):
+    import dataclasses
+    import sys
+
+    monkeypatch.setenv("LOOPRL_HOME", str(tmp_path / "home"))
+    built = dataclasses.replace(task(1), repo=str(tmp_path / "home" / "tasks" / "p" / "repo"),
+                                venv=str(tmp_path / "home" / "packages" / "p" / "venv"))
+    outside = dataclasses.replace(task(2), repo=str(tmp_path / "mine"))
+    path = write_tasks([built, outside], tmp_path / "t.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[0]["repo"] == "${LOOPRL_HOME}/tasks/p/repo"
+    assert rows[0]["venv"] == "${LOOPRL_HOME}/packages/p/venv"
+    assert rows[1]["repo"] == str(tmp_path / "mine")  # not under the home: kept as it was
+    monkeypatch.setenv("LOOPRL_HOME", str(tmp_path / "other"))  # another user's home
+    back = load_tasks(path)
+    assert back[0].repo == str(tmp_path / "other" / "tasks" / "p" / "repo")
+    assert back[1].repo == str(tmp_path / "mine")
+    (tmp_path / "env.jsonl").write_text(json.dumps({**rows[1], "venv": "${LOOPRL_ENV}"}) + "\n")
+    assert load_tasks(tmp_path / "env.jsonl")[0].venv == str(Path(sys.prefix).absolute())

@@ -98,3 +98,18 @@ def test_a_fresh_run_into_a_store_that_is_ahead_is_refused_before_training(tmp_p
     publish_step(old, ["t0"])
     with pytest.raises(WeightStoreError, match="resume the run"):
         asyncio.run(loop_at(tmp_path, seed=0).run())
+
+
+def test_a_resumed_loop_counts_the_groups_of_its_kept_steps(tmp_path):
+    old = loop_at(tmp_path, seed=0)
+    publish_step(old, ["t0", "t1"])
+    publish_step(old, ["t2"])
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    rows[-1].update({"loop/groups_stale": 3, "train/zero_variance_groups": 1})
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    old.checkpoint()
+    new = loop_at(tmp_path, seed=1)
+    assert new.resume() is not None
+    assert new.stats.steps == 2 and new.stats.groups_trained == 3
+    assert new.stats.groups_stale == 3 and new.stats.zero_variance_groups == 1

@@ -6,7 +6,9 @@
 Tasks are resampled with replacement (paired: both reports on the same task ids), so the CI says
 how much of a difference could be task-set noise. The gate passes when the candidate's pass@1 is
 not worse than the base by more than ``max_drop`` at the CI's lower bound
-(non-inferiority), and, if ``min_gain`` > 0, when the lower bound also exceeds ``min_gain``.
+(non-inferiority), and, if ``min_gain`` > 0, when the lower bound also exceeds ``min_gain``
+(so an interval that includes 0 fails). It never passes when both reports' pass@1 is 0: a
+difference of zero between two models that solve nothing says nothing.
 
 Infrastructure failures come first: pass@k leaves out the samples infrastructure took, so a
 report where more than ``max_infra_share`` of them failed that way is no evidence, and the gate
@@ -278,7 +280,13 @@ def compare(a: dict[str, Any], b: dict[str, Any], *, n_boot: int = 2000, seed: i
             f"not promoted: its rollouts failed as infrastructure more than its parent's "
             f"({shares[1]:.1%}: {_by_kind(b)} vs {shares[0]:.1%}; max_infra_increase="
             f"{max_infra_increase:g}); pass@1 diff {p1.diff:+.3f}"), precision(a, b), shares)
-    if p1.lo < -max_drop:
+    if p1.a == 0 and p1.b == 0:
+        # Nothing passed on either side: a difference of 0 with a CI of [0, 0] is no evidence
+        # the candidate works, only that neither does.
+        ok, why = False, ("no evidence: pass@1 is 0 for both base and candidate on "
+                          f"{len(common)} tasks, so no difference can be told from zero; "
+                          "train longer or on easier tasks before gating")
+    elif p1.lo < -max_drop:
         ok, why = False, (f"pass@1 may have dropped: CI lower bound {p1.lo:+.3f} < "
                           f"-{max_drop} (diff {p1.diff:+.3f})")
     elif min_gain > 0 and p1.lo <= min_gain:

@@ -46,30 +46,32 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
-import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from looprl.chat import tool_formats
+from looprl.chat.hermes import EXAMPLE as _EXAMPLE
+from looprl.chat.hermes import TOOL_CLOSE, TOOL_OPEN
+from looprl.chat.spans import DECODER as _DECODER
+from looprl.chat.spans import MAX_DEPTH, MAX_NUMBER_CHARS, ParamTypes
+from looprl.chat.spans import SURROGATE as _SURROGATE
+from looprl.chat.spans import Span as _Span
+from looprl.chat.spans import depth as _depth
+from looprl.chat.spans import json_error as _json_error
+from looprl.chat.spans import skip_space as _skip_space
+from looprl.chat.tool_formats import ToolFormat
 from looprl.types import Message, ToolCall
 
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 MARKERS = (TOOL_OPEN, TOOL_CLOSE, THINK_OPEN, THINK_CLOSE)
-MAX_DEPTH = 32
-"""Deepest nesting of a call's JSON (the object itself is depth 1); tools take flat arguments."""
-MAX_NUMBER_CHARS = 100
-"""Longest number literal in a call: no argument needs more, and CPython refuses ints of over
-4,300 digits (and converts long ones in quadratic time)."""
 _DUMMY_REPLY = "LOOPRL_DUMMY_REPLY"  # a marker that no template rewrites
 _MARKER = re.compile("|".join(re.escape(m) for m in MARKERS))
-_CALL_MARKER = re.compile(f"{re.escape(TOOL_OPEN)}|{re.escape(TOOL_CLOSE)}")
-_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _UNCLOSED = (f"{TOOL_OPEN} inside a {THINK_OPEN} that never closes was not run: end the "
              f"thinking with {THINK_CLOSE} before calling a tool")
-_EXAMPLE = '<tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call>'
+HERMES = tool_formats.FORMATS["hermes"]
+__all__ = ["MARKERS", "MAX_DEPTH", "MAX_NUMBER_CHARS", "THINK_CLOSE", "THINK_OPEN", "TOOL_CLOSE",
+           "TOOL_OPEN", "ChatFormat", "ParsedTurn", "TurnPiece", "parse_turn", "turn_pieces"]
 
 
 @dataclass(frozen=True)
@@ -91,71 +93,20 @@ class ParsedTurn:
     (``ChatFormat.parse_ids``; empty when parsed from text)."""
     error_token_spans: tuple[tuple[int, int], ...] = ()
     """The same for each of ``errors``' blocks: the trainer credits a broken call's own tokens."""
+    error_ids: tuple[str, ...] = ()
+    """The id of each of ``errors``' broken results, where the format needs its own (Mistral's
+    templates take nine alphanumerics only); empty: the harness names them."""
 
 
-@dataclass(frozen=True)
-class _Span:
-    """A stretch of a turn's text: ``kind`` is think, content, call or broken."""
-
-    kind: str
-    start: int
-    end: int
-    value: Any = None
-    """call: the block's decoded JSON; broken: the error message."""
-
-
-class _BadNumber(ValueError):
-    """A number literal no tool argument may hold (the decoder's hooks raise it)."""
-
-
-def _number(text: str, convert: Callable[[str], float]) -> float:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise _BadNumber(f"a number of {len(text)} characters; numbers in tool calls have at "
-                         f"most {MAX_NUMBER_CHARS}")
-    value = convert(text)
-    if math.isinf(value):
-        raise _BadNumber(f"the number {text} is too large for a double")
-    return value
-
-
-def _constant(name: str) -> Any:
-    raise _BadNumber(f"{name} is not a JSON number")
-
-
-_DECODER = json.JSONDecoder(parse_int=lambda s: _number(s, int),
-                            parse_float=lambda s: _number(s, float), parse_constant=_constant)
-
-
-def _depth(value: Any) -> int:
-    """Nesting depth of a decoded JSON value (a scalar is 0), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            v = list(v.values())
-        if isinstance(v, list):
-            deepest = max(deepest, d)
-            stack += [(x, d + 1) for x in v if isinstance(x, (dict, list))]
-    return deepest
-
-
-def _json_error(e: Exception, start: int) -> str:
-    if isinstance(e, json.JSONDecodeError):
-        return f"{e.msg} at character {e.pos - start} of the call"
-    if isinstance(e, RecursionError):
-        return f"nested deeper than {MAX_DEPTH} levels"
-    return str(e)
-
-
-def _to_call(obj: Any, call_id: str) -> ToolCall | str:
+def _to_call(obj: Any, call_id: str, example: str = _EXAMPLE) -> ToolCall | str:
     """A ``ToolCall`` from one block's decoded JSON, or an error message saying how to fix it."""
     if not isinstance(obj, dict):
-        return f"tool call must be a JSON object with name and arguments; write e.g. {_EXAMPLE}"
+        return f"tool call must be a JSON object with name and arguments; write e.g. {example}"
     if _depth(obj) > MAX_DEPTH:
         return f"tool call nests deeper than {MAX_DEPTH} levels; tools take flat arguments"
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        return f"tool call has no \"name\" string; write e.g. {_EXAMPLE}"
+        return f"tool call has no \"name\" string; write e.g. {example}"
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models double-encode the arguments
         try:
@@ -178,70 +129,26 @@ def _to_call(obj: Any, call_id: str) -> ToolCall | str:
     return ToolCall(id=call_id, name=name.strip(), arguments=arguments)
 
 
-def _skip_space(text: str, i: int) -> int:
-    m = _SPACE.match(text, i)
-    assert m is not None, "_SPACE matches the empty string, so it matches at every index"
-    return m.end()
-
-
-def _json_block(text: str, body: int) -> tuple[Any, int] | str:
-    """The JSON value starting at ``text[body]`` when ``</tool_call>`` follows it, and the
-    index after that marker; otherwise why not."""
-    try:
-        value, after = _DECODER.raw_decode(text, _skip_space(text, body))
-    except (ValueError, RecursionError) as e:
-        return _json_error(e, body)
-    after = _skip_space(text, after)
-    if not text.startswith(TOOL_CLOSE, after):
-        return f"extra text after the JSON value, at character {after - body} of the call"
-    return value, after + len(TOOL_CLOSE)
-
-
-def _blocks(text: str, start: int) -> list[_Span]:
-    """Content and call blocks of ``text[start:]`` (rules 2 and 3 of the module docstring)."""
-    spans: list[_Span] = []
-    pos = start
-    while (m := _CALL_MARKER.search(text, pos)) is not None:
-        if m.start() > pos:
-            spans.append(_Span("content", pos, m.start()))
-        if m.group() == TOOL_CLOSE:
-            spans.append(_Span("broken", m.start(), m.end(),
-                               f"found {TOOL_CLOSE} without a matching {TOOL_OPEN}"))
-            pos = m.end()
-            continue
-        block = _json_block(text, m.end())
-        if isinstance(block, tuple):
-            spans.append(_Span("call", m.start(), block[1], block[0]))
-            pos = block[1]
-            continue
-        close, nxt = text.find(TOOL_CLOSE, m.end()), text.find(TOOL_OPEN, m.end())
-        if close >= 0 and (nxt < 0 or close < nxt):
-            snippet = text[m.end():close].strip()[:80]
-            err = f"tool call is not valid JSON ({block}) in {snippet!r}; write e.g. {_EXAMPLE}"
-            pos = close + len(TOOL_CLOSE)
-        else:
-            err = f"unclosed {TOOL_OPEN} block: end each call with {TOOL_CLOSE}"
-            pos = nxt if nxt >= 0 else len(text)
-        spans.append(_Span("broken", m.start(), pos, err))
-    if pos < len(text):
-        spans.append(_Span("content", pos, len(text)))
-    return spans
-
-
-def _split_turn(text: str, *, thinking_open: bool = False) -> list[_Span]:
+def _split_turn(text: str, *, thinking_open: bool = False, tf: ToolFormat = HERMES,
+                types: ParamTypes | None = None) -> list[_Span]:
     """The spans of a turn's text, in order and covering it (the module docstring's rules)."""
+    if tf.own_thinking:
+        return tf.blocks(text, 0, types)
     lead = _skip_space(text, 0)
     if not thinking_open and not text.startswith(THINK_OPEN, lead):
-        return _blocks(text, 0)
+        return tf.blocks(text, 0, types)
     start = 0 if thinking_open else lead
     body = start if thinking_open else start + len(THINK_OPEN)
     close = text.find(THINK_CLOSE, body)
     head = [_Span("content", 0, start)] if start else []
-    if close < 0 and (call := text.find(TOOL_OPEN, body)) >= 0:
-        # a call the model wrote in thinking it never closed would run nothing and say nothing
-        return head + [_Span("think", start, call), _Span("broken", call, len(text), _UNCLOSED)]
+    if close < 0:
+        calls = [i for i in (text.find(m, body) for m in tf.opens) if i >= 0]
+        if calls:  # a call the model wrote in thinking it never closed would run nothing
+            call = min(calls)
+            why = _UNCLOSED if tf is HERMES else _UNCLOSED.replace(TOOL_OPEN, text[call:][:20])
+            return head + [_Span("think", start, call), _Span("broken", call, len(text), why)]
     end = len(text) if close < 0 else close + len(THINK_CLOSE)
-    return head + [_Span("think", start, end)] + _blocks(text, end)
+    return head + [_Span("think", start, end)] + tf.blocks(text, end, types)
 
 
 @dataclass(frozen=True)
@@ -249,70 +156,116 @@ class TurnPiece:
     """A stretch of a turn's text, cut and resolved as ``parse_turn`` reads it (``turn_pieces``)."""
 
     kind: str
-    """think, content, call, or broken (a block that is no valid call, a stray close marker)."""
+    """think, content, call, broken (a block that is no valid call, a stray close marker), or
+    markup (a format's structure around content: harmony's headers and end tokens)."""
     text: str
     value: ToolCall | str | None = None
-    """call: its ``ToolCall``; broken: the error message."""
+    """call: its ``ToolCall``; broken: the error message; think: the thought, for a format
+    with its own thinking markers (harmony)."""
 
 
-def _pieces(text: str, spans: list[_Span], call_prefix: str) -> list[TurnPiece]:
+def _pieces(text: str, spans: list[_Span], call_prefix: str, tf: ToolFormat = HERMES
+            ) -> list[TurnPiece]:
     pieces: list[TurnPiece] = []
     blocks = 0  # calls and broken blocks are numbered together, in order
     for s in spans:
-        value = None
+        value: ToolCall | str | None = (s.value if s.kind == "think"
+                                        and isinstance(s.value, str) else None)
         if s.kind in ("call", "broken"):
-            value = _to_call(s.value, f"{call_prefix}_{blocks}") if s.kind == "call" else s.value
+            value = (_to_call(s.value, tf.call_id(call_prefix, blocks), tf.example)
+                     if s.kind == "call" else s.value)
             blocks += 1
-        pieces.append(TurnPiece("broken" if isinstance(value, str) else s.kind,
-                                text[s.start:s.end], value))
+        kind = "broken" if s.kind == "call" and isinstance(value, str) else s.kind
+        pieces.append(TurnPiece(kind, text[s.start:s.end], value))
     return pieces
 
 
-def _turn(text: str, spans: list[_Span], call_prefix: str) -> ParsedTurn:
-    pieces = _pieces(text, spans, call_prefix)
-    thinking = ""
-    for p in pieces:
-        if p.kind == "think":
-            thinking = p.text.removeprefix(THINK_OPEN).removesuffix(THINK_CLOSE).strip()
+def _thought(p: TurnPiece) -> str:
+    if isinstance(p.value, str):
+        return p.value
+    return p.text.removeprefix(THINK_OPEN).removesuffix(THINK_CLOSE).strip()
+
+
+def _turn(text: str, spans: list[_Span], call_prefix: str, tf: ToolFormat = HERMES) -> ParsedTurn:
+    pieces = _pieces(text, spans, call_prefix, tf)
+    thinking = "\n".join(_thought(p) for p in pieces if p.kind == "think")
     content = "".join(p.text for p in pieces if p.kind == "content")
+    errors: list[str] = [p.value for p in pieces if p.kind == "broken"]  # type: ignore[misc]
+    error_ids = () if tf.call_id is HERMES.call_id else tuple(
+        tf.call_id(f"{call_prefix}_err", k) for k in range(len(errors)))
     return ParsedTurn(content.strip(), [p.value for p in pieces if p.kind == "call"],  # type: ignore[misc]
-                      [p.value for p in pieces if p.kind == "broken"], thinking)  # type: ignore[misc]
+                      errors, thinking, error_ids=error_ids)
 
 
-def parse_turn(text: str, *, call_prefix: str = "call", thinking_open: bool = False) -> ParsedTurn:
+def parse_turn(text: str, *, call_prefix: str = "call", thinking_open: bool = False,
+               tool_format: str = "hermes", types: ParamTypes | None = None) -> ParsedTurn:
     """Split an assistant generation into thinking, content, tool calls and parse errors.
-    ``thinking_open``: the chat template opened ``<think>`` in the prompt."""
-    return _turn(text, _split_turn(text, thinking_open=thinking_open), call_prefix)
+    ``thinking_open``: the chat template opened ``<think>`` in the prompt; ``tool_format``: a
+    name of ``tool_formats.FORMATS``; ``types``: the tools' parameter types (Qwen3-Coder)."""
+    tf = tool_formats.get(tool_format)
+    return _turn(text, _split_turn(text, thinking_open=thinking_open, tf=tf, types=types),
+                 call_prefix, tf)
 
 
-def turn_pieces(text: str, *, call_prefix: str = "call", thinking_open: bool = False
-                ) -> list[TurnPiece]:
+def turn_pieces(text: str, *, call_prefix: str = "call", thinking_open: bool = False,
+                tool_format: str = "hermes", types: ParamTypes | None = None) -> list[TurnPiece]:
     """A turn's text in order (the pieces join to ``text``), as ``parse_turn`` reads it: for an
     API that returns the calls apart from the text around them (``inference.openai_chat``)."""
-    return _pieces(text, _split_turn(text, thinking_open=thinking_open), call_prefix)
+    tf = tool_formats.get(tool_format)
+    return _pieces(text, _split_turn(text, thinking_open=thinking_open, tf=tf, types=types),
+                   call_prefix, tf)
 
 
 class ChatFormat:
     """Renders messages through ``tokenizer``'s chat template and parses generations."""
 
-    def __init__(self, tokenizer: Any, end_of_turn: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, end_of_turn: str | None = None,
+                 tool_format: str | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat_template; use looprl.models.tokenizer."
                              "build_tokenizer or a chat/instruct checkpoint's tokenizer")
         self.tokenizer = tokenizer
+        self.tool_format = self._choose_format(tool_format)
+        """The name of the tool-call format (``tool_formats.FORMATS``) this template writes."""
+        self.tf = tool_formats.get(self.tool_format)
         vocab = tokenizer.get_vocab()
-        self.eot = end_of_turn or ("<|im_end|>" if "<|im_end|>" in vocab else tokenizer.eos_token)
+        own = self.tf.end_of_turn if self.tf.end_of_turn in vocab else None
+        self.eot = end_of_turn or ("<|im_end|>" if "<|im_end|>" in vocab else own
+                                   or tokenizer.eos_token)
         eot_ids = tokenizer.encode(self.eot, add_special_tokens=False)
         assert len(eot_ids) == 1, f"end-of-turn {self.eot!r} must be a single token, got {eot_ids}"
         self.eot_id: int = eot_ids[0]
+        self.end_ids = frozenset([self.eot_id] + [i for e in self.tf.extra_ends
+                                                  if (i := self._single_id(e)) is not None])
+        """Every token that ends a turn (the engine's stop tokens): ``eot_id`` and, for
+        harmony, ``<|return|>``."""
         self._marker_ids = {m: self._single_id(m) for m in MARKERS}
         self._obs_cache: dict[str, list[int]] = {}
         self._piece: dict[int, str] = {}
         """Token id -> its text alone (``_token_text``; at most one entry per vocabulary id)."""
+        self.types: dict[str, dict[str, str]] = {}
+        """Tool name -> parameter -> schema type, from the tools of ``prompt_ids``: how a format
+        whose values are text (Qwen3-Coder) types them."""
         prompt = self.render([{"role": "user", "content": "x"}])
         self.thinking_open = prompt.rstrip().endswith(THINK_OPEN)
         """The template opens ``<think>`` in the generation prompt (DeepSeek-R1 style): each
         turn starts inside its thinking."""
+
+    def _choose_format(self, named: str | None) -> str:
+        """The format the template writes (probed); ``named`` is checked against it."""
+        if named is not None:
+            tool_formats.get(named)  # an unknown name: a one-line error listing the names
+        found = tool_formats.probe(lambda msgs: self.render(msgs,  # type: ignore[arg-type]
+                                                            add_generation_prompt=False))
+        if named not in (None, "hermes") and found is None:
+            raise ValueError(f"tool_format {named!r}: this tokenizer's chat template renders no "
+                             "tool calls, so looprl cannot check it writes them that way; use "
+                             "the checkpoint's own chat template")
+        if named is not None and found is not None and found != named:
+            raise ValueError(f"tool_format {named!r} does not match this tokenizer's chat "
+                             f"template, which writes tool calls as {found!r}; set tool_format "
+                             f"to {found!r} or leave it unset")
+        return named or found or "hermes"
 
     def _single_id(self, text: str) -> int | None:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -330,14 +283,20 @@ class ChatFormat:
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
         """Model tokens to text, end-of-turn token dropped, markers like <tool_call> kept."""
         ids = list(ids)
-        if ids and ids[-1] == self.eot_id:
+        if ids and ids[-1] in self.end_ids:
             ids = ids[:-1]
         # no clean-up: HF's space clean-up would rewrite ' ,' inside the model's JSON arguments
         return self.tokenizer.decode(ids, skip_special_tokens=False,
                                      clean_up_tokenization_spaces=False)
 
     def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Tokens of the first context: system + tools + user, then the assistant header."""
+        """Tokens of the first context: system + tools + user, then the assistant header.
+        The tools' parameter types are kept for parsing (``types``)."""
+        for t in tools or ():
+            f = t.get("function", t)
+            props = (f.get("parameters") or {}).get("properties") or {}
+            self.types[str(f.get("name"))] = {k: str(v.get("type")) for k, v in props.items()
+                                             if isinstance(v, dict)}
         return self.encode(self.render(messages, tools))
 
     def observation_ids(self, messages: list[Message]) -> list[int]:
@@ -345,9 +304,15 @@ class ChatFormat:
         tool/user ``messages`` and the next assistant header."""
         base: list[Message] = [{"role": "user", "content": "x"},
                                {"role": "assistant", "content": _DUMMY_REPLY}]
+        if self.tf.call_before_result:  # the template names the tool from the call before
+            name = next((m["name"] for m in messages if m.get("name")), "tool")
+            base[1] = {"role": "assistant", "content": "", "tool_calls": [{
+                "id": tool_formats.PROBE_ID, "type": "function",
+                "function": {"name": name, "arguments": {}}}]}
         before = self.render(base, add_generation_prompt=False)
         after = self.render(base + list(messages), add_generation_prompt=True)
-        cut = before.rindex(_DUMMY_REPLY) + len(_DUMMY_REPLY)
+        cut = (before.rindex(self.eot) if self.tf.call_before_result
+               else before.rindex(_DUMMY_REPLY) + len(_DUMMY_REPLY))
         if not before[cut:].startswith(self.eot):
             raise ValueError(f"the chat template does not end assistant turns with {self.eot!r}; "
                              "pass end_of_turn= to ChatFormat")
@@ -364,21 +329,27 @@ class ChatFormat:
 
     def parse(self, text: str, *, call_prefix: str = "call") -> ParsedTurn:
         """A decoded turn, parsed (no token counts: ``parse_ids`` has them)."""
-        return parse_turn(text, call_prefix=call_prefix, thinking_open=self.thinking_open)
+        return _turn(text, self._split(text), call_prefix, self.tf)
+
+    def _split(self, text: str) -> list[_Span]:
+        return _split_turn(text, thinking_open=self.thinking_open, tf=self.tf, types=self.types)
 
     def parse_ids(self, ids: list[int] | tuple[int, ...], *, call_prefix: str = "call") -> ParsedTurn:
         """A sampled turn (end-of-turn token optional), parsed, with its thinking and tool-call
         tokens counted over the same spans."""
         ids = list(ids)
-        if ids and ids[-1] == self.eot_id:
+        if ids and ids[-1] in self.end_ids:
             ids = ids[:-1]
-        text = self.decode(ids)
-        spans = _split_turn(text, thinking_open=self.thinking_open)
-        turn = _turn(text, spans, call_prefix)
-        edge = self._marker_edges(ids, text)
+        # one end token is dropped, not two: harmony's turn may hold a stray <|call|> at its end
+        text = self.decode(ids) if self.tf is HERMES else self.tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        spans = self._split(text)
+        turn = _turn(text, spans, call_prefix, self.tf)
+        # the fast path needs every span edge at a marker token: Hermes's, not bare-JSON formats'
+        edge = self._marker_edges(ids, text) if self.tf is HERMES else None
         if edge is None:  # a marker sampled in pieces: split by each token's own text
             text, ends = self._token_text(ids)
-            spans = _split_turn(text, thinking_open=self.thinking_open)
+            spans = self._split(text)
             edge = {c: bisect.bisect_right(ends, c) for s in spans for c in (s.start, s.end)}
         edge[0], edge[len(text)] = 0, len(ids)
 
@@ -386,7 +357,7 @@ class ChatFormat:
             return sum(edge[s.end] - edge[s.start] for s in spans if s.kind in kinds)
 
         # a block's piece kind (a call whose JSON is not a valid call is broken) per span
-        kinds = [p.kind for p in _pieces(text, spans, call_prefix)]
+        kinds = [p.kind for p in _pieces(text, spans, call_prefix, self.tf)]
 
         def blocks(kind: str) -> tuple[tuple[int, int], ...]:
             return tuple((edge[s.start], edge[s.end])

@@ -3,6 +3,7 @@
     looprl model init ~/.cache/looprl/models/default --size small
     looprl model pretrain ~/.cache/looprl/models/default --steps 300
     looprl model serve ~/.cache/looprl/models/default --port 8000 --api-key s3cret   # OpenAI API
+    looprl model serve                  # the newest trained model: runs/<name>/model_rl
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def pretrain(model_dir: ModelDir = None,
              bf16: Annotated[bool, typer.Option(help="bf16 autocast")] = False,
              out_dir: Annotated[Path | None, typer.Option(help="save elsewhere instead of in place")] = None,
              ) -> None:
-    """Next-token pretraining on the Python source installed in this venv."""
+    """Next-token pretraining on the source corpus: library code of pinned PyPI sdists
+    (looprl.models.corpus), fetched on first use."""
     from looprl.models.pretrain import pretrain as run
     if not 0 < lr < float("inf"):
         raise typer.BadParameter(f"must be a finite number > 0, got {lr}", param_hint="--lr")
@@ -64,6 +66,42 @@ def pretrain(model_dir: ModelDir = None,
             out_dir=out_dir, num_threads=threads)
     console.print(f"loss {r.losses_S[0]:.3f} -> {r.final_loss:.3f} (val {r.val_loss:.3f}), "
                   f"{r.tokens_seen / r.wall_s:.0f} tok/s; saved {r.model_dir}, curve {r.loss_png}")
+
+
+def _trained_model(runs: Path) -> Path:
+    """What ``model serve`` with no model serves: the newest run's trained model
+    (``runs/<name>/model_rl``), else the default model directory; neither: how to name one."""
+    from looprl.rundir import RunDir
+
+    trained = [RunDir(d).model_rl for d in runs.iterdir() if RunDir(d).model_rl.is_dir()] \
+        if runs.is_dir() else []
+    if trained:
+        newest = max(trained, key=lambda p: p.stat().st_mtime)
+        console.print(f"serving the newest trained model, {newest} (pass a model dir to pick "
+                      "another)")
+        return newest
+    if _default_dir().is_dir():
+        return _default_dir()
+    raise typer.BadParameter(
+        f"no model to serve: no {runs}/<name>/model_rl (where `looprl train` saves the model it "
+        f"trained) and no {_default_dir()}; pass a model dir or hub id, e.g. looprl model serve "
+        "runs/quickstart/model_rl", param_hint="MODEL_DIR")
+
+
+def _port_free(host: str, port: int) -> None:
+    """Fail before loading the model (and before any banner) when ``port`` is taken."""
+    import socket
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise typer.BadParameter(f"cannot listen on {host}:{port} ({e.strerror}): pick "
+                                     "another with --port", param_hint="--port") from None
 
 
 def _loopback(host: str) -> bool:
@@ -88,19 +126,36 @@ def serve(model_dir: ModelDir = None,
           max_batch: Annotated[int, typer.Option(min=1, help="sequences decoded together")] = 64,
           drain: Annotated[float, typer.Option(
               help="on SIGTERM: seconds running requests may finish", min=0.1)] = 30.0,
+          runs: Annotated[Path, typer.Option(
+              help="without MODEL_DIR: serve the newest RUNS/<name>/model_rl")] = Path("runs"),
+          tool_format: Annotated[str | None, typer.Option(
+              help="tool-call format of the chat template: hermes, qwen3_coder, llama3, "
+                   "mistral, mistral_v11 or harmony (default: probed from the template)")] = None,
           ) -> None:
-    """Serve the model through an OpenAI-compatible API: chat with tool calls and streaming,
-    completions, /health, /v1/models (inference/openai_server.py)."""
+    """Serve a model through an OpenAI-compatible API: chat with tool calls and streaming,
+    completions, /health, /v1/models (inference/openai_server.py). Without MODEL_DIR: the model
+    the newest `looprl train` run trained (runs/<name>/model_rl). Tool calls are read in the
+    format the model's chat template writes (docs/formats.md)."""
     if not api_key and not _loopback(host):
         raise typer.BadParameter(f"without an API key the server is open to anyone who reaches "
                                  f"{host}: pass --api-key (or set LOOPRL_API_KEY), or bind "
                                  "127.0.0.1", param_hint="--host")
     from looprl.asgi import run
+    from looprl.chat.tool_formats import FORMATS
     from looprl.inference.openai_server import create_app
     from looprl.inference.torch_engine import TorchEngine
 
-    engine = TorchEngine.from_path(model_dir or _default_dir(), dtype=dtype, max_batch=max_batch)
-    app_ = create_app(engine, name, api_key=api_key, drain_s=drain)
+    if tool_format is not None and tool_format not in FORMATS:
+        raise typer.BadParameter(f"unknown tool format {tool_format!r}; use one of "
+                                 f"{', '.join(FORMATS)}", param_hint="--tool-format")
+    _port_free(host, port)
+    engine = TorchEngine.from_path(model_dir or _trained_model(runs), dtype=dtype,
+                                   max_batch=max_batch)
+    try:
+        app_ = create_app(engine, name, api_key=api_key, drain_s=drain, tool_format=tool_format)
+    except ValueError as e:
+        engine.close()
+        raise typer.BadParameter(str(e), param_hint="--tool-format") from None
     access = ("API key required" if api_key else
               "NO API key: open to every user and process on this machine")
     console.print(f"looprl model server on http://{host}:{port}/v1, model {name!r} "

@@ -99,12 +99,24 @@ def build_cmd(
             bar.update(job, description=spec)
             sub = bar.add_task(f"  {spec} tasks", total=max_tasks)
 
-            def tick(what: str, n: int, sub: TaskID = sub) -> None:
+            def tick(what: str, n: int, sub: TaskID = sub, spec: str = spec,
+                     tried: list[int] = [0]) -> None:  # noqa: B006 (one list per package)
                 if what == "validated":
                     bar.advance(sub, n)
+                elif what == "tried":  # off a terminal, the minute's line says it is screening
+                    tried[0] += n
+                    bar.update(sub, description=f"  {spec} tasks ({tried[0]} bugs tried)")
 
             try:
                 snap = fetch_package(spec)
+                if "==" not in spec:  # the newest release today: another one on another day
+                    bar.console.print(f"{spec}: no version given, using the newest release, "
+                                      f"{snap.name}=={snap.version} (pin it for the same tasks "
+                                      "on any machine)", highlight=False)
+                if not bar.console.is_terminal:  # no live bar: say what the wait is
+                    bar.console.print(f"{snap.name}=={snap.version}: screening candidate bugs "
+                                      f"(at most {budget_s:g} s), a progress line a minute",
+                                      highlight=False)
                 all_tasks += build_package_tasks(snap, cfg, tick)
                 if releases:
                     all_tasks += build_release_tasks(snap, releases, cfg, tick)
@@ -185,9 +197,13 @@ def import_swebench_cmd(
     repos: Annotated[Path | None, typer.Option(help="directory of git clones (OWNER__NAME[.git]"
                                                " or NAME[.git]): where repositories come from "
                                                "offline", file_okay=False)] = None,
-    flavour: Annotated[str, typer.Option(help="auto | swebench | swegym | swesmith")] = "auto",
+    flavour: Annotated[str, typer.Option(help="auto | swebench | swegym | swesmith | r2egym")
+                       ] = "auto",
     jobs: Annotated[int, typer.Option(help="tasks validated at once", min=1)] = 2,
     limit: Annotated[int, typer.Option(help="only the first N rows (0 = all)", min=0)] = 0,
+    grade_by: Annotated[str, typer.Option(help="auto | eval_script | tests: grade by the row's "
+                                          "eval_script log, or by looprl's pytest grader")
+                        ] = "auto",
 ) -> None:
     """Import SWE-bench-family rows: check out each repository, build its venv, validate."""
     import asyncio
@@ -195,7 +211,7 @@ def import_swebench_cmd(
     from looprl.tasks.swebench import import_swebench
 
     report = asyncio.run(import_swebench(rows, _store_for(out), repos=repos, flavour=flavour,
-                                         jobs=jobs, limit=limit))
+                                         jobs=jobs, limit=limit, grade_by=grade_by))
     _finish_import(report, out, str(rows))
 
 

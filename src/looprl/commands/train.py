@@ -29,6 +29,9 @@ def _run_training(config: Path, override: list[str] | None, runs: Path, resume: 
 
     cfg = load_config(TrainConfig, config, list(override or []))
     if fresh and os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 owns the run dir
+        from looprl.runstate import refuse_live
+
+        refuse_live(runs / cfg.name)  # never delete a run another process is training
         shutil.rmtree(runs / cfg.name, ignore_errors=True)
     run(cfg, runs, resume=resume)
 

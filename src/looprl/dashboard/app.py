@@ -270,7 +270,7 @@ class Dashboard:
         return {
             "runs": [{"name": r.name, "path": str(r.path), "steps": len(r.rows), "last": r.last,
                       "skipped_steps": r.skipped_steps, "trajectory_files": list(r.trajectory_files),
-                      "problems": list(r.problems),
+                      "problems": list(r.problems), "status": r.state.status,
                       **({"loop": {"cycles": len(r.cycles), "result": r.result}} if r.is_loop
                          else {})} for r in runs],
             "fleet": None if fleet is None else {"url": fleet.url, "metrics": fleet.metrics,

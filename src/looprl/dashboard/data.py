@@ -34,7 +34,9 @@ import httpx
 from looprl.feedback.ab import ABReport
 from looprl.feedback.store import CycleRecord
 from looprl.rundir import RunDir
-from looprl.trainer.loggers import TRAINED_ONLY, step_skipped
+from looprl.runstate import RunState
+from looprl.runstate import read as read_state
+from looprl.trainer.loggers import TRAINED_ONLY, groups_without_pass, step_skipped
 from looprl.types import Trajectory
 
 EVALUATIONS: tuple[tuple[str, str, bool], ...] = (
@@ -79,6 +81,8 @@ class RunData:
     """``result.txt`` (``parse_result``): None until the loop has ended."""
     fault_books: dict[str, Any] | None = None
     """The fault injector's books at its last row (``faults.jsonl``), when it injected faults."""
+    state: RunState = RunState("unknown")
+    """Where a train run stands (``state.json``): training, finished, stopped, failed, killed."""
 
     @property
     def last(self) -> dict[str, Any]:
@@ -241,6 +245,7 @@ def load_run(path: Path, name: str | None = None) -> RunData:
     rd = RunDir(path)
     metrics = rd.metrics
     loop = is_loop_dir(path)
+    state = read_state(path)
     if metrics.is_file():
         mtimes.append(metrics.stat().st_mtime)
         try:
@@ -250,9 +255,22 @@ def load_run(path: Path, name: str | None = None) -> RunData:
             problems.append(f"cannot read {metrics}: {e}")
         if not rows and not problems:
             problems.append("metrics.jsonl is empty: no training step has finished yet")
-    elif not loop:  # a loop trains in cycles and logs them to cycles.jsonl
+        groups, no_pass = groups_without_pass(rows)
+        if groups and no_pass >= groups:
+            problems.append(f"RL had no test signal: no rollout passed the tests in any of the "
+                            f"{groups} groups trained{' so far' * (not rd.report.is_file())} "
+                            "(train/no_pass_groups), so only the shaping terms moved the policy")
+    elif not loop and state.status in ("training", "unknown"):  # a loop trains in cycles and logs them to cycles.jsonl
         problems.append(f"no metrics.jsonl in {path} yet: the first training step has not "
-                        "finished (this page refreshes by itself)")
+                        f"finished (stage {state.stage or '?'}; this page refreshes by itself)")
+    elif not loop and state.status in ("stopped", "failed", "killed"):
+        problems.append(f"the run was {state.status} in its {state.stage or '?'} stage, before "
+                        "its first training step" + (f": {state.error}" if state.error else "")
+                        + "; what finished is kept: continue it with looprl train ... --resume")
+    if rows and state.status in ("stopped", "failed", "killed"):
+        problems.append(f"the run was {state.status} in its {state.stage or '?'} stage"
+                        + (f": {state.error}" if state.error else "")
+                        + "; what finished is kept: continue it with looprl train ... --resume")
     report = None
     if rd.report.is_file():
         try:
@@ -282,7 +300,7 @@ def load_run(path: Path, name: str | None = None) -> RunData:
         except OSError as e:
             problems.append(f"cannot read {rd.fault_books.name}: {e}")
     return RunData(name, path, tuple(rows), tuple(problems), report, evals, config, files,
-                   max(mtimes), loop, cycles, final_ab, result, books)
+                   max(mtimes), loop, cycles, final_ab, result, books, state)
 
 
 def _read_loop(path: Path, problems: list[str], mtimes: list[float]

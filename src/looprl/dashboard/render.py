@@ -47,7 +47,8 @@ SCRIPTS = ("uPlot.iife.min.js", "dashboard.js")
 STYLES = ("uPlot.min.css", "style.css")
 SERVED, INLINE = "served", "inline"
 
-# (title, metric keys); "reward/*" expands to every reward term but the total.
+# (title, metric keys); "reward/*" expands to every reward term but the total, another "x*" to
+# every key starting with x.
 TRAINING_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mean reward", ("reward/total_mean",)),
     ("pass rate (hidden tests)", ("rollout/pass_rate",)),
@@ -59,6 +60,11 @@ TRAINING_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("broken tool calls / call", ("broken_call_rate",)),
     ("groups without reward variance", ("train/zero_variance_groups", "train/no_pass_groups")),
     ("staleness (versions behind)", ("train/mean_staleness",)),
+    ("train-inference KL (engine || trainer)", ("train/engine_kl",)),
+    ("tokens with engine/trainer logprobs apart", ("train/engine_mismatch_frac",)),
+    ("MoE router disagreement with the engine, per layer",
+     ("train/router_disagree", "train/router_disagree_l*")),
+    ("MoE load-balancing loss", ("train/moe_aux_loss",)),
 )
 THROUGHPUT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("throughput (tokens/s)", ("rollout/tokens_per_s", "train/tokens_per_s")),
@@ -147,6 +153,8 @@ def _expand(keys: Sequence[str], present: list[str]) -> list[str]:
     for k in keys:
         if k == "reward/*":
             out += [p for p in present if p.startswith("reward/") and p != "reward/total_mean"]
+        elif k.endswith("*"):
+            out += [p for p in present if p.startswith(k[:-1])]
         elif k in present:
             out.append(k)
     return out
@@ -310,7 +318,7 @@ def runs_table(runs: Sequence[RunData], href: Callable[[RunData], str] | None,
                      esc(fmt(last.get("reward/total_mean"))),
                      esc(fmt(last.get("rollout/pass_rate"))), str(len(run.skipped_steps))]
                     if not run.is_loop else ["—", esc(ago(run.mtime)), "—", "—", "—"])
-        rows.append(box + [name, loop_status(run) if run.is_loop else "training", *training,
+        rows.append(box + [name, loop_status(run) if run.is_loop else train_status(run), *training,
                            esc(evals), str(len(run.problems))])
     msgs = [f"{run.name}: {p}" for run in runs for p in run.problems]
     body = table(head, rows, "runs") + problems(msgs[:10]) + (
@@ -394,6 +402,16 @@ def trajectories_section(run: RunData, counts: dict[str, int], href: Callable[[s
 
 NO_KEPT = "an arm had no session with an edit"
 """Why a kept rate (and its B − A) has no value: it is measured on sessions with an edit event."""
+
+
+def train_status(run: RunData) -> str:
+    """The runs list's cell of a train run: its state (``looprl.runstate``), and the stage a
+    run still training, or one that ended early, was in."""
+    st = run.state
+    if st.status == "unknown":  # no state.json: a run older than it, or not a train run
+        return "training" if not run.report_md else "finished"
+    stage = f" ({esc(st.stage)})" if st.stage and st.status != "finished" else ""
+    return f"{esc(st.status)}{stage}"
 
 
 def loop_status(run: RunData) -> str:

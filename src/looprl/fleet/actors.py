@@ -78,11 +78,12 @@ class EngineReplica:
     """One rollout engine (``make_engine``) on a node; pulls weight versions from the store."""
 
     def __init__(self, model_dir: str, engine: str, weights_url: str, threads: int,
-                 cuda: bool = False, faults_cfg: FaultsConfig | None = None) -> None:
+                 cuda: bool = False, faults_cfg: FaultsConfig | None = None,
+                 weights_options: dict[str, Any] | None = None) -> None:
         torch.set_num_threads(threads)  # this process's decode; the trainer's process keeps its own
         _install(faults_cfg, REPLICA_FAULTS, "replica")
         self.model_dir, self.engine_name, self.cuda = model_dir, engine, cuda
-        self.weights_url = weights_url
+        self.weights_url, self.weights_options = weights_url, weights_options or {}
         self.store: Any = None
         self.engine: Any = None
         self.in_flight = 0
@@ -114,7 +115,8 @@ class EngineReplica:
         from looprl.weights.store import FsspecWeightStore
 
         if self.store is None:  # one reader: it keeps the last version's bits for the next delta
-            self.store = RetryingStore(FsspecWeightStore(self.weights_url))
+            self.store = RetryingStore(FsspecWeightStore(self.weights_url,
+                                                         storage_options=self.weights_options))
         before = self.store.failures[InfraKind.WEIGHT_READ.value]
         with faults.scope(f"pull:{id(self)}:{version}:{time.monotonic_ns()}") as injected:
             loaded = await asyncio.to_thread(self.store.load, version)

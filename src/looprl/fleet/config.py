@@ -55,6 +55,10 @@ class FleetExperimental:
     every node reads). "" = the run directory's ``weights/``, which only a one-machine cluster or
     a shared filesystem can read. The starting checkpoint must be readable at the same path on
     every node."""
+    weights_options: dict[str, bool | int | float | str] = field(default_factory=dict)
+    """The fsspec storage options of ``weights_url``, for the trainer and every replica (s3fs:
+    ``endpoint_url`` of an S3-compatible server such as MinIO; credentials are better left to the
+    backend's environment, AWS_ACCESS_KEY_ID / ~/.aws, than written in a config)."""
     min_nodes: Annotated[int, Range(1, 1_000_000)] = 1
     """Nodes whose engine and environment server must be up before the run starts."""
     poll_s: Annotated[float, Range(0.0, 86_400.0, lo_open=True)] = 1.0

@@ -86,6 +86,8 @@ class MemberSpec:
     reward: RewardConfig
     engine: str = "torch"
     """``looprl.inference`` engine name (torch; vllm on GPU nodes)."""
+    weights_options: dict[str, Any] = field(default_factory=dict)
+    """fsspec storage options of ``weights_url`` (``fleet.experimental.weights_options``)."""
     faults: FaultsConfig | None = None
     """Failures the members' actors inject (drills; ``looprl.faults``)."""
     http_roots: tuple[str, ...] | None = None
@@ -160,6 +162,9 @@ class RayFleet:
         self._nodes: dict[str, dict[str, Any]] = {}
         self._failures: dict[str, int] = {}
         self._retry_at: dict[str, float] = {}
+        self._fatal: str | None = None
+        """A member that could not start for a config error (the same on every try and every
+        node): ``start`` stops at once with it instead of retrying until its timeout."""
         self._spawned = 0
         """Members spawned so far: each draws its own fault stream (``_member_faults``)."""
         self._background: set[asyncio.Task[None]] = set()
@@ -181,6 +186,9 @@ class RayFleet:
         fleet._watcher = asyncio.create_task(fleet._watch())
         deadline = time.monotonic() + x.start_timeout_s
         while len(fleet._live()) < x.min_nodes:
+            if fleet._fatal is not None:
+                await fleet.close()
+                raise ConfigError(f"{fleet._fatal} (a config error: not retried)")
             if time.monotonic() > deadline:
                 await fleet.close()
                 raise FleetError(
@@ -386,7 +394,8 @@ class RayFleet:
         replica = ray.remote(EngineReplica).options(
             num_cpus=c.cpus_per_engine, num_gpus=c.gpus_per_engine, scheduling_strategy=on_node)
         replicas = [replica.remote(s.model_dir, s.engine, s.weights_url, c.engine_threads,
-                                   c.gpus_per_engine > 0, fc) for _ in range(c.engines_per_node)]
+                                   c.gpus_per_engine > 0, fc, s.weights_options)
+                    for _ in range(c.engines_per_node)]
         env = ray.remote(EnvServer).options(num_cpus=0, scheduling_strategy=on_node).remote(
             replicas, self._tokenizer_ref, s.rollout, s.reward, c.sandboxes_per_node,
             faults_cfg=fc, http_roots=s.http_roots)
@@ -426,6 +435,9 @@ class RayFleet:
         except (RayError, asyncio.TimeoutError) as e:
             why = "timed out" if isinstance(e, asyncio.TimeoutError) else \
                 f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, ConfigError):  # e.g. a model path the node cannot read
+                self._fatal = f"node {m.address} could not start its member: {cause}"
             self._lose(m, f"could not start ({why})")
             return
         m.state, m.version, m.since = "live", got, time.monotonic()

@@ -14,6 +14,7 @@ from looprl.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "agent": ["run_agent"],
     "run_state": ["AgentConfig", "AgentExperimental", "AgentRun", "ContextHook"],
-    "policies": ["OracleAgent", "ScriptedPolicy"],
+    "oracle": ["OracleAgent"],
+    "scripted": ["ScriptedPolicy"],
     "tools": ["DEFAULT_TOOLS", "TOOLS", "ToolContext", "make_tools", "tool_schemas"],
 })

@@ -183,7 +183,7 @@ async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat
         if ctx.finished:
             return StopReason.FINISHED, None
         obs = fmt.observation_ids(tool_msgs)
-        if gen.token_ids[-1] != fmt.eot_id:  # the turn was cut: close it before the tool output
+        if gen.token_ids[-1] not in fmt.end_ids:  # the turn was cut: close it before the tool output
             obs = [fmt.eot_id] + obs
         run.add_context(obs)
         run.counters["tool_output_tokens"] += len(obs)
@@ -277,7 +277,8 @@ async def execute_calls(turn: ParsedTurn, tools: dict[str, Tool], ctx: ToolConte
         elif item is not None:
             results.append(await _run_one(*item, ctx))
     for k, err in enumerate(turn.errors):
-        results.append(ToolResult(f"{call_prefix}_err{k}", "invalid_tool_call",
+        rid = turn.error_ids[k] if k < len(turn.error_ids) else f"{call_prefix}_err{k}"
+        results.append(ToolResult(rid, "invalid_tool_call",
                                   f"Invalid tool call: {err}", "broken"))
     return results
 

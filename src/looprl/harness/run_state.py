@@ -7,6 +7,7 @@ returned. Neither of the two modules imports the other's internals: both build o
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from looprl.errors import PolicyError
 from looprl.types import (
     Generation,
     Message,
+    Routes,
     SamplingParams,
     Segment,
     SelfSummary,
@@ -82,6 +84,11 @@ class AgentRun:
     logprobs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routes: list[bytes] = field(default_factory=list)
+    """Per token of the open segment: its ``Routes`` bytes (layers x top_k) when the engine
+    recorded them, else empty."""
+    route_shape: tuple[int, int] = (0, 0)
+    """(layers, top_k) of the recorded routes."""
     seen: int = 0
     """How many tokens of the open segment the policy has seen (prompted with or sampled)."""
     stop: StopReason | None = None
@@ -103,19 +110,27 @@ class AgentRun:
         self.logprobs += [0.0] * len(ids)
         self.loss_mask += [0] * len(ids)
         self.versions += [-1] * len(ids)
+        self.routes += [b""] * len(ids)
 
     def add_generation(self, gen: Generation) -> None:
         self.token_ids += gen.token_ids
         self.logprobs += gen.logprobs
         self.loss_mask += [1] * len(gen.token_ids)
         self.versions += gen.policy_versions
+        r = gen.routes
+        if r is not None and r.tokens == len(gen.token_ids):
+            w, raw = r.layers * r.top_k, r.raw
+            self.route_shape = (r.layers, r.top_k)
+            self.routes += [raw[i * w:(i + 1) * w] for i in range(len(gen.token_ids))]
+        else:
+            self.routes += [b""] * len(gen.token_ids)
         self.counters["output_tokens"] += len(gen.token_ids)
         self.seen = len(self.token_ids)
 
     def drop_unseen(self) -> None:
         """Drop an observation the policy never got to see (the run stopped before the next
         generation), so the segment is exactly what the policy saw and emitted."""
-        for buf in (self.token_ids, self.logprobs, self.loss_mask, self.versions):
+        for buf in (self.token_ids, self.logprobs, self.loss_mask, self.versions, self.routes):
             del buf[self.seen:]
 
     def close_segment(self) -> None:
@@ -124,9 +139,20 @@ class AgentRun:
         self.drop_unseen()
         if self.token_ids:
             self.segments.append(Segment(tuple(self.token_ids), tuple(self.logprobs),
-                                         tuple(self.loss_mask), tuple(self.versions)))
+                                         tuple(self.loss_mask), tuple(self.versions),
+                                         _segment_routes(self.routes, *self.route_shape)))
         self.token_ids, self.logprobs, self.loss_mask, self.versions = [], [], [], []
+        self.routes = []
         self.seen = 0
+
+
+def _segment_routes(per_token: list[bytes], layers: int, top_k: int) -> Routes | None:
+    """One segment's routes (tokens without a record: none), or None when no token has one."""
+    w = layers * top_k
+    if not w or not any(per_token):
+        return None
+    raw = b"".join(r if len(r) == w else b"\xff" * w for r in per_token)
+    return Routes(layers, top_k, base64.b64encode(raw).decode())
 
 
 ContextHook = Callable[[AgentRun], Awaitable[bool]]

@@ -122,7 +122,7 @@ class Summarizer:
     def _ask(self, run: AgentRun, tool_msgs: list[Message]) -> bool:
         """Replace the unread observation with tool results + instruction + assistant header.
         False (nothing added) if that leaves less than ``min_turn_tokens`` for the summary."""
-        cut_turn = run.token_ids[run.seen - 1] != self.fmt.eot_id
+        cut_turn = run.token_ids[run.seen - 1] not in self.fmt.end_ids
         run.drop_unseen()
         instruction: Message = {"role": "user", "name": "summarize", "content": SUMMARIZE_INSTRUCTION}
         obs = self.fmt.observation_ids(tool_msgs + [instruction])

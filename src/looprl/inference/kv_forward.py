@@ -7,7 +7,11 @@ decode batch is always the first ``B`` slots (the engine keeps active sequences 
 no gather is needed.
 
 The forward reuses the model's own modules (norms, projections, MLP, rotary embedding), so weights
-swapped into the model are used at once. Supported: Llama, Qwen2, Qwen3, Mistral (no sliding window).
+swapped into the model are used at once. Supported: Llama, Qwen2, Qwen3, Mistral (no sliding window),
+and Qwen3-MoE, whose sparse blocks run through the model's own router and experts; the forward then
+also returns the top-k experts each returned position was routed to (``routes_B_T_L_K``, uint8,
+one entry per MoE layer), which the engine records with every sampled token (router replay,
+``looprl.models.moe``).
 
     fwd = CachedForward(model, num_slots=16, max_len=4096)
     out = fwd.prefill(ids, slot=0, start=0)     # out.logits_B_T_V [1, 1, V]: the last new token
@@ -28,7 +32,7 @@ from transformers import PreTrainedModel
 
 from looprl.errors import ConfigError
 
-SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe")
 PREFILL_CHUNK = 1024  # bounds the attention matrix of a long prefill
 
 
@@ -65,6 +69,8 @@ class ForwardOut:
     """fp32 logits."""
     hidden_B_T_H: torch.Tensor
     """The LM head's input (the final norm's output), in the model's dtype."""
+    routes_B_T_L_K: torch.Tensor | None = None
+    """MoE models: the experts each position was routed to in each MoE layer (uint8, CPU)."""
 
 
 class CachedForward:
@@ -88,6 +94,7 @@ class CachedForward:
         self.kv_heads = cfg.num_key_value_heads
         self.scale = attn.scaling
         self.num_slots, self.max_len = num_slots, max_len
+        self._routes: list[torch.Tensor] = []  # this forward's [B, T, K] per MoE layer
         param = next(model.parameters())
         self.device = param.device  # the cache and every input tensor live beside the weights
         shape = (num_slots, self.kv_heads, max_len, self.head_dim)
@@ -161,6 +168,12 @@ class CachedForward:
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
         m, wgu = self.layers[i].mlp, self.wgu_L[i]
+        if hasattr(m, "experts"):  # a sparse MoE block: the model's own router and experts
+            B, T, H = x.shape
+            flat = x.reshape(-1, H)
+            _, weights, experts = m.gate(flat)
+            self._routes.append(experts.view(B, T, -1))
+            return m.experts(flat, experts, weights).view(B, T, H)
         if wgu is None:
             return m(x)
         gate, up = F.linear(x, wgu).chunk(2, dim=-1)
@@ -168,13 +181,19 @@ class CachedForward:
 
     def _out(self, h: torch.Tensor) -> ForwardOut:
         hidden = self.base.norm(h)
-        return ForwardOut(self.model.lm_head(hidden).float(), hidden)
+        routes = None
+        if self._routes:
+            T = h.shape[1]  # the last T positions of the forward
+            routes = torch.stack([r[:, -T:] for r in self._routes], dim=2).to("cpu", torch.uint8)
+            self._routes = []
+        return ForwardOut(self.model.lm_head(hidden).float(), hidden, routes)
 
     @torch.inference_mode()
     def prefill(self, ids: list[int], slot: int, start: int) -> ForwardOut:
         """Run ``ids`` at positions ``start..`` of ``slot``; returns the last one's output ``[1, 1, .]``."""
         assert ids and start + len(ids) <= self.max_len, "prefill past the slot's capacity"
         for c0 in range(0, len(ids), PREFILL_CHUNK):
+            self._routes = []  # only the last position's routes are returned
             chunk = ids[c0:c0 + PREFILL_CHUNK]
             p0, n = start + c0, len(chunk)
             pos_1_T = torch.arange(p0, p0 + n, device=self.device).unsqueeze(0)
@@ -211,6 +230,7 @@ class CachedForward:
         """
         B, T = len(ids_B_T), len(ids_B_T[0])
         dev = self.device
+        self._routes = []
         assert max(pos_B) + T <= self.max_len, "decode past the slot's capacity"
         pos = torch.tensor(pos_B, device=dev)
         pos_B_T = pos.unsqueeze(1) + torch.arange(T, device=dev)

@@ -31,6 +31,7 @@ half-decoded UTF-8 character.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,8 @@ def conversation_ids(fmt: ChatFormat, messages: list[Message],
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     ids = fmt.prompt_ids(messages[:turns[0]] if turns else messages, tools)
     for k, i in enumerate(turns):
-        ids += fmt.encode(assistant_text(fmt, messages[i])) + [fmt.eot_id]
+        text, end = _assistant_turn(fmt, messages[i])
+        ids += fmt.encode(text) + [end]
         ids += fmt.observation_ids(messages[i + 1:turns[k + 1] if k + 1 < len(turns) else None])
     return ids
 
@@ -75,20 +77,47 @@ def conversation_ids(fmt: ChatFormat, messages: list[Message],
 def assistant_text(fmt: ChatFormat, message: Message) -> str:
     """What the chat template writes inside an assistant turn for ``message`` (its content and
     call blocks), without the header and the end-of-turn token."""
+    return _assistant_turn(fmt, message)[0]
+
+
+def _assistant_turn(fmt: ChatFormat, message: Message) -> tuple[str, int]:
+    """``assistant_text`` and the id of the end token the template closed the turn with."""
+    if fmt.tool_format != "hermes" and message.get("tool_calls"):
+        message = _object_arguments(message)
     before = fmt.render(_BASE)
     after = fmt.render(_BASE + [message], add_generation_prompt=False)
-    end = after.rfind(fmt.eot)
-    if not after.startswith(before) or end < len(before):
+    ends = {fmt.eot: fmt.eot_id} if fmt.tool_format == "hermes" else {
+        fmt.tokenizer.decode([i], skip_special_tokens=False): i for i in fmt.end_ids}
+    end_at, end_id = max((after.rfind(e), i) for e, i in ends.items())
+    if not after.startswith(before) or end_at < len(before):
         raise ValueError("the chat template does not render an assistant turn after the "
                          "generation prompt; it cannot be used token-in/token-out")
-    return after[len(before):end]
+    return after[len(before):end_at], end_id
+
+
+def _object_arguments(message: Message) -> Message:
+    """``message`` with each call's arguments as an object, as HF templates other than Hermes's
+    expect (OpenAI clients send them as JSON text)."""
+    calls = []
+    for c in message.get("tool_calls") or []:
+        fn = dict(c.get("function") or {})
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"] or "{}")
+            except ValueError:
+                raise ValueError(f"tool call {fn.get('name')!r} has arguments that are not JSON "
+                                 "text; send them as OpenAI does (a JSON object as a string)"
+                                 ) from None
+        calls.append({**c, "function": fn})
+    return {**message, "tool_calls": calls}
 
 
 def parse_reply(fmt: ChatFormat, token_ids: list[int] | tuple[int, ...], call_prefix: str,
                 finish: str = "stop") -> Reply:
     """A sampled turn as an OpenAI reply (module docstring); ``finish``: the engine's reason."""
     text = fmt.decode(token_ids)
-    pieces = turn_pieces(text, call_prefix=call_prefix, thinking_open=fmt.thinking_open)
+    pieces = turn_pieces(text, call_prefix=call_prefix, thinking_open=fmt.thinking_open,
+                         tool_format=fmt.tool_format, types=fmt.types)
     calls = [p.value for p in pieces if p.kind == "call"]
     reason = "tool_calls" if calls and finish == "stop" else finish
     return Reply(_content(pieces), calls, reason)  # type: ignore[arg-type]
@@ -96,8 +125,9 @@ def parse_reply(fmt: ChatFormat, token_ids: list[int] | tuple[int, ...], call_pr
 
 def _content(pieces: list[TurnPiece]) -> str:
     """The harness's assistant content (``harness.agent.assistant_message``), broken blocks kept."""
-    thinking = "".join(p.text for p in pieces if p.kind == "think")
-    thinking = thinking.removeprefix(THINK_OPEN).removesuffix("</think>").strip()
+    thinking = "\n".join(p.value if isinstance(p.value, str) else
+                          p.text.removeprefix(THINK_OPEN).removesuffix("</think>").strip()
+                          for p in pieces if p.kind == "think")
     text = "".join(p.text for p in pieces if p.kind in ("content", "broken")).strip()
     return (f"<think>{thinking}</think>\n" if thinking else "") + text
 
@@ -114,13 +144,16 @@ class ReplyStream:
     def feed(self, token_ids: list[int]) -> tuple[str, list[ToolCall]]:
         """The content delta and the calls completed since the last ``feed``."""
         text = self.fmt.decode(token_ids).rstrip("\ufffd")  # a UTF-8 character still arriving
-        for m in MARKERS:  # a marker cut in half could still open a block
+        markers = MARKERS if self.fmt.tool_format == "hermes" else (
+            self.fmt.tf.markers + (THINK_OPEN, THINK_CLOSE))
+        for m in markers:  # a marker cut in half could still open a block
             for k in range(len(m) - 1, 0, -1):
                 if text.endswith(m[:k]):
                     text = text[:-k]
                     break
         pieces = turn_pieces(text + _END, call_prefix=self.call_prefix,
-                             thinking_open=self.fmt.thinking_open)
+                             thinking_open=self.fmt.thinking_open,
+                             tool_format=self.fmt.tool_format, types=self.fmt.types)
         # A broken block may be one JSON value still arriving (its strings can hold markers and
         # end later), which would take in what follows it: wait for the end of the turn.
         broken = [k for k, p in enumerate(pieces) if p.kind == "broken"]

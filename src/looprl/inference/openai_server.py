@@ -152,14 +152,17 @@ async def _merge(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
 class _Server:
     """The routes' work over one engine; ``create_app`` wires its methods to the paths."""
 
-    def __init__(self, engine: TorchEngine, model_name: str, drain: Drain, drain_s: float) -> None:
+    def __init__(self, engine: TorchEngine, model_name: str, drain: Drain, drain_s: float,
+                 tool_format: str | None = None) -> None:
         self.engine, self.model_name, self.drain, self.drain_s = engine, model_name, drain, drain_s
         self.tok = engine.tokenizer
         self.max_len = engine.max_len
         self.vocab = int(getattr(engine.model.config, "vocab_size", 0) or len(self.tok))
         try:
-            self.fmt: ChatFormat | None = ChatFormat(self.tok)
+            self.fmt: ChatFormat | None = ChatFormat(self.tok, tool_format=tool_format)
         except ValueError:  # a base model's tokenizer without a chat template: completions only
+            if tool_format is not None and getattr(self.tok, "chat_template", None):
+                raise  # the template contradicts the format asked for: a one-line error
             self.fmt = None
 
     def budget(self, r: CompletionRequest | ChatRequest, ids: list[int], param: str) -> int:
@@ -390,12 +393,14 @@ async def _gone(_: Request, e: Exception) -> JSONResponse:
 
 
 def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str | None = None,
-               drain_s: float = 30.0) -> FastAPI:
+               drain_s: float = 30.0, tool_format: str | None = None) -> FastAPI:
     """The FastAPI app (serve it with ``looprl.asgi.run(app, ..., drain=app.state.drain)``).
-    ``api_key``: the bearer key every route but ``/health`` needs (None: open)."""
+    ``api_key``: the bearer key every route but ``/health`` needs (None: open).
+    ``tool_format``: the chat template's tool-call format (``looprl.chat.tool_formats``; None:
+    probed from the template), refused with ``ValueError`` where the template writes another."""
     app = FastAPI(title="looprl OpenAI-compatible server")
     drain = app.state.drain = Drain()
-    server = _Server(engine, model_name, drain, drain_s)
+    server = _Server(engine, model_name, drain, drain_s, tool_format)
     weights_limit = _weights_limit(engine)
     app.add_middleware(
         Guard, authorized=bearer(api_key) if api_key else None, open_paths={"/health"},

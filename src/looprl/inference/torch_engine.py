@@ -53,7 +53,7 @@ from looprl.inference.sampling import sample_B
 from looprl.inference.spec import Drafter, NgramIndex, SpecController, accept
 from looprl.models.loading import load_model, resolve_dtype
 from looprl.models.mtp import heads_of
-from looprl.types import Generation, SamplingParams
+from looprl.types import Generation, Routes, SamplingParams
 
 
 @dataclass
@@ -84,6 +84,8 @@ class _Request:
     out_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routes: list[torch.Tensor] = field(default_factory=list)
+    """MoE models: per sampled token, the [L, K] uint8 experts of the forward that sampled it."""
     finish: Literal["stop", "length"] | None = None
     hidden: torch.Tensor | None = None
     """The LM head's input that gave the last sampled token's distribution (drafting starts there)."""
@@ -413,7 +415,9 @@ class TorchEngine:
         """Sample each row's next token from a forward's last position and emit it."""
         tokens, lps = sample_B(out.logits_B_T_V[:, -1], [r.params.temperature for r in reqs],
                                [r.params.top_p for r in reqs], [r.generator for r in reqs], self._gen)
-        self._emit(reqs, [[t] for t in tokens], [[lp] for lp in lps], out.hidden_B_T_H[:, -1:], fed_B_T)
+        routes = out.routes_B_T_L_K[:, -1:] if out.routes_B_T_L_K is not None else None
+        self._emit(reqs, [[t] for t in tokens], [[lp] for lp in lps], out.hidden_B_T_H[:, -1:], fed_B_T,
+                   routes)
 
     def _speculate(self, rows: list[_Request], k: int, pos_B: list[int],
                    prefix_B: list[tuple[int, int] | None] | None,
@@ -435,7 +439,7 @@ class TorchEngine:
         ids_B_T = [[t, *d] for t, d in zip(last_B, draft.tokens_B_K.tolist(), strict=True)]
         out = self.fwd.decode(ids_B_T, pos_B, prefix_B)
         acc = accept(out.logits_B_T_V, draft, temps, top_ps, u_B[:, k:2 * k], u_B[:, 2 * k])
-        self._emit(rows, acc.tokens_B_T, acc.logprobs_B_T, out.hidden_B_T_H, ids_B_T)
+        self._emit(rows, acc.tokens_B_T, acc.logprobs_B_T, out.hidden_B_T_H, ids_B_T, out.routes_B_T_L_K)
         return sum(acc.accepted_B)
 
     def _looked_up(self, r: _Request, k: int) -> list[int]:
@@ -449,12 +453,14 @@ class TorchEngine:
         return r.index.propose(min(k, self.drafter.lookup))
 
     def _emit(self, reqs: list[_Request], tokens_B_T: list[list[int]], lps_B_T: list[list[float]],
-              hidden_B_T_H: torch.Tensor, fed_B_T: list[list[int]] | None) -> None:
+              hidden_B_T_H: torch.Tensor, fed_B_T: list[list[int]] | None,
+              routes_B_T_L_K: torch.Tensor | None = None) -> None:
         """Append each row's new tokens one by one, stopping at its first finishing token.
 
         Token j of row b was sampled from the output at the position of ``fed_B_T[b][j]`` (the
         row's last token, then its accepted drafts), whose KV thereby joins the row's context
-        (``None``: a prefill, whose tokens are in the context already)."""
+        (``None``: a prefill, whose tokens are in the context already); on a MoE model
+        ``routes_B_T_L_K[b, j]`` is where that position was routed."""
         for b, r in enumerate(reqs):
             j = 0
             for j, (t, lp) in enumerate(zip(tokens_B_T[b], lps_B_T[b], strict=True)):
@@ -463,6 +469,8 @@ class TorchEngine:
                 r.out_ids.append(t)
                 r.logprobs.append(lp)
                 r.versions.append(self._version)
+                if routes_B_T_L_K is not None:
+                    r.routes.append(routes_B_T_L_K[b, j])
                 self.stats.generated_tokens += 1
                 r.finish = self._finish_reason(r)
                 if r.finish:
@@ -499,8 +507,9 @@ class TorchEngine:
             self._free(e)
         if r.future.cancelled():
             return
+        routes = Routes.of(torch.stack(r.routes).numpy()) if r.routes else None
         gen = Generation(tuple(r.out_ids), tuple(r.logprobs), tuple(r.versions), r.finish or "abort",
-                         self.tokenizer.decode(r.out_ids, skip_special_tokens=False))
+                         self.tokenizer.decode(r.out_ids, skip_special_tokens=False), routes)
         r.loop.call_soon_threadsafe(_resolve, r.future, gen, None)
 
     def _fail_all(self, err: Exception) -> None:

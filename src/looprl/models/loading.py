@@ -83,14 +83,32 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+RUN_MODELS = ("model_init", "model_start", "model_sft", "model_rl")
+"""A run directory's checkpoints (``RunDir.saved_models``): never advised to be re-made."""
+
+
+def no_model_message(p: Path) -> str:
+    """Why ``p`` holds no model, and what to pass instead. A relative path says where it was
+    resolved from (a Ray node's worker resolves it against its own working directory), and a
+    run's checkpoint is never advised to be replaced by a fresh, untrained model.
+
+    >>> no_model_message(Path("runs/r/model_start"))[:60]
+    'no HF model at runs/r/model_start (config.json missing; a re'
+    """
+    where = "" if p.is_absolute() else f"; a relative path, resolved against {Path.cwd()}"
+    fix = ("point to a directory saved by save_pretrained, or a hub id (org/name)"
+           + ("" if p.name in RUN_MODELS else
+              f"; for a new, untrained default model: `looprl model init {p}`"))
+    return f"no HF model at {p} (config.json missing{where}); {fix}"
+
+
 def load_model(path: str | Path, dtype: str | torch.dtype = "float32") -> LoadedModel:
     """Load the model and tokenizer saved in HF format at ``path`` (config.json + safetensors),
     a local directory or a hub id (``looprl.models.hub``)."""
     p = resolve_model_path(path)
     torch_dtype = resolve_dtype(dtype)
     if not (p / "config.json").exists():
-        raise ConfigError(f"no HF model at {p} (config.json missing); create the default one with "
-                          f"`looprl model init {p}` or point to a directory saved by save_pretrained")
+        raise ConfigError(no_model_message(p))
     model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, use_safetensors=True)
     model.eval()
     heads = load_heads(p, dtype=torch_dtype)

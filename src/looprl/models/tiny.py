@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from looprl.errors import ConfigError
 from looprl.models.corpus import iter_corpus
@@ -40,20 +40,29 @@ from looprl.models.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 @dataclass(frozen=True)
 class ModelSize:
-    """Shape of a default model (Llama architecture, tied embeddings, GQA)."""
+    """Shape of a default model (Llama architecture, tied embeddings, GQA; with ``experts``, a
+    Qwen3-MoE whose every MLP is ``experts`` experts of width ``intermediate``, ``top_k`` each)."""
 
     hidden: int
     layers: int
     heads: int
     kv_heads: int
     intermediate: int
+    experts: int = 0
+    top_k: int = 0
 
 
 SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=352),  # ~0.6M, tests
     "small": ModelSize(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=704),  # ~3M, default
     "medium": ModelSize(hidden=384, layers=6, heads=6, kv_heads=2, intermediate=1024),  # ~9M
+    # ~5.2M params, ~2.3M active: "small"'s attention with 8 experts of width 160, top-2
+    "moe": ModelSize(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=160, experts=8, top_k=2),
 }
+MOE_AUX_LOSS_COEF = 0.01
+"""Weight of the load-balancing loss (HF's ``router_aux_loss_coef``) in every training stage
+(pretraining through HF's forward, SFT and RL through ``models.moe.RouterTap``): Switch
+Transformer's value (HF's default is 1e-3)."""
 DEFAULT_SIZE = "small"
 VOCAB_SIZE = 2048  # ~2.6 chars/token on code; a bigger vocab buys little at this model size
 MAX_POSITIONS = 8192
@@ -148,10 +157,24 @@ ROPE_THETA = 1_000_000.0
 over 2,000 positions, room for the copy circuit's content matching (``plant_copy_circuit``)."""
 
 
-def model_config(size: str, tokenizer_vocab: int, pad_id: int, eos_id: int) -> LlamaConfig:
+def model_config(size: str, tokenizer_vocab: int, pad_id: int, eos_id: int
+                 ) -> LlamaConfig | Qwen3MoeConfig:
     if size not in SIZES:
         raise ConfigError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
     s = SIZES[size]
+    if s.experts:
+        # output_router_logits: HF's forward with labels (pretraining) adds the balancing loss
+        moe = Qwen3MoeConfig(
+            vocab_size=tokenizer_vocab, hidden_size=s.hidden, num_hidden_layers=s.layers,
+            num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+            moe_intermediate_size=s.intermediate,
+            intermediate_size=s.intermediate, num_experts=s.experts, num_experts_per_tok=s.top_k,
+            norm_topk_prob=True, router_aux_loss_coef=MOE_AUX_LOSS_COEF, output_router_logits=True,
+            max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True, pad_token_id=pad_id,
+            eos_token_id=eos_id, bos_token_id=None)
+        moe.head_dim = s.hidden // s.heads  # Qwen3's default is 128 whatever the width
+        moe.rope_parameters = {"rope_theta": ROPE_THETA, "rope_type": "default"}
+        return moe
     cfg = LlamaConfig(vocab_size=tokenizer_vocab, hidden_size=s.hidden, num_hidden_layers=s.layers,
                       num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
                       intermediate_size=s.intermediate, max_position_embeddings=MAX_POSITIONS,
@@ -161,21 +184,21 @@ def model_config(size: str, tokenizer_vocab: int, pad_id: int, eos_id: int) -> L
     return cfg
 
 
-def _rope_theta(cfg: LlamaConfig) -> float:
+def _rope_theta(cfg: LlamaConfig | Qwen3MoeConfig) -> float:
     rope = cfg.rope_parameters
     # transformers fills in rope_parameters, rope_theta included, in every LlamaConfig
     assert rope is not None and rope["rope_theta"] is not None, "a LlamaConfig without rope_theta"
     return rope["rope_theta"]
 
 
-def _rotary_freqs(cfg: LlamaConfig) -> torch.Tensor:
+def _rotary_freqs(cfg: LlamaConfig | Qwen3MoeConfig) -> torch.Tensor:
     """Angle per position of each rotary pair (pair p = dims p and p + head_dim/2, HF layout)."""
     hd = cfg.hidden_size // cfg.num_attention_heads
     theta = float(_rope_theta(cfg))
     return 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
 
 
-def plant_copy_circuit(model: LlamaForCausalLM, seed: int = 0, *, span: int = 2000,
+def plant_copy_circuit(model: LlamaForCausalLM | Qwen3MoeForCausalLM, seed: int = 0, *, span: int = 2000,
                        alpha: float = 4.0, beta: float = 4.0, gamma: float = 0.4) -> None:
     """Initialise ``model`` (fresh, Llama layout, tied embeddings, 2+ layers) with an induction
     circuit: it predicts the token that followed the current token's earlier occurrence, so it
@@ -227,7 +250,8 @@ def plant_copy_circuit(model: LlamaForCausalLM, seed: int = 0, *, span: int = 20
         emb[:, C] = 1.0
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
+            mlp = layer.mlp  # a MoE layer zeroes every expert's output projection
+            (mlp.experts.down_proj if hasattr(mlp, "experts") else mlp.down_proj.weight).zero_()
         P = torch.linalg.qr(torch.randn(D, m, generator=gen))[0].T  # m x D, orthonormal rows
         n_v = min(hd, D)
         P_v = torch.linalg.qr(torch.randn(D, n_v, generator=gen))[0].T
@@ -294,7 +318,7 @@ def init_default_model(out_dir: str | Path, size: str = DEFAULT_SIZE, seed: int 
     eos_id = tok.convert_tokens_to_ids(tok.eos_token)
     assert isinstance(eos_id, int), "one token's id is an int"
     cfg = model_config(size, len(tok), tok.pad_token_id, eos_id)
-    model = LlamaForCausalLM(cfg)
+    model = Qwen3MoeForCausalLM(cfg) if isinstance(cfg, Qwen3MoeConfig) else LlamaForCausalLM(cfg)
     if copy_circuit:
         plant_copy_circuit(model, seed=seed)
     out.mkdir(parents=True, exist_ok=True)

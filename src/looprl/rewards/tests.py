@@ -56,6 +56,14 @@ from dataclasses import dataclass, field
 from looprl.diffs import parse_diff, touched_paths
 from looprl.errors import RewardError, SandboxError, ToolError
 from looprl.protocols import Sandbox
+from looprl.rewards.evalscript import (
+    EVAL_COMMAND,
+    eval_dirs,
+    eval_mounts,
+    judge,
+    read_log,
+    status_writes,
+)
 from looprl.rewards.hacking import edited_test_paths, is_test_path, runner_attempts
 from looprl.rewards.isolation import (
     RUNNER,
@@ -65,6 +73,7 @@ from looprl.rewards.isolation import (
     runner_paths,
     shadowing_paths,
 )
+from looprl.rewards.logparse import LogError
 from looprl.rewards.verifier import (
     RewardFileError,
     links_out,
@@ -422,7 +431,8 @@ async def grade(task: Task, diff: str, *, cache: bool = True) -> GradeResult:
         _grade_cache.move_to_end(key)
         return dataclasses.replace(_grade_cache[key], cached=True)
     try:
-        g = await (_grade_fresh(task, diff) if task.grader.verifier is None
+        g = await (_grade_by_eval(task, diff) if task.grader.eval is not None
+                   else _grade_fresh(task, diff) if task.grader.verifier is None
                    else _grade_by_verifier(task, diff))
     except _DidNotRun as e:
         if not diff.strip():
@@ -504,6 +514,54 @@ async def _grade_by_verifier(task: Task, diff: str) -> GradeResult:
     score = 0.0 if "runner_tampering" in flags or res.timed_out else reward.score
     return GradeResult(score, {}, bool(edited_test_paths(task, diff)), time.monotonic() - t0,
                        res.timed_out, tail, flags=flags, metrics=reward.metrics)
+
+
+async def _grade_by_eval(task: Task, diff: str) -> GradeResult:
+    """Grade ``diff`` by the task's eval script (``rewards.evalscript``): the graded diff applied
+    in a fresh sandbox over the base, the workspace at the script's workdir; the score is the
+    family's rule on the statuses its log reports."""
+    from looprl.sandbox import create_sandbox
+
+    t0 = time.monotonic()
+    g = task.grader
+    e = g.eval
+    assert e is not None
+    flags = runner_attempts(task, diff)
+    graded = graded_diff(task, diff)
+    if graded.unrecorded:
+        flags += ("unrecorded_file",)
+    if status_writes(graded.text, _targets(task)) and "runner_tampering" not in flags:
+        flags += ("runner_tampering",)
+    with eval_dirs(e.script) as (script_dir, log_dir):
+        try:
+            sb = await create_sandbox(task.repo, venv=task.venv, workdir=e.workdir or None,
+                                      mounts=eval_mounts(script_dir, log_dir))
+        except SandboxError as err:
+            raise RewardError(f"could not start a grading sandbox for {task.id}: {err}") from err
+        try:
+            if graded.text:
+                await apply_diff(sb, graded.text, "agent's diff")
+            res = await sb.exec(EVAL_COMMAND, timeout_s=g.timeout_s)
+        except (SandboxError, ToolError) as err:
+            raise RewardError(f"grading {task.id} failed in the sandbox: {err}") from err
+        finally:
+            await sb.close()
+        log = read_log(log_dir)
+    tail = log[-2000:]
+    try:
+        v, tests = judge(e, log, g.fail_to_pass, g.pass_to_pass)
+    except (LogError, ValueError) as err:
+        if res.timed_out:
+            return GradeResult(0.0, {}, False, time.monotonic() - t0, True, tail, flags=flags,
+                               error=f"the eval script timed out after {g.timeout_s:g}s ({err})")
+        raise _DidNotRun(f"the eval script of task {task.id} graded nothing: {err} (exit "
+                         f"{res.exit_code}); log tail:\n{tail[-1200:]}", tail,
+                         time.monotonic() - t0, flags) from None
+    if v.missing and "tests_not_run" not in flags:
+        flags += ("tests_not_run",)
+    score = 0.0 if "runner_tampering" in flags or res.timed_out else v.score
+    return GradeResult(score, tests, bool(edited_test_paths(task, diff)), time.monotonic() - t0,
+                       res.timed_out, tail, flags=flags)
 
 
 def grade_sync(task: Task, diff: str) -> GradeResult:

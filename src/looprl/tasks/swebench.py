@@ -31,6 +31,7 @@ untouched repo less (``imported.validated``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import os
@@ -44,6 +45,8 @@ from typing import Any
 
 from looprl.diffs import blob_diff, touched_paths
 from looprl.errors import TaskError
+from looprl.rewards.evalscript import write_eval_script
+from looprl.rewards.logparse import LogError, parser_name
 from looprl.sandbox.beneath import Root
 from looprl.tasks.envs import cached_venv, frozen_requirements, venv_python_version
 from looprl.tasks.imported import (
@@ -54,9 +57,14 @@ from looprl.tasks.imported import (
     validated,
 )
 from looprl.tasks.sources import find_layout, infer_dependencies
-from looprl.types import Grader, JSONScalar, Task
+from looprl.types import EvalScript, Grader, JSONScalar, Task
 
-FLAVOURS = ("swebench", "swegym", "swesmith")
+FLAVOURS = ("swebench", "swegym", "swesmith", "r2egym")
+GRADE_BY = ("auto", "eval_script", "tests")
+"""``auto``: a row's ``eval_script`` grades it unless it carries a ``looprl`` column (rows looprl
+exported, graded by its own pytest grader); ``eval_script``: always the script; ``tests``: never."""
+EVAL_WORKDIR = "/testbed"
+"""Where SWE-bench's eval scripts find the repository."""
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 LOOPRL_COLUMN = "looprl"
 """The extra column of exported rows: the environment and grader looprl needs (a JSON string)."""
@@ -79,6 +87,11 @@ class Row:
     image: str = ""
     env: dict[str, Any] | None = None
     """The ``looprl`` column, parsed."""
+    eval_script: str = ""
+    log_parser: str = ""
+    """SWE-bench v5's columns: the script whose log grades the row, the parser of that log."""
+    eval_type: str = ""
+    """``pass_and_fail`` (or empty) or ``fail_only``: which SWE-bench rule judges the log."""
 
 
 def _tests(value: object, name: str, where: str) -> tuple[str, ...]:
@@ -114,6 +127,8 @@ def detect_flavour(row: dict[str, Any]) -> str:
     >>> detect_flavour({"repo": "a/b", "FAIL_TO_PASS": '["t.py::x"]', "environment_setup_commit": "1"})
     'swebench'
     """
+    if "expected_output_json" in row or ("repo_name" in row and "docker_image" in row):
+        return "r2egym"
     if "image_name" in row or str(row.get("repo", "")).startswith("swesmith/"):
         return "swesmith"
     if isinstance(row.get("FAIL_TO_PASS"), list) and "environment_setup_commit" not in row:
@@ -128,6 +143,8 @@ def parse_row(row: object, where: str, flavour: str = "auto") -> Row:
     kind = detect_flavour(row) if flavour == "auto" else flavour
     if kind not in FLAVOURS:
         raise TaskError(f"flavour {flavour!r}: choose auto or one of {', '.join(FLAVOURS)}")
+    if kind == "r2egym":
+        _r2egym_row(row, where)
     iid = _str(row, "instance_id", where)
     repo = _str(row, "repo", where)
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
@@ -149,11 +166,49 @@ def parse_row(row: object, where: str, flavour: str = "auto") -> Row:
     p2p = _tests(row.get("PASS_TO_PASS", []), "PASS_TO_PASS", where)
     if not f2p:
         raise TaskError(f"{where}: field FAIL_TO_PASS is empty: a task needs a failing test")
+    script, parser, eval_type = _eval_columns(row, where)
     return Row(iid, repo, commit.lower(), _str(row, "patch", where),
                _str(row, "test_patch", where, required=False),
                _str(row, "problem_statement", where), f2p, p2p, kind,
                str(row.get("version") or ""), str(row.get("image_name") or row.get("image") or ""),
-               env or None)
+               env or None, script, parser, eval_type)
+
+
+def _eval_columns(row: dict[str, Any], where: str) -> tuple[str, str, str]:
+    """(eval_script, log_parser, eval_type) of a SWE-bench v5 row, checked ('' when absent)."""
+    script = row.get("eval_script")
+    if script is not None and not isinstance(script, str):
+        raise TaskError(f"{where}: field eval_script must be a string (a bash script), got "
+                        f"{type(script).__name__}")
+    parser = _str(row, "log_parser", where, required=False)
+    try:
+        parser_name(parser, str(row.get("repo", "")))
+    except LogError as e:
+        raise TaskError(f"{where}: field log_parser: {e}") from None
+    eval_type = _str(row, "eval_type", where, required=False)
+    if eval_type not in ("", "pass_and_fail", "fail_only"):
+        raise TaskError(f"{where}: field eval_type must be pass_and_fail or fail_only, got "
+                        f"{eval_type[:40]!r}")
+    return script or "", parser, eval_type
+
+
+def _r2egym_row(row: dict[str, Any], where: str) -> None:
+    """An R2E-Gym row, checked, then refused in one line: its tests and test runner are files
+    of its Docker image only (``/run_tests.sh``, ``r2e_tests/``), not columns of the row."""
+    raw = row.get("expected_output_json")
+    try:
+        expected = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        raise TaskError(f"{where}: field expected_output_json is not JSON") from None
+    if not isinstance(expected, dict) or not all(isinstance(v, str) for v in expected.values()):
+        raise TaskError(f"{where}: field expected_output_json must be an object of test -> "
+                        "status (a JSON string of one)")
+    image = row.get("docker_image") or row.get("image_name") or "its image"
+    raise TaskError(f"{where}: an R2E-Gym row ({str(row.get('repo_name', '?'))[:60]}@"
+                    f"{str(row.get('commit_hash', '?'))[:12]}): its tests and runner "
+                    f"(/run_tests.sh, r2e_tests/) ship only inside {image}, so it cannot be "
+                    f"realised offline (its {len(expected)} expected statuses are graded by "
+                    "rewards.graded.r2egym where a container backend runs the image)")
 
 
 def read_rows(path: Path, limit: int = 0) -> list[tuple[str, object]]:
@@ -262,20 +317,26 @@ def _environment(row: Row, repo: Path) -> tuple[str, tuple[str, ...], str, tuple
             f"({len(reqs) - 1}) + pytest, the package imported from the workspace")
 
 
-async def import_row(row: Row, store: Path, repos: Path | None) -> tuple[Task, list[str]]:
+async def import_row(row: Row, store: Path, repos: Path | None, grade_by: str = "auto"
+                     ) -> tuple[Task, list[str]]:
     """Realise one row under ``store/<id>/repo`` and make its task; (task, notes). ``TaskError``
     (one line) when it cannot be (and nothing of it is left in ``store``)."""
     dest = store / safe_id(row.instance_id)
     try:
-        return await _import_row(row, dest, repos)
+        return await _import_row(row, dest, repos, grade_by)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
 
 
-async def _import_row(row: Row, dest: Path, repos: Path | None) -> tuple[Task, list[str]]:
+async def _import_row(row: Row, dest: Path, repos: Path | None, grade_by: str
+                      ) -> tuple[Task, list[str]]:
+    by_script = bool(row.eval_script) and (grade_by == "eval_script"
+                                           or (grade_by == "auto" and not row.env))
+    if grade_by == "eval_script" and not row.eval_script:
+        raise TaskError("the row has no eval_script (--grade-by eval_script)")
     bad = [t for t in (*row.fail_to_pass, *row.pass_to_pass) if not _is_node_id(t)]
-    if bad:
+    if bad and not by_script:
         raise TaskError(f"test ids are not pytest node ids (e.g. {bad[0][:80]!r}): the "
                         "repository has its own test runner; looprl's grader runs pytest")
     where = f"{row.repo}@{row.base_commit[:12]}"
@@ -308,19 +369,35 @@ async def _import_row(row: Row, dest: Path, repos: Path | None) -> tuple[Task, l
                      "version": metadata.get("version") or row.version,
                      "base_commit": row.base_commit})
     timeout = float((row.env or {}).get("timeout_s") or 300.0)
-    task = Task(id=tid, repo=str(dest / "repo"), prompt=row.problem_statement,
-                grader=Grader(command, row.fail_to_pass, row.pass_to_pass, test_files, timeout,
-                              row.test_patch if row.flavour != "swesmith" else ""),
+    f2p, p2p = row.fail_to_pass, row.pass_to_pass
+    if not by_script and row.env and row.env.get("fail_to_pass"):
+        # looprl's rows: node ids in full (the row's lists are named as the log parser reads them)
+        f2p = _tests(row.env["fail_to_pass"], f"{LOOPRL_COLUMN}.fail_to_pass", row.instance_id)
+        p2p = _tests(row.env.get("pass_to_pass", []), f"{LOOPRL_COLUMN}.pass_to_pass",
+                     row.instance_id)
+    grader = Grader(command, f2p, p2p, test_files, timeout,
+                    row.test_patch if row.flavour != "swesmith" else "")
+    if by_script:  # the script applies the hidden tests itself
+        contract = ("swesmith" if row.flavour == "swesmith" else
+                    "swebench_fail_only" if row.eval_type == "fail_only" else "swebench")
+        ev = EvalScript(row.eval_script, parser_name(row.log_parser, row.repo), contract,
+                        EVAL_WORKDIR)
+        grader = dataclasses.replace(grader, test_patch="", eval=ev)
+        metadata["grading"] = f"eval_script/{ev.log_parser}/{contract}"
+    task = Task(id=tid, repo=str(dest / "repo"), prompt=row.problem_statement, grader=grader,
                 venv=str(venv), gold_patch=gold, metadata=metadata)
     task = await validated(task)
     return task, [note] if note else []
 
 
 async def import_swebench(path: Path, store: Path, *, repos: Path | None = None,
-                          flavour: str = "auto", jobs: int = 2, limit: int = 0) -> ImportReport:
+                          flavour: str = "auto", jobs: int = 2, limit: int = 0,
+                          grade_by: str = "auto") -> ImportReport:
     """Import the rows of ``path`` (``read_rows``) into ``store``; one line per row skipped."""
     if flavour not in ("auto", *FLAVOURS):
         raise TaskError(f"--flavour {flavour!r}: choose auto or one of {', '.join(FLAVOURS)}")
+    if grade_by not in GRADE_BY:
+        raise TaskError(f"--grade-by {grade_by!r}: choose one of {', '.join(GRADE_BY)}")
     if repos is not None and not repos.is_dir():
         raise TaskError(f"--repos {repos}: not a directory of git clones")
     report = ImportReport()
@@ -335,7 +412,7 @@ async def import_swebench(path: Path, store: Path, *, repos: Path | None = None,
     async def one(row: Row) -> tuple[Task, list[str]] | str:
         async with gate:
             try:
-                return await import_row(row, store, repos)
+                return await import_row(row, store, repos, grade_by)
             except TaskError as e:
                 return str(e)
 
@@ -393,6 +470,16 @@ def commit_tree(git_dir: Path, tree: Path, message: str) -> str:
         index.unlink(missing_ok=True)
 
 
+def _parsed_name(test: str) -> str:
+    """A test's name as SWE-bench's pytest log parser reads it: up to its first whitespace
+    (``t.py::f[a b]`` -> ``t.py::f[a``; SWE-bench's own rows name such tests so).
+
+    >>> _parsed_name("t.py::test_titleize[active_record-Active Record]")
+    't.py::test_titleize[active_record-Active'
+    """
+    return test.split()[0] if test.strip() else test
+
+
 def task_row(task: Task, repo: str, commit: str) -> dict[str, Any]:
     """``task`` as a SWE-bench row (test lists JSON-encoded, as in SWE-bench's parquet) with the
     ``looprl`` column that lets ``import_swebench`` rebuild its environment offline."""
@@ -402,12 +489,18 @@ def task_row(task: Task, repo: str, commit: str) -> dict[str, Any]:
         frozen_requirements(task.venv)), "test_command": g.test_command,
         "test_files": list(g.test_files), "timeout_s": g.timeout_s,
         "metadata": {k: v for k, v in task.metadata.items() if isinstance(v, (str, int, float, bool))}}
+    targets = list(dict.fromkeys((*g.fail_to_pass, *g.pass_to_pass)))
+    env["fail_to_pass"], env["pass_to_pass"] = list(g.fail_to_pass), list(g.pass_to_pass)
+    f2p = list(dict.fromkeys(map(_parsed_name, g.fail_to_pass)))
+    p2p = [t for t in dict.fromkeys(map(_parsed_name, g.pass_to_pass)) if t not in f2p]
     return {"instance_id": task.id, "repo": repo, "base_commit": commit,
             "environment_setup_commit": commit, "patch": task.gold_patch or "",
             "test_patch": g.test_patch, "problem_statement": task.prompt, "hints_text": "",
             "created_at": "", "version": str(task.metadata.get("version", "")),
-            "FAIL_TO_PASS": json.dumps(list(g.fail_to_pass)),
-            "PASS_TO_PASS": json.dumps(list(g.pass_to_pass)), LOOPRL_COLUMN: json.dumps(env)}
+            "FAIL_TO_PASS": json.dumps(f2p), "PASS_TO_PASS": json.dumps(p2p),
+            LOOPRL_COLUMN: json.dumps(env),
+            "eval_script": write_eval_script(g.test_command, targets, g.test_patch, EVAL_WORKDIR),
+            "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail"}
 
 
 def export_swebench(tasks: list[Task], out: Path) -> tuple[int, list[tuple[str, str]], Path]:

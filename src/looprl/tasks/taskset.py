@@ -2,6 +2,7 @@
 
     write_tasks(tasks, "tasks.jsonl")
     tasks = load_tasks("tasks.jsonl")                    # TaskError names the line and field
+    # paths inside LOOPRL_HOME are stored as ${LOOPRL_HOME}/...: the file is shareable
     ds = datasets.load_dataset("json", data_files="tasks.jsonl")["train"]
     splits = split_by_package(tasks, held_out={"toolz"})  # {"train": [...], "test": [...]}
     print_table(tasks)                                     # CursorBench-like summary
@@ -15,10 +16,12 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from looprl import paths
 from looprl.errors import TaskError
 from looprl.types import Metadata, Task
 
@@ -38,12 +41,43 @@ def normalized(task: Task) -> Task:
     return replace(task, metadata=meta)
 
 
+HOME, ENV = "${LOOPRL_HOME}", "${LOOPRL_ENV}"
+"""Placeholders a task file's paths may start with: the looprl home of whoever loads the file
+(where ``looprl tasks build`` keeps the repositories and venvs it made), and the Python
+environment looprl runs in (``sys.prefix``: a venv with pytest, for hand-written tasks)."""
+
+
+def _places() -> tuple[tuple[str, Path], ...]:
+    return (HOME, paths.home(create=False).absolute()), (ENV, Path(sys.prefix).absolute())
+
+
+def _portable(t: Task) -> Task:
+    """``t`` with paths inside the looprl home written as ``${LOOPRL_HOME}/...``, so the file
+    works for another user, machine or ``LOOPRL_HOME`` that holds the same packages."""
+    home = _places()[0][1]
+
+    def fix(p: str | None) -> str | None:
+        if p is None or "://" in p or not Path(p).is_absolute():
+            return p
+        try:
+            return f"{HOME}/{Path(p).relative_to(home)}"
+        except ValueError:
+            return p
+
+    v = t.grader.verifier
+    if v is not None:
+        v = replace(v, tests_dir=fix(v.tests_dir) or v.tests_dir, venv=fix(v.venv))
+    return replace(t, repo=fix(t.repo) or t.repo, venv=fix(t.venv),
+                   grader=replace(t.grader, verifier=v))
+
+
 def write_tasks(tasks: list[Task], path: str | Path) -> Path:
+    """Write ``tasks`` as JSONL, paths inside the looprl home relative to it (``HOME``)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text("".join(json.dumps(normalized(t).to_dict(), ensure_ascii=False) + "\n"
-                           for t in tasks), encoding="utf-8")
+    tmp.write_text("".join(json.dumps(normalized(_portable(t)).to_dict(), ensure_ascii=False)
+                           + "\n" for t in tasks), encoding="utf-8")
     tmp.replace(p)
     return p
 
@@ -99,9 +133,15 @@ def _check_verifier(v: object, where: str) -> None:
 
 def _relative_to(t: Task, base: Path) -> Task:
     """``t`` with a relative ``repo``, ``venv`` or verifier path taken relative to ``base`` (the
-    task file's directory), so a task file can sit beside the repositories it names."""
+    task file's directory), so a task file can sit beside the repositories it names, and the
+    placeholders (``HOME``, ``ENV``) expanded."""
     def fix(p: str | None) -> str | None:
-        if p is None or "://" in p or Path(p).is_absolute():
+        if p is None or "://" in p:
+            return p
+        for name, where in _places():
+            if p == name or p.startswith(name + "/"):
+                return str(where / p[len(name):].lstrip("/"))
+        if Path(p).is_absolute():
             return p
         return str((base / p).resolve())
 

@@ -152,9 +152,17 @@ class ModelExperimental:
     rl_threads: Annotated[int, Range(1, 4096)] = 1
     """torch's threads during async RL, where decoding and a training step run at once in one
     process (torch's thread count is per process). On 2 cores, 1 each beats 2 each contending."""
+    tool_format: str = ""
+    """The tool-call format of ``model.path``'s chat template (``looprl.chat.tool_formats``:
+    hermes, qwen3_coder, llama3, mistral, mistral_v11, harmony); empty = probed from the
+    template. A name the template contradicts is refused (docs/formats.md)."""
 
     def __post_init__(self) -> None:
         check_choice("speculative", self.speculative, SPEC_MODES)
+        if self.tool_format:
+            from looprl.chat.tool_formats import FORMATS
+
+            check_choice("tool_format", self.tool_format, tuple(FORMATS))
         if self.mtp_heads and not self.pretrain_steps:
             raise FieldError("mtp_heads", "(MTP heads distilled during pretraining) needs "
                              "model.experimental.pretrain_steps > 0; set both or mtp_heads=0")
@@ -193,6 +201,10 @@ class ModelSection:
             except ConfigError as e:
                 raise FieldError("engine", f"has {e}") from None
         check_choice("size", self.size, SIZES)
+        if self.experimental.tool_format not in ("", "hermes") and not self.path:
+            raise FieldError("experimental.tool_format", f"{self.experimental.tool_format!r} "
+                             "needs model.path (a checkpoint whose chat template writes it); "
+                             "the default model writes hermes")
         if self.lora.enabled and self.experimental.mtp_heads:
             raise FieldError("lora.rank", "does not adapt MTP heads; set "
                              "model.experimental.mtp_heads=0 or model.lora.rank=0")
@@ -300,6 +312,12 @@ class TrainConfig:
             raise FieldError("model.experimental.lookup", "drafts in this process's torch "
                              "engine; a Ray fleet's replicas decode without it: set "
                              "model.experimental.lookup = 0")
+        fmt = self.model.experimental.tool_format
+        if fmt not in ("", "hermes") and (self.demos.oracle or self.demos.synthetic):
+            raise FieldError("model.experimental.tool_format", f"{fmt!r}: the SFT demos "
+                             "(demos.oracle, demos.synthetic) are written as hermes calls; set "
+                             "demos.oracle = false and demos.synthetic = 0 (RL from the model "
+                             "as it is)")
         if self.demos.experimental.verifies and "run_tests" not in self.rollout.tools:
             raise FieldError("demos.experimental.verifies", "needs run_tests among "
                              "rollout.tools (its demos run the tests): add it, or set "

@@ -122,6 +122,8 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
         + (f"; in pass {passes} of {cfg.loop.experimental.passes} over the train tasks" if passes > 1 else
            f"; {len(seen)} of the {len(sets.train)} train tasks rolled out")
         + ".", "",
+        *([f"**{rl.no_pass_warning()}** (`train/no_pass_groups` in metrics.jsonl).", ""]
+          if rl.learned_from_no_pass else []),
         f"Tasks: {len(sets.train)} train, {len(sets.heldout)} held-out functions"
         + (f", {len(sets.heldout_packages)} of held-out packages "
            f"({', '.join(cfg.tasks.heldout_packages)})" if sets.heldout_packages else "")
@@ -160,4 +162,28 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
     if turns:
         RunDir(run_dir).turn_accuracy.write_text(json.dumps(
             {lab: acc.to_json() for lab, acc in turns.items()}, indent=1))
+    return path
+
+
+def write_stopped_report(run_dir: Path, cfg: TrainConfig, stage: str, rows: list[dict[str, Any]],
+                         checkpoint: str | None) -> Path:
+    """``report.md`` of a run stopped by Ctrl-C: where it stopped, what it kept, how RL went so
+    far, and how to continue (``--resume`` replaces this with the full report)."""
+    lines = [f"# looprl train — {cfg.name} (stopped)", "",
+             f"Stopped by Ctrl-C in the {stage} stage; every finished stage is kept in "
+             f"`{run_dir}`. Continue with the same `looprl train` command and `--resume`.", ""]
+    if rows:
+        first, last = rows[0], rows[-1]
+        groups = sum(len(r.get("tasks", ())) for r in rows)
+        lines += [f"RL: {len(rows)} steps logged, {groups} groups, "
+                  f"{float(last.get('elapsed_s', 0)) / 60:.1f} min; reward "
+                  f"{float(first.get('reward/total_mean', 0)):+.3f} → "
+                  f"{float(last.get('reward/total_mean', 0)):+.3f}, pass rate "
+                  f"{float(last.get('rollout/pass_rate', 0)):.2f} at the last step.",
+                  (f"The newest checkpoint is `ckpt/{checkpoint}`: --resume continues from it."
+                   if checkpoint else "No checkpoint was saved yet: --resume starts RL over."),
+                  ""]
+    lines.append("The trained model is not saved and not evaluated until RL ends.")
+    path = RunDir(run_dir).report
+    path.write_text("\n".join(lines) + "\n")
     return path

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from looprl import runstate
 from looprl.bench.turns import TurnAccuracy, turn_accuracy
 from looprl.config import save_config, to_dict
 from looprl.errors import ConfigError
@@ -46,7 +48,7 @@ from looprl.rundir import RunDir
 from looprl.train import stages
 from looprl.train.config import TrainConfig
 from looprl.train.plots import plot_curves
-from looprl.train.report import Evals, loss_ends, write_report
+from looprl.train.report import Evals, loss_ends, write_report, write_stopped_report
 from looprl.train.tasks import TaskSets, build_tasks
 from looprl.trainer import ddp
 from looprl.types import Trajectory
@@ -217,19 +219,122 @@ def run(cfg: TrainConfig, runs_root: Path = Path("runs"), *, resume: bool = Fals
         ddp.cleanup()
 
 
+@dataclass
+class _Life:
+    """This process's part of the run: the stage it is in, recorded in ``state.json``
+    (``looprl.runstate``) by rank 0 so the dashboard and the next ``looprl train`` can tell a
+    finished, stopped, failed or killed run from one still training."""
+
+    rd: RunDir
+    main: bool
+    stage: str = "tasks"
+
+    def at(self, stage: str) -> None:
+        self.stage = stage
+        if self.main:
+            runstate.mark(self.rd.root, "training", stage=stage)
+
+    def end(self, status: str, error: str = "") -> None:
+        if self.main and self.rd.root.is_dir():
+            runstate.mark(self.rd.root, status, stage=self.stage, error=error)
+
+
+def _claim(cfg: TrainConfig, rd: RunDir, resume: bool) -> None:
+    """Refuse a run directory another process is training, or an earlier run's without
+    ``--resume``; an earlier attempt that failed before its start model was made (bad tasks, a
+    bad model path) holds nothing worth keeping, so a new start takes its name over."""
+    runstate.refuse_live(rd.root)
+    if resume:
+        check_resumable(cfg, rd.root)
+        return
+    if not rd.config.is_file():
+        return
+    state = runstate.read(rd.root)
+    if state.status == "failed" and not rd.start_record.is_file():
+        console.print(f"{rd.root}: the earlier attempt failed in its {state.stage} stage "
+                      "before training began; starting over")
+        shutil.rmtree(rd.root)
+        return
+    raise ConfigError(f"{rd.root} holds an earlier run ({state.status}); continue it with "
+                      "--resume, start over with --fresh, or pick another name (-o name=...)")
+
+
+def _reopen_rl(cfg: TrainConfig, rd: RunDir) -> int | None:
+    """On ``--resume`` of a run whose RL finished: the steps it ran (and RL's results removed,
+    so RL continues from its last checkpoint) when the budget now allows more than it used;
+    else None, and a line saying why there is nothing to continue."""
+    done = _cached_json(rd.rl_record)
+    if done is None:
+        return None
+    summary = stages.RLSummary(**done)
+    more_steps = cfg.loop.max_steps > summary.steps
+    more_minutes = cfg.loop.max_minutes > summary.minutes
+    if not (more_steps and more_minutes):
+        binding = (f"loop.max_steps={cfg.loop.max_steps}" if not more_steps else
+                   f"loop.max_minutes={cfg.loop.max_minutes:g}")
+        console.print(f"[bold]--resume[/]: RL already ran {summary.steps} steps in "
+                      f"{summary.minutes:.1f} min, the budget {binding} allows no more; raise it "
+                      "to train on (-o loop.max_steps=... -o loop.max_minutes=...)")
+        return None
+    for path in (rd.rl_record, rd.evaluation("rl"), rd.evaluation("rl", True), rd.report,
+                 rd.eval_trajectories("rl"), rd.eval_trajectories("rl", True)):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(rd.model_rl, ignore_errors=True)
+    console.print(f"[bold]--resume[/]: RL ran {summary.steps} steps in {summary.minutes:.1f} min; "
+                  f"continuing it to loop.max_steps={cfg.loop.max_steps}, "
+                  f"loop.max_minutes={cfg.loop.max_minutes:g}")
+    return summary.steps
+
+
+def _minutes_before_rl(rd: RunDir, life_start: float) -> float:
+    """Minutes the stages before RL took, over every life (``clock.json``, written once they
+    are done; a resumed life's own start-up counts in the life that finishes them)."""
+    clock = _cached_json(rd.clock)
+    if clock is not None:
+        return float(clock["before_rl"])
+    minutes = (time.monotonic() - life_start) / 60
+    _json(rd.clock, {"before_rl": minutes})
+    return minutes
+
+
 def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) -> Path | None:
     rd = RunDir(runs_root / cfg.name)
-    run_dir = rd.root
     ddp.per_rank(cfg.loop.groups_per_step, dist, "loop.groups_per_step")  # before hours of SFT
     ddp.check_lora_parallel(cfg.model.lora.enabled, dist, cfg.grpo.experimental.parallel)
     if dist.is_main:
-        if resume:
-            check_resumable(cfg, run_dir)
-        elif rd.config.is_file():
-            raise ConfigError(f"{run_dir} holds an earlier run; continue it with --resume, or "
-                              "pick another name (-o name=...)")
+        _claim(cfg, rd, resume)
     else:
         console.quiet = True  # rank 0 reports
+    life = _Life(rd, dist.is_main)
+    try:
+        return _stages(cfg, rd, resume, dist, life)
+    except KeyboardInterrupt:
+        life.end("stopped")
+        if dist.is_main:
+            _say_stopped(cfg, rd, life.stage)
+        raise
+    except BaseException as e:
+        life.end("failed", " ".join(f"{type(e).__name__}: {e}".split())[:500])
+        raise
+
+
+def _say_stopped(cfg: TrainConfig, rd: RunDir, stage: str) -> None:
+    """Ctrl-C: what the run kept, how to continue it, and a short report of it."""
+    from looprl.trainer.loggers import read_metrics
+
+    rows = read_metrics(rd.metrics) if stage == "RL" else []
+    ckpts = sorted(p.name for p in rd.ckpt.glob("step_*")) if rd.ckpt.is_dir() else []
+    report = write_stopped_report(rd.root, cfg, stage, rows, ckpts[-1] if ckpts else None)
+    console.print(f"[bold yellow]stopped[/] in the {stage} stage"
+                  + (f" after {len(rows)} RL steps" if rows else "")
+                  + (f" (newest checkpoint {ckpts[-1]})" if ckpts else "")
+                  + f"; what finished is kept in {rd.root} (report: {report}). Continue with "
+                  "the same command and --resume.")
+
+
+def _stages(cfg: TrainConfig, rd: RunDir, resume: bool, dist: ddp.DistInfo, life: _Life
+            ) -> Path | None:
+    run_dir = rd.root
     device = ddp.rank_device(stages.resolve_device(cfg.model.device), dist)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.model.experimental.threads)
@@ -238,11 +343,17 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, rd.config)
+        life.at("tasks")
+    reopened_at = _reopen_rl(cfg, rd) if resume and dist.is_main else None
+    reopened_at = ddp.broadcast_object(reopened_at, dist)
     cfg = stages.fit_precision(cfg, device)  # config.json keeps what was asked: --resume checks it
     if dist.is_main:
         sets = _tasks(cfg, run_dir)
+        life.at("model")
         start = _start_model(cfg, run_dir, sets, device)
+        life.at("eval_start")
         start_eval, start_pkg = _evaluate(cfg, run_dir, start.dir, sets, "start")
+        before_rl = _minutes_before_rl(rd, t_start)
     # Under torchrun rank 0 alone makes the tasks, the start model and its evaluation; the
     # other ranks wait here, then load what it saved.
     ddp.barrier(dist)
@@ -254,6 +365,7 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
 
     rl_dir, rl_path = rd.model_rl, rd.rl_record
     done = _cached_json(rl_path)
+    life.at("RL")
     if done is None:
         summary, trained = stages.train_rl(cfg, start.model, start.tok, start.dir, sets.train,
                                            run_dir, resume=resume, dist=dist)
@@ -266,18 +378,30 @@ def _run(cfg: TrainConfig, runs_root: Path, resume: bool, dist: ddp.DistInfo) ->
         summary = stages.RLSummary(**done)
     if not dist.is_main:
         return None
+    t_after_rl = time.monotonic()
+    if warning := summary.no_pass_warning():
+        console.print(f"[bold red]warning:[/] {warning}")
+    if reopened_at is not None and summary.steps == reopened_at:
+        console.print("RL trained no further step: the walk over the train tasks is done "
+                      f"(loop.experimental.passes={cfg.loop.experimental.passes}); raise it to "
+                      "train on")
+    life.at("eval_rl")
     rl_eval, rl_pkg = _evaluate(cfg, run_dir, rl_dir, sets, "rl")
     turns = {lab: TurnAccuracy.from_json(acc) for lab, acc in start.turns.items()}
     if start.validation:
         turns["rl"] = turn_accuracy(load_model(rl_dir).model, start.tok, start.validation)
 
+    life.at("report")
+    total = before_rl + summary.minutes + (time.monotonic() - t_after_rl) / 60
     report = write_report(run_dir, cfg, sets, Evals(start_eval, rl_eval, start_pkg, rl_pkg),
                           n_demos=start.demos, sft=start.sft, rl=summary,
-                          total_minutes=(time.monotonic() - t_start) / 60, turns=turns)
+                          total_minutes=total, turns=turns)
+    life.end("finished")  # before the export: the page shows the run as finished
     from looprl.dashboard import DashboardConfig, export_html
 
     page = export_html(DashboardConfig(runs=(run_dir,)), rd.dashboard_page)
     console.print(f"[bold green]report:[/] {report}  (charts: {page}; live: looprl dashboard "
                   f"--run {run_dir})")
+    console.print(f"[bold]trained model:[/] {rl_dir}  (serve it: looprl model serve {rl_dir})")
     console.print(report.read_text().splitlines()[-1])
     return report

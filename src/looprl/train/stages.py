@@ -154,6 +154,19 @@ def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], t
              exclude=task_packages(cfg, tasks))
 
 
+def check_demo_format(tok: Any) -> None:
+    """Refuse SFT demos for a model whose chat template writes tool calls in another format
+    than the demos' (the oracle writes hermes calls)."""
+    from looprl.chat import ChatFormat
+
+    found = ChatFormat(tok).tool_format
+    if found != "hermes":
+        raise ConfigError(f"this model's chat template writes {found!r} tool calls; the SFT "
+                          "demos (demos.oracle, demos.synthetic) are hermes calls: set "
+                          "demos.oracle = false and demos.synthetic = 0 (RL from the model as "
+                          "it is)")
+
+
 def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory]:
     """The oracle's checked trajectories on the train tasks (``demos.oracle``), then
     ``demos.synthetic`` more from the source corpus, all with the tools RL and evaluation offer
@@ -174,6 +187,7 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
                     for i in items]
     if not sources:
         return []
+    check_demo_format(tok)
     with progress_bar() as bar:
         job = bar.add_task("SFT demos (oracle through the harness)", total=len(sources))
         demos = asyncio.run(oracle_demos(sources, tok, tools=cfg.rollout.tools,
@@ -272,12 +286,31 @@ class RLSummary:
     """The loop's per-step metrics rows (``metrics.jsonl``)."""
     groups_screened_out: int = 0
     screen_rollouts: int = 0
+    no_pass_groups: int = 0
+    """Trained groups where no rollout passed the tests (all of them: RL had no test signal)."""
 
     @classmethod
     def of(cls, stats: Any, minutes: float) -> RLSummary:
+        from looprl.trainer.loggers import groups_without_pass
+
         return cls(stats.steps, stats.groups_trained, stats.groups_stale,
                    stats.zero_variance_groups, stats.idle_fraction, minutes, stats.history,
-                   stats.groups_screened_out, stats.screen_rollouts)
+                   stats.groups_screened_out, stats.screen_rollouts,
+                   groups_without_pass(stats.history)[1])
+
+    @property
+    def learned_from_no_pass(self) -> bool:
+        """RL trained groups, and none had a passing rollout: the tests never rewarded it."""
+        return self.groups_trained > 0 and self.no_pass_groups >= self.groups_trained
+
+    def no_pass_warning(self) -> str:
+        """One line saying so (empty when some group had a pass)."""
+        if not self.learned_from_no_pass:
+            return ""
+        return (f"RL had no test signal: none of the {self.groups_trained} groups it trained on "
+                "had a rollout that passed the tests, so only the shaping terms (length, broken "
+                "calls, ...) moved the policy; start from a stronger model (more SFT demos, "
+                "demos.synthetic), use easier tasks, or a larger rollout.group_size")
 
 
 def train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: list[Task],
@@ -316,10 +349,13 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
         with only_gpu(next(model.parameters()).device):
             engine = make_engine(cfg.model.engine, model_path=str(start_dir),
                                  **cfg.model.engine_options)
-    weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights)
+    # absolute: a Ray node's workers resolve a relative path against their own directory
+    weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights.absolute())
     # rank 0 counts the run's infrastructure failures and alone is failed on purpose (drills)
     ledger = InfraLedger(RunDir(run_dir).infra_ledger if dist.is_main else None, resumed=resume)
-    store = RetryingStore(FsspecWeightStore(weights_url), ledger=ledger) if dist.is_main else None
+    store = RetryingStore(FsspecWeightStore(
+        weights_url, storage_options=cfg.fleet.experimental.weights_options),
+        ledger=ledger) if dist.is_main else None
     # KL is measured against the model RL starts from (the SFT checkpoint), frozen
     ref = copy.deepcopy(model).eval() if cfg.grpo.experimental.objective.kl_coef else None
     # LoRA: the adapter goes on the trained model only; the engine's and the reference's copies
@@ -398,7 +434,8 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
 
         injector = faults.active()
         fleet = await RayFleet.start(cfg.fleet, MemberSpec(
-            str(start_dir), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
+            str(Path(start_dir).absolute()), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
+            weights_options=dict(cfg.fleet.experimental.weights_options),
             faults=injector.cfg if injector is not None else None,
             http_roots=task_roots(tasks) if cfg.fleet.experimental.sandboxes == "http" else None),
             snapshot=RunDir(run_dir).fleet, ledger=ledger)
@@ -420,5 +457,6 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
         if callable(getattr(engine, "close", None)):
             engine.close()
 
-    return (RolloutRunner(engine, ChatFormat(tok), pool, make_scorer(cfg.reward), cfg.rollout,
+    fmt = ChatFormat(tok, tool_format=cfg.model.experimental.tool_format or None)
+    return (RolloutRunner(engine, fmt, pool, make_scorer(cfg.reward), cfg.rollout,
                           ledger=ledger), engine, close)

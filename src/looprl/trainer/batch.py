@@ -39,6 +39,7 @@ distilled from the forward (``GRPOStep.batch`` decides).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
@@ -96,6 +97,8 @@ class MicroBatch:
     policy_version_B_T: torch.Tensor  # long, -1 on non-model tokens
     advantages_B: torch.Tensor  # float, the row's trajectory's advantage
     advantages_B_T: torch.Tensor  # float, each token's (the row's, unless token-level credit)
+    routes_B_T_L_K: torch.Tensor | None = None
+    """uint8, MoE models: the engine's experts per token (``Segment.routes``; 255 = none)."""
 
     @property
     def num_rows(self) -> int:
@@ -105,9 +108,9 @@ class MicroBatch:
         """The same rows on ``device`` (the model's: batches are built on the CPU)."""
         if self.tokens_B_T.device == device:
             return self
-        return MicroBatch(*(t.to(device) for t in (
-            self.tokens_B_T, self.attention_mask_B_T, self.loss_mask_B_T, self.old_logprobs_B_T,
-            self.policy_version_B_T, self.advantages_B, self.advantages_B_T)))
+        return dataclasses.replace(self, **{
+            f.name: t.to(device) for f in dataclasses.fields(self)
+            if (t := getattr(self, f.name)) is not None})
 
 
 @dataclass(frozen=True)
@@ -361,7 +364,21 @@ def _collate(rows: list[_Row], pad_id: int) -> MicroBatch:
     # The first token has no prediction (nothing before it): never trained on.
     mask[:, 0] = 0.0
     adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
-    return MicroBatch(tokens, attn, mask, old, ver, adv, adv_T)
+    return MicroBatch(tokens, attn, mask, old, ver, adv, adv_T, _collate_routes(rows, T))
+
+
+def _collate_routes(rows: list[_Row], T: int) -> torch.Tensor | None:
+    """[B, T, L, K] uint8 of the rows' recorded routes (255 where none), None if no row has any."""
+    shapes = {(r.segment.routes.layers, r.segment.routes.top_k) for r in rows if r.segment.routes}
+    if len(shapes) != 1:
+        return None
+    L, K = shapes.pop()
+    out = torch.full((len(rows), T, L, K), 255, dtype=torch.uint8)
+    for b, r in enumerate(rows):
+        if r.segment.routes is not None:
+            a = r.segment.routes.array()
+            out[b, :len(a)] = torch.from_numpy(a.copy())
+    return out
 
 
 def _pack_rows(rows: Sequence[_Row], micro_batch_tokens: int, pad_id: int,

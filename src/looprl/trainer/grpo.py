@@ -224,7 +224,26 @@ class GRPOLoop:
             r = dataclasses.replace(r, discarded_versions=discarded) if r is not None else None
         self._resumed = r
         self._trim_metrics(self.stats.steps)
+        if r is not None:
+            self._restore_counts()
         return r
+
+    def _restore_counts(self) -> None:
+        """A resumed loop's counters continue from the kept steps' rows, so its rows and the
+        report count the whole run, not only the part since the resume."""
+        rows, s = self.stats.history, self.stats
+        if not rows:
+            return
+        s.groups_trained = sum(len(row.get("tasks", ())) for row in rows)
+        s.zero_variance_groups = sum(int(row.get("train/zero_variance_groups", 0)) for row in rows)
+        last = rows[-1]
+        for name, key in (("groups_stale", "loop/groups_stale"),
+                          ("groups_requeued", "loop/groups_requeued"),
+                          ("groups_dropped", "loop/groups_dropped"),
+                          ("groups_screened_out", "loop/groups_screened_out"),
+                          ("screen_rollouts", "loop/screen_rollouts"),
+                          ("infra_errors", "runner/infra_errors")):
+            setattr(s, name, int(last.get(key, 0)))
 
     @property
     def kept_s(self) -> float:

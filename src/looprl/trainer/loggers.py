@@ -56,7 +56,7 @@ class MetricLogger(Protocol):
 TRAINED_ONLY = frozenset({
     "train/loss", "train/kl_mean", "train/is_ratio_mean", "train/is_ratio_max",
     "train/clip_fraction", "train/grad_norm", "train/mean_staleness", "train/mtp_kl",
-    "train/mtp_accept"})
+    "train/mtp_accept", "train/engine_kl", "train/engine_mismatch_frac"})
 """Metrics measured on the trained tokens: undefined on a step that trained on none."""
 
 
@@ -103,6 +103,20 @@ def read_metrics(path: Path, last_step: int | None = None) -> list[dict[str, Any
         except (ValueError, TypeError, KeyError):
             continue
     return rows
+
+
+def groups_without_pass(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(groups trained, those of them where no rollout passed the tests) over metrics rows.
+    Equal and nonzero: RL never saw a pass, so the tests gave it no signal and only the shaping
+    terms (length, broken calls, ...) moved the policy.
+
+    >>> groups_without_pass([{"tasks": ["a", "b"], "train/no_pass_groups": 2.0},
+    ...                      {"tasks": ["c"], "train/no_pass_groups": 0.0}])
+    (3, 2)
+    """
+    groups = sum(len(r.get("tasks", ())) for r in rows if "train/no_pass_groups" in r)
+    no_pass = sum(int(r["train/no_pass_groups"]) for r in rows if "train/no_pass_groups" in r)
+    return groups, no_pass
 
 
 class JsonlLogger:

@@ -25,12 +25,13 @@ from torch import nn
 
 from looprl.config import Range, Seed, Tokens, check_choice
 from looprl.errors import ConfigError
+from looprl.models.moe import aux_loss_coef
 from looprl.models.mtp import capture_hidden, clip_grad_norms, heads_of
 from looprl.models.pretrain import warmup_cosine_lr
 from looprl.progress import Bar
 from looprl.trainer.batch import pack_segments
 from looprl.trainer.losses import mtp_distillation
-from looprl.trainer.step import shares_prefixes, token_logprobs
+from looprl.trainer.step import moe_logprobs, shares_prefixes, token_logprobs
 from looprl.types import Segment, Trajectory
 
 
@@ -120,14 +121,23 @@ def sft_step(model: nn.Module, optimizer: torch.optim.Optimizer, segments: Seque
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     heads = heads_of(model)
+    aux_coef = aux_loss_coef(model)
     for mb in mbs:
         hidden: contextlib.AbstractContextManager[list[torch.Tensor]] = (
             capture_hidden(model) if heads is not None else contextlib.nullcontext([]))
+        aux = None
         with hidden as seen:
-            lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
-                                autocast_bf16=cfg.experimental.autocast_bf16)
+            if aux_coef:  # a MoE model: its routers' load-balancing loss joins the NLL
+                lp, tap = moe_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
+                                       autocast_bf16=cfg.experimental.autocast_bf16)
+                aux = tap.aux
+            else:
+                lp = token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
+                                    autocast_bf16=cfg.experimental.autocast_bf16)
         loss = -(lp * mb.loss_mask_B_T).sum() / max(n_tok, 1.0)
         nll = float(loss.detach())
+        if aux is not None:
+            loss = loss + aux_coef * aux / len(mbs)
         mtp = mtp_distillation(model, seen, mb.tokens_B_T, mb.attention_mask_B_T)
         if mtp is not None:  # the auxiliary term, as in the GRPO step
             loss = loss + mtp.loss / len(mbs)

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from torch import nn
 from looprl.config import Range, Tokens, check_choice
 from looprl.models.fingerprint import check_trajectories, model_fingerprint
 from looprl.models.lora import base_of
+from looprl.models.moe import RouterTap, aux_loss_coef, is_moe, shifted_routes
 from looprl.models.mtp import DistillOut, capture_hidden, clip_grad_norms, heads_of
 from looprl.trainer import ddp
 from looprl.trainer.advantages import ADVANTAGES
@@ -96,6 +98,11 @@ class GRPOExperimental:
     """The loss's knobs: KL to a reference, importance-weight cap, PPO clip, Dr. GRPO's divisor."""
     credit: Credit = field(default_factory=Credit)
     """Which groups train and how their advantages are reshaped (``batch.Credit``)."""
+    router_replay: bool = False
+    """MoE models: the forward routes each sampled token's position to the experts the engine
+    recorded (``Segment.routes``) while mixing them with the trainer's own gate weights (R3,
+    ``looprl.models.moe``); off: the trainer's routers pick their own top-k. The step logs
+    ``router_disagree`` and ``engine_kl`` either way."""
 
     def __post_init__(self) -> None:
         check_choice("parallel", self.parallel, ddp.PARALLEL)
@@ -152,9 +159,32 @@ class StepMetrics:
     silent_rows: int = 0
     """Rows with advantage 0 everywhere left out of the forward (``build_batch``'s
     ``drop_silent``); ``sequences`` counts them."""
+    engine_kl: float = 0.0
+    """Train-inference KL: mean over model tokens of (engine logprob - the step's starting
+    policy's logprob), the k1 estimate of KL(engine || trainer) from the engine's samples
+    (tokens sampled at older versions add the policy's drift)."""
+    engine_mismatch_frac: float = 0.0
+    """Share of model tokens whose two logprobs differ by more than ``ENGINE_MISMATCH_TOL``."""
+    router_disagree: float = 0.0
+    """MoE models: share of (token, layer) decisions whose experts (as a set) differ from the
+    engine's recorded ones, over the tokens with a record (0 with ``router_replay``)."""
+    router_disagree_L: tuple[float, ...] = ()
+    """The same per MoE layer (``router_disagree_l{i}`` in ``to_dict``)."""
+    moe_aux_loss: float = 0.0
+    """MoE models: the load-balancing loss (mean over micro-batches; 1.0 = perfectly balanced)."""
 
     def to_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.__dict__.items()}
+        moe = ("router_disagree_L", "router_disagree", "moe_aux_loss")
+        d = {k: float(v) for k, v in self.__dict__.items() if k not in moe}
+        if self.router_disagree_L:  # a MoE model's step
+            d.update(router_disagree=self.router_disagree, moe_aux_loss=self.moe_aux_loss)
+        d.update({f"router_disagree_l{i}": v for i, v in enumerate(self.router_disagree_L)})
+        return d
+
+
+ENGINE_MISMATCH_TOL = 0.1
+"""Nats: a token whose engine and trainer logprobs differ by more (an importance ratio off by
+over ~10%) counts in ``engine_mismatch_frac``."""
 
 
 def make_optimizer(model: nn.Module, cfg: GRPOConfig) -> torch.optim.Optimizer:
@@ -197,7 +227,7 @@ def shares_prefixes(model: nn.Module) -> bool:
     which expects one forward per backward; nor FSDP, where ranks must run as many forwards; nor
     with activation checkpointing, which turns the KV cache off); packing costs micro-batches
     the same way."""
-    return not (ddp.is_wrapped(model) or ddp.checkpoints_activations(model))
+    return not (ddp.is_wrapped(model) or ddp.checkpoints_activations(model) or is_moe(model))
 
 
 def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
@@ -221,11 +251,7 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
     T = tokens_B_T.shape[1]
     P = shared_prefix_len(tokens_B_T, attention_mask_B_T) if share_prefix else 0
     if P < MIN_SHARED_PREFIX or P >= T - 1 or not shares_prefixes(model):
-        with ctx:
-            logits = model(input_ids=tokens_B_T, attention_mask=attention_mask_B_T,
-                           use_cache=False).logits
-        return F.pad(gather_logprobs(_tempered(logits[:, :-1], temperature), tokens_B_T[:, 1:]),
-                     (1, 0))
+        return _plain_logprobs(model, tokens_B_T, attention_mask_B_T, temperature, ctx)
     B = tokens_B_T.shape[0]
     with ctx:
         pre = model(input_ids=tokens_B_T[:1, :P], use_cache=True)
@@ -240,6 +266,33 @@ def token_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_
     lp_first = gather_logprobs(pre_logits[:, -1:].expand(B, -1, -1), tokens_B_T[:, P:P + 1])
     lp_rest = gather_logprobs(_tempered(rest[:, :-1], temperature), tokens_B_T[:, P + 1:])
     return F.pad(torch.cat([lp_prefix, lp_first, lp_rest], dim=1), (1, 0))
+
+
+def _plain_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
+                    temperature: float, ctx: contextlib.AbstractContextManager) -> torch.Tensor:
+    """One forward of every row (``token_logprobs`` without its shortcuts)."""
+    with ctx:
+        logits = model(input_ids=tokens_B_T, attention_mask=attention_mask_B_T,
+                       use_cache=False).logits
+    return F.pad(gather_logprobs(_tempered(logits[:, :-1], temperature), tokens_B_T[:, 1:]),
+                 (1, 0))
+
+
+def moe_logprobs(model: nn.Module, tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
+                 routes_B_T_L_K: torch.Tensor | None = None, *, replay: bool = False,
+                 temperature: float = 1.0, autocast_bf16: bool = False
+                 ) -> tuple[torch.Tensor, RouterTap]:
+    """``token_logprobs`` of a MoE model, one forward of every row, with its routers tapped
+    (``models.moe.RouterTap``): per-token ``routes_B_T_L_K`` (``Segment.routes``) are compared
+    with the trainer's choice and, with ``replay``, used; the tap has the forward's load-balancing
+    loss. Rows are not deduplicated nor prefixes shared: the routes are per row and position."""
+    routes = shifted_routes(routes_B_T_L_K) if routes_B_T_L_K is not None else None
+    ctx = (torch.autocast(tokens_B_T.device.type, dtype=torch.bfloat16) if autocast_bf16
+           else contextlib.nullcontext())
+    with RouterTap(model, routes, replay=replay) as tap:
+        lp = _plain_logprobs(model, tokens_B_T, attention_mask_B_T, temperature, ctx)
+    tap.aux = tap.aux_loss(attention_mask_B_T)
+    return lp, tap
 
 
 @functools.lru_cache(maxsize=16)
@@ -269,10 +322,18 @@ def _no_sync(model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def _logprobs(model: nn.Module, mb: MicroBatch, cfg: GRPOConfig) -> torch.Tensor:
+def _logprobs(model: nn.Module, mb: MicroBatch, cfg: GRPOConfig,
+              taps: list[RouterTap] | None = None) -> torch.Tensor:
+    x = cfg.experimental
+    if is_moe(model):
+        lp, tap = moe_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T, mb.routes_B_T_L_K,
+                               replay=x.router_replay, temperature=x.temperature,
+                               autocast_bf16=x.autocast_bf16)
+        if taps is not None:
+            taps.append(tap)
+        return lp
     return token_logprobs(model, mb.tokens_B_T, mb.attention_mask_B_T,
-                          temperature=cfg.experimental.temperature,
-                          autocast_bf16=cfg.experimental.autocast_bf16)
+                          temperature=x.temperature, autocast_bf16=x.autocast_bf16)
 
 
 @dataclass
@@ -288,6 +349,29 @@ class _Acc:
     mtp_kl: float = 0.0
     mtp_accept: float = 0.0
     mtp_positions: int = 0
+    engine_kl: float = 0.0
+    mismatch: float = 0.0
+    aux: float = 0.0
+    aux_n: int = 0
+    decisions: int = 0
+    disagree_L: list[int] = field(default_factory=list)
+    """Per MoE layer (reduced over ranks apart: ``_all_reduce``)."""
+
+    def add_engine(self, start_lp: torch.Tensor, mb: MicroBatch, tap: RouterTap | None) -> None:
+        """Train-inference agreement of one micro-batch: ``start_lp`` is the step's starting
+        policy's logprobs (before any update)."""
+        with torch.no_grad():
+            d = (mb.old_logprobs_B_T - start_lp.detach()) * mb.loss_mask_B_T
+            self.engine_kl += float(d.sum())
+            self.mismatch += float(((d.abs() > ENGINE_MISMATCH_TOL) * mb.loss_mask_B_T).sum())
+        if tap is None:
+            return
+        if tap.aux is not None:
+            self.aux += float(tap.aux.detach())
+            self.aux_n += 1
+        self.decisions += tap.decisions
+        self.disagree_L = [a + b for a, b in itertools.zip_longest(self.disagree_L, tap.disagree_L,
+                                                                    fillvalue=0)]
 
     def add_mtp(self, d: DistillOut) -> None:
         self.mtp_kl += sum(d.kl_K) / max(len(d.kl_K), 1) * d.positions
@@ -296,16 +380,22 @@ class _Acc:
 
 
 def _micro_batch_terms(model: nn.Module, ref_model: nn.Module | None, mb: MicroBatch,
-                       cfg: GRPOConfig, n_seq: int, prox: torch.Tensor | None
-                       ) -> tuple[LossOutput, DistillOut | None]:
+                       cfg: GRPOConfig, n_seq: int, prox: torch.Tensor | None, acc: _Acc,
+                       first_update: bool) -> tuple[LossOutput, DistillOut | None, torch.Tensor | None]:
     """One forward of a micro-batch and the loss terms it gives: the policy gradient
-    (``cfg.loss``, normalised by the update's ``n_seq`` sequences) and, when the model has MTP
-    heads, the auxiliary ``mtp_distillation`` of the same forward."""
+    (``cfg.loss``, normalised by the update's ``n_seq`` sequences), when the model has MTP
+    heads the auxiliary ``mtp_distillation`` of the same forward, and for a MoE model its
+    load-balancing loss; ``acc`` gets the train-inference agreement (from the step's starting
+    policy: this forward in the first update, else ``prox``)."""
     heads = heads_of(model)
     hidden: contextlib.AbstractContextManager[list[torch.Tensor]] = (
         capture_hidden(model) if heads is not None else contextlib.nullcontext([]))
+    taps: list[RouterTap] = []
     with hidden as seen:
-        lp = _logprobs(model, mb, cfg)
+        lp = _logprobs(model, mb, cfg, taps)
+    tap = taps[0] if taps else None
+    if first_update or prox is not None:
+        acc.add_engine(lp if prox is None else prox, mb, tap)
     ref = None
     if ref_model is not None and cfg.experimental.objective.kl_coef != 0.0:
         with torch.no_grad():
@@ -313,7 +403,8 @@ def _micro_batch_terms(model: nn.Module, ref_model: nn.Module | None, mb: MicroB
     out = get_loss(cfg.loss)(LossInputs(lp, mb.old_logprobs_B_T, mb.loss_mask_B_T,
                                         mb.advantages_B, n_seq, prox, ref, mb.advantages_B_T),
                              cfg.experimental.objective)
-    return out, mtp_distillation(model, seen, mb.tokens_B_T, mb.attention_mask_B_T)
+    aux = tap.aux if tap is not None else None
+    return out, mtp_distillation(model, seen, mb.tokens_B_T, mb.attention_mask_B_T), aux
 
 
 def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.optim.Optimizer,
@@ -333,17 +424,21 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
         with torch.no_grad():
             prox = {id(mb): _logprobs(model, mb, cfg) for mini in minis for mb in mini}
     acc, norms, updates, skipped = _Acc(), [], 0, 0
-    for mini, n_seq in zip(minis, seqs, strict=True):
+    aux_coef = aux_loss_coef(model)
+    for j, (mini, n_seq) in enumerate(zip(minis, seqs, strict=True)):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(mini):
             with _no_sync(model, i == len(mini) - 1):
-                out, mtp = _micro_batch_terms(model, ref_model, mb, cfg, n_seq, prox.get(id(mb)))
+                out, mtp, aux = _micro_batch_terms(model, ref_model, mb, cfg, n_seq,
+                                                   prox.get(id(mb)), acc, j == 0)
                 # DDP and FSDP average gradients over ranks; the loss is normalised by the
                 # whole step's sequences, so the ranks' sum is one process's gradient
                 loss = out.loss * dist.world_size
                 if mtp is not None:  # the auxiliary term: the update's mean over micro-batches
                     loss = loss + mtp.loss / len(mini)
                     acc.add_mtp(mtp)
+                if aux is not None and aux_coef:  # MoE load balancing, the same mean
+                    loss = loss + aux_coef * aux / len(mini)
                 loss.backward()
             acc.loss += float(out.loss.detach()) / len(minis)
             acc.kl += out.kl_mean * out.tokens
@@ -380,7 +475,11 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
         mean_staleness=c.lag / c.model_tokens if current_version is not None and c.model_tokens
         else 0.0,
         mtp_kl=acc.mtp_kl / max(acc.mtp_positions, 1), mtp_accept=acc.mtp_accept / max(acc.mtp_positions, 1),
-        silent_rows=c.silent_rows)
+        silent_rows=c.silent_rows, engine_kl=acc.engine_kl / max(c.model_tokens, 1),
+        engine_mismatch_frac=acc.mismatch / max(c.model_tokens, 1),
+        router_disagree=sum(acc.disagree_L) / max(acc.decisions * len(acc.disagree_L), 1),
+        router_disagree_L=tuple(d / max(acc.decisions, 1) for d in acc.disagree_L),
+        moe_aux_loss=acc.aux / max(acc.aux_n, 1))
 
 
 @dataclass(frozen=True)
@@ -404,11 +503,12 @@ class _Counts:
 def _all_reduce(acc: _Acc, c: _Counts, dist: ddp.DistInfo) -> tuple[_Acc, _Counts]:
     """The step's sums over ranks (the loss of each rank is already normalised by the whole
     step's sequences, so the losses add up)."""
-    fields = [f.name for f in dataclasses.fields(_Acc) if f.name != "ratio_max"]
+    fields = [f.name for f in dataclasses.fields(_Acc) if f.name not in ("ratio_max", "disagree_L")]
     summed = ddp.all_reduce([getattr(acc, f) for f in fields] + list(dataclasses.astuple(c)), dist)
     ratio_max = ddp.all_reduce([acc.ratio_max], dist, op="max")[0]
+    disagree_L = [int(v) for v in ddp.all_reduce(list(acc.disagree_L), dist)] if acc.disagree_L else []
     out = _Acc(**{f: type(getattr(acc, f))(v) for f, v in zip(fields, summed, strict=False)},
-               ratio_max=ratio_max)
+               ratio_max=ratio_max, disagree_L=disagree_L)
     counts = [type(v)(s) for v, s in zip(dataclasses.astuple(c), summed[len(fields):], strict=True)]
     return out, _Counts(*counts)
 

@@ -1,6 +1,7 @@
 """Versioned policy weights over fsspec: deltas against the parent, a full snapshot every K.
 
     store = LocalWeightStore("/tmp/weights")            # or FsspecWeightStore("s3://bucket/run1")
+    store = FsspecWeightStore("s3://bucket/run1", storage_options={"endpoint_url": "http://minio:9000"})
     store.publish(model.state_dict(), version=7)        # trainer
     v = store.latest(); sd = store.fetch(v)             # engine (exact version or WeightStoreError)
     got = store.load(v)                                 # engine, tolerant: got.version, got.fallback
@@ -62,7 +63,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 import fsspec
@@ -97,13 +98,19 @@ class WeightStoreConfig:
 
     url: str = ""
     """fsspec URL of the store root ('' = LOOPRL_HOME/weights; 's3://bucket/run' needs s3fs)."""
+    storage_options: dict[str, bool | int | float | str] = field(default_factory=dict)
+    """Passed to the fsspec filesystem (s3fs: endpoint_url, key, secret, anon...); credentials
+    are better left to the backend's own environment (AWS_ACCESS_KEY_ID, ~/.aws)."""
     full_every: int = 10
     """A full snapshot every K versions bounds the delta chain a reader applies (and repairs)."""
     dtype: str = "bfloat16"
     """Transport dtype of floating tensors: bfloat16, float16, float32, or 'keep'."""
     codec: str = "zigzag"
     """Delta codec (``looprl.weights.delta.CODECS``): zigzag (smallest on bf16), xor or sub."""
-    zstd_level: int = 3
+    zstd_level: int = 1
+    """zstd level of every frame. 1, not zstd's usual 3: on bf16 deltas and snapshots level 1 is
+    both smaller and about twice as fast (benchmarks/weights.py; the bits are near-noise, which
+    the fast strategy codes as literals, while level 3's matches cost more than they save)."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +229,8 @@ class FsspecWeightStore:
     """``looprl.protocols.WeightStore`` over any fsspec filesystem. One publisher, many readers."""
 
     def __init__(self, url: str, *, full_every: int = 10, dtype: str = "bfloat16",
-                 codec: str = "zigzag", zstd_level: int = 3) -> None:
+                 codec: str = "zigzag", zstd_level: int = 1,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         if dtype != "keep" and dtype not in DTYPES:
             raise ConfigError(f"weights dtype {dtype!r} unknown; choose one of {sorted(DTYPES)} or keep")
         if full_every < 1:
@@ -230,7 +238,7 @@ class FsspecWeightStore:
         if codec not in CODECS:
             raise ConfigError(f"unknown delta codec {codec!r}; choose one of {sorted(CODECS)}")
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(url)
+            self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         except ImportError as e:
             raise WeightStoreError(f"cannot open weight store {url!r}: {e}; install the fsspec "
                                    "backend for that scheme (e.g. pip install s3fs)") from None
@@ -248,7 +256,7 @@ class FsspecWeightStore:
             return LocalWeightStore(None, full_every=cfg.full_every, dtype=cfg.dtype,
                                     codec=cfg.codec, zstd_level=cfg.zstd_level)
         return cls(cfg.url, full_every=cfg.full_every, dtype=cfg.dtype, codec=cfg.codec,
-                   zstd_level=cfg.zstd_level)
+                   zstd_level=cfg.zstd_level, storage_options=cfg.storage_options)
 
     # -- layout ---------------------------------------------------------------------------------
     def _dir(self, version: int) -> str:
