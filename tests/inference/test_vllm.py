@@ -147,3 +147,16 @@ def test_prefix_cache_hits_on_a_groups_shared_prompt(engine):
     assert hit >= 3 * 256, f"3 later requests reused {hit} of their 3x512 prompt tokens"
     metrics = asyncio.run(engine.vllm_metrics())
     assert metrics.get("vllm:prefix_cache_hits", 0) >= hit, metrics
+
+
+@pytest.mark.slow
+def test_seeded_requests_with_chunked_prefill_do_not_kill_the_engine(engine):
+    # 4 x 900 prompt tokens exceed vLLM's 2,048-token step: prefills are chunked; a seeded request
+    # whose partial prefill discards its token crashed vLLM 0.32's CPU engine (see vllm_worker)
+    async def main():
+        return await asyncio.gather(*(engine.generate(_prompt(900, seed=10 + i),
+                                                      SamplingParams(max_new_tokens=4, seed=i))
+                                      for i in range(4)))
+
+    gens = asyncio.run(main())
+    assert [len(g.token_ids) for g in gens] == [4] * 4

@@ -16,7 +16,8 @@ shared prompt and a session's earlier turns hit cached KV blocks, so ``session_i
 ``group_id`` need no bookkeeping), and weights swapped between decode steps: running requests
 continue on the new weights and every token carries the version that produced it
 (``vllm_worker.py`` says how). ``stats`` counts prompt tokens and the ones vLLM's prefix cache
-served (vLLM's per-request ``num_cached_tokens``).
+served (vLLM's per-request ``num_cached_tokens``). On CPU ``SamplingParams.seed`` is not passed
+on (a vLLM 0.32 CPU bug, see ``vllm_worker.py``): requests draw from the engine's seeded RNG.
 
 The worker's python: ``python=`` or ``$LOOPRL_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` at
 the repository root or the current directory. On CPU it reserves ``kv_cache_gib`` of RAM for KV

@@ -64,6 +64,10 @@ class Worker:
         self.sock = sock
         self.lock = threading.Lock()
         self.version = 0
+        # vLLM 0.32's CPU runner crashes the engine when a seeded request's partial prefill
+        # discards its sampled token ("CPU Generator does not use offset", gpu_model_runner
+        # _bookkeeping_sync): on CPU requests sample from the engine's seeded generator instead
+        self.request_seeds = torch.cuda.is_available()
         args = AsyncEngineArgs(skip_tokenizer_init=True, enable_prefix_caching=True,
                                logprobs_mode="processed_logprobs", enforce_eager=True,
                                disable_log_stats=False, **{"distributed_executor_backend": "uni",
@@ -82,7 +86,7 @@ class Worker:
         rid = m["rid"]
         n_sent = 0
         sp = SamplingParams(max_tokens=m["max_tokens"], temperature=m["temperature"], top_p=m["top_p"],
-                            seed=m["seed"], logprobs=0, stop_token_ids=m["stop_token_ids"], ignore_eos=True,
+                            seed=m["seed"] if self.request_seeds else None, logprobs=0, stop_token_ids=m["stop_token_ids"], ignore_eos=True,
                             detokenize=False, output_kind=RequestOutputKind.DELTA)
         try:
             prompt = TokensPrompt(prompt_token_ids=m["prompt"], cache_salt=f"v{self.version}")
