@@ -4,8 +4,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.looprl-installed
+# vLLM lives in its own venv (transformers pins clash); the vllm engine runs it as a worker process
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.looprl-vllm-installed
 
-.PHONY: setup quickstart test test-fast bench clean
+.PHONY: setup vllm quickstart test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -13,10 +16,16 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(PY) $(VENV)
 	touch $(STAMP)
 
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): scripts/setup_vllm.sh
+	bash scripts/setup_vllm.sh $(PY) $(VLLM_VENV)
+	touch $(VLLM_STAMP)
+
 quickstart: setup
 	$(BIN)/looprl quickstart
 
-test: setup
+test: setup vllm
 	$(BIN)/python -m pytest -q
 
 test-fast: setup
@@ -26,4 +35,4 @@ bench: setup
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/engine.py                 # default model, ~3-4 minutes
     .venv/bin/python benchmarks/engine.py --size medium --threads 1
+    .venv/bin/python benchmarks/engine.py --vllm          # vLLM (`make vllm`) as one more baseline
 
 Workload (an agent group): G=8 rollouts of one ~1,000-token prompt, 3 turns of 256 new tokens
 (end-of-turn ignored so lengths are equal), ~200 tool-output tokens appended between turns.
@@ -16,6 +17,9 @@ Workload (an agent group): G=8 rollouts of one ~1,000-token prompt, 3 turns of 2
 - HF batched: ``generate`` over the group, re-prefilling the whole context every turn (what a
   stateless caller does; flattering to the engine, whose prefix and session reuse it lacks).
 - HF per rollout: ``generate`` for one rollout, turn by turn (more flattering still).
+- vLLM (``--vllm``): ``VLLMEngine`` (vLLM's CPU build in its worker process, ``--threads``
+  OpenMP threads, fp32, prefix caching) driven exactly as TorchEngine, the same weight update
+  included. Its CPU time is other processes': only its wall-clock rate is compared.
 
 Peak fraction: before the contest, a quiet phase measures the machine's matmul peak in fp32 and
 bf16 (best of several windows of square matmuls) per CPU-second of this process; the engine's
@@ -225,6 +229,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=1000)
     ap.add_argument("--tool-tokens", type=int, default=200)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--vllm", action="store_true", help="add VLLMEngine (needs `make vllm`)")
     ap.add_argument("--engine-only", action="store_true",
                     help="skip the HF baselines (compare model sizes: --size tiny|small|medium)")
     args = ap.parse_args()
@@ -252,6 +257,11 @@ def main() -> None:
     hf1, hfb = Contestant("HF per rollout"), Contestant("HF batched")
     runs = (EngineRun(engine, prompt, tools, G, N), HFReuseRun(model, prompt, tools, G, N),
             HFRun(model, prompt, tools, 1, N), HFRun(model, prompt, tools, G, N))
+    vl, vrun = Contestant("vLLM"), None
+    if args.vllm:
+        from looprl.inference.vllm_engine import VLLMEngine
+        vrun = EngineRun(VLLMEngine(str(path), stop_on_eos=False, max_model_len=4096,  # type: ignore[arg-type]
+                                    threads=args.threads), prompt, tools, G, N)
     # Interleaved turn by turn, so the contestants see the same load on a shared machine.
     for t in range(args.turns):
         eng.timed(lambda t=t: runs[0].turn(t, state_dict if t == 0 else None))
@@ -260,8 +270,10 @@ def main() -> None:
         reuse.timed(lambda t=t: runs[1].turn(t))
         hf1.timed(lambda t=t: runs[2].turn(t))
         hfb.timed(lambda t=t: runs[3].turn(t))
+        if vrun is not None:
+            vl.timed(lambda t=t: vrun.turn(t, state_dict if t == 0 else None))
         console.print(f"turn {t + 1}/{args.turns}: " + ", ".join(
-            f"{c.name} {c.tokens} tok {c.tok_s:.0f} tok/s" for c in (eng, reuse, hf1, hfb)))
+            f"{c.name} {c.tokens} tok {c.tok_s:.0f} tok/s" for c in (eng, reuse, hf1, hfb, vl) if c.tokens))
     st = engine.stats
     engine.close()
     update_ms = runs[0].update_ms[0]
@@ -284,6 +296,14 @@ def main() -> None:
     console.print(f"prefilled {st.prefilled_tokens} of {st.prompt_tokens} prompt tokens: group sharing "
                   f"saved {st.reused_group_tokens}, session KV reuse saved {st.reused_session_tokens}; "
                   f"weight update during decoding {update_ms:.1f} ms")
+    vs_vllm = ""
+    if vrun is not None:
+        vst = vrun.engine.stats
+        console.print(f"vLLM: {vl.tok_s:.0f} tok/s; its prefix cache served {vst.cached_prompt_tokens} "
+                      f"of {vst.prompt_tokens} prompt tokens; weight update {vrun.update_ms[0]:.1f} ms")
+        vrun.engine.close()
+        vs_vllm = (f" vllm_tok_s={vl.tok_s:.0f} speedup_vs_vllm_batched={eng.tok_s / vl.tok_s:.2f}"
+                   f" vllm_weight_update_ms={vrun.update_ms[0]:.1f}")
     rest = (reuse, hf1, hfb)
     console.print("per CPU-second (robust to other load): " + ", ".join(
         f"{c.name} {c.tok_cpu_s:.0f}" for c in (eng, *rest))
@@ -293,7 +313,8 @@ def main() -> None:
           f"peak_fraction_fp32={frac[torch.float32]:.4f} peak_fraction_bf16={frac[torch.bfloat16]:.4f} "
           f"tok_s={eng.tok_s:.0f} hf_reuse_tok_s={reuse.tok_s:.0f} "
           f"flattering: speedup_vs_hf_batched={eng.tok_s / hfb.tok_s:.2f} "
-          f"speedup_vs_hf_per_rollout={eng.tok_s / hf1.tok_s:.2f} weight_update_ms={update_ms:.1f}")
+          f"speedup_vs_hf_per_rollout={eng.tok_s / hf1.tok_s:.2f} weight_update_ms={update_ms:.1f}"
+          f"{vs_vllm}")
 
 
 if __name__ == "__main__":

@@ -119,13 +119,10 @@ def test_unreachable_server_is_an_infra_error():
     assert e.value.is_infra
 
 
-def test_vllm_engine_without_vllm_says_how_to_install():
-    pytest.importorskip("looprl.inference.vllm_engine")
-    from looprl.inference import vllm_engine
-    if vllm_engine.vllm is not None:
-        pytest.skip("vLLM is installed: covered by test_vllm.py")
-    with pytest.raises(Exception, match="pip install looprl\\[vllm\\]"):
-        make_engine("vllm", model_path="/nonexistent")
+def test_vllm_engine_without_its_venv_says_how_to_install(tmp_path):
+    from looprl.errors import ConfigError
+    with pytest.raises(ConfigError, match="run `make vllm`"):
+        make_engine("vllm", model_path=str(tmp_path), python=str(tmp_path / "no-python"))
 
 
 BAD_PARAMS = [  # (route, body changes, status, the field the error names)

@@ -21,8 +21,8 @@ in one line and retried at the next tick.
     looprl serve --model M --policies runs/x/policies --store fb.db --watch 5 ...
 
 ``--engine`` picks what samples the agent's turns, by name behind the ``Engine`` seam
-(``inference.make_engine``): ``torch`` (in this process, the default), ``vllm`` (in this
-process, GPU), ``openai`` (any OpenAI-compatible server, e.g. ``looprl model serve`` or vLLM's:
+(``inference.make_engine``): ``torch`` (in this process, the default), ``vllm`` (a worker
+process in `make vllm`'s venv), ``openai`` (any OpenAI-compatible server, e.g. ``looprl model serve`` or vLLM's:
 ``--engine-url`` per arm, token ids in and out through ``/v1/completions``), or a plugin's name.
 ``-E KEY=VALUE`` passes more keyword arguments to the engine (values read as JSON when they
 parse). A remote engine serves what it serves: ``--model`` then only names the policy whose

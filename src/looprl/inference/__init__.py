@@ -3,7 +3,7 @@
     from looprl.inference import make_engine
     engine = make_engine("torch", path="~/.cache/looprl/models/default")       # in-process, CPU
     engine = make_engine("openai", base_url="http://host:8000/v1", model="m")  # any OpenAI server
-    engine = make_engine("vllm", model_path="/models/qwen")                    # in-process vLLM (GPU)
+    engine = make_engine("vllm", model_path="/models/qwen")                    # vLLM (`make vllm`)
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ class ModelSection:
     directory or a hub id ``org/name[@revision]`` (``looprl.models.hub``); empty = init the
     default model."""
     engine: str = "torch"
-    """Rollout engine: torch (in-process, CPU or GPU), vllm (GPU; ``pip install -e .[vllm]``) or
+    """Rollout engine: torch (in-process, CPU or GPU), vllm (a worker in ``make vllm``'s venv) or
     an engine plugin (``looprl.plugins``) built with ``model_path=`` the starting checkpoint."""
     engine_options: dict[str, bool | int | float | str] = field(default_factory=dict)
     """Keyword options of a non-torch engine, e.g. vLLM's ``gpu_memory_utilization = 0.4`` when
