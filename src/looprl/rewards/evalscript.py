@@ -28,11 +28,9 @@ as ``runner_tampering``), not one that builds the line at run time.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shlex
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -79,20 +77,9 @@ def read_log(log_dir: Path) -> str:
     regular file), read without following links."""
     with Root(log_dir) as root:
         try:
-            fd = root.open("eval.log", os.O_RDONLY | os.O_NONBLOCK)
+            return root.read("eval.log", last=MAX_LOG_BYTES).decode("utf-8", "replace")
         except OSError:
             return ""
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return ""
-            os.lseek(fd, max(0, st.st_size - MAX_LOG_BYTES), os.SEEK_SET)
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-    return b"".join(chunks)[-MAX_LOG_BYTES:].decode("utf-8", "replace")
 
 
 def judge(e: EvalScript, log: str, f2p: Sequence[str], p2p: Sequence[str]

@@ -154,17 +154,9 @@ def output_tail(logs: Path, n: int = 2000) -> str:
     """The end of ``test-stdout.txt`` ('' when the verifier left none)."""
     with Root(logs) as root:
         try:
-            fd = root.open(STDOUT, os.O_RDONLY | os.O_NONBLOCK)
+            return root.read(STDOUT, last=n).decode("utf-8", "replace")
         except OSError:
             return ""
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return ""
-            os.lseek(fd, max(0, st.st_size - n), os.SEEK_SET)
-            return os.read(fd, n).decode("utf-8", "replace")
-        finally:
-            os.close(fd)
 
 
 @contextlib.contextmanager

@@ -208,10 +208,11 @@ class Root:
                 return None
             raise
 
-    def read(self, rel: str) -> bytes:
-        """The bytes of the regular file at ``rel``. ``OSError``: ``ELOOP`` for a symlink (on
-        the way or as the file), ``EISDIR`` for a directory, ``EINVAL`` for anything else that
-        is not a regular file (a FIFO is never waited on)."""
+    def read(self, rel: str, last: int | None = None) -> bytes:
+        """The bytes of the regular file at ``rel`` (its ``last`` bytes only, when given: a log
+        the agent may have made huge). ``OSError``: ``ELOOP`` for a symlink (on the way or as
+        the file), ``EISDIR`` for a directory, ``EINVAL`` for anything else that is not a
+        regular file (a FIFO is never waited on)."""
         fd = self.open(rel, os.O_RDONLY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
@@ -219,8 +220,11 @@ class Root:
                 raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file", rel)
+            if last is not None:
+                os.lseek(fd, max(0, st.st_size - last), os.SEEK_SET)
             with os.fdopen(fd, "rb", closefd=False) as f:
-                return f.read()
+                data = f.read()
+            return data if last is None else data[-last:]
         finally:
             os.close(fd)
 
