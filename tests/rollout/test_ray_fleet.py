@@ -42,11 +42,15 @@ ROLLOUT = RolloutConfig(group_size=2, max_in_flight=4,
                         agent=AgentConfig(max_turns=2, max_new_tokens=16, context_window=16384))
 
 
-def _tasks(root: Path, n: int, prefix: str = "calc") -> list[Task]:
+def _tasks(root: Path, n: int, prefix: str = "calc", test_s: float = 0.0) -> list[Task]:
+    """``n`` tasks on one repository; its test takes ``test_s`` seconds (so a rollout is still in
+    flight when a node is killed a moment after it was seen busy)."""
     repo = root / "repo"
     repo.mkdir(parents=True, exist_ok=True)
     (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (repo / "test_calc.py").write_text("from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    (repo / "test_calc.py").write_text(
+        f"import time\nfrom calc import add\n\ndef test_add():\n    time.sleep({test_s})\n"
+        "    assert add(2, 3) == 5\n")
     grader = Grader(pytest_command(), ("test_calc.py::test_add",), (), ("test_calc.py",), timeout_s=60)
     return [Task(f"{prefix}-{i}", str(repo), "add(2, 3) should be 5", grader, VENV)
             for i in range(n)]
@@ -81,7 +85,9 @@ def test_training_on_the_fleet_survives_a_node_kill_and_takes_a_joining_node(clu
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384))
     save_model(model, tok, tmp_path / "model")
     run_dir, weights = tmp_path / "run", tmp_path / "weights"
-    tasks = _tasks(tmp_path, 10)
+    # a rollout's grading lasts 3 s: the node seen with one in flight is killed inside it (with
+    # a fast test a rollout seen in flight could finish before the kill landed: nothing was cut)
+    tasks = _tasks(tmp_path, 10, test_s=3.0)
     workers = {n.node_id: n for n in cluster.worker_nodes}
     cfg = FleetConfig(backend="ray", address=cluster.address, experimental=FleetExperimental(
         node_ip=IP, min_nodes=2, poll_s=0.5))
