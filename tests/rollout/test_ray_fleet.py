@@ -243,6 +243,21 @@ def test_injected_faults_on_the_fleet_land_in_their_classes(cluster, tmp_path):
     assert faults.MARK not in text and all(not t.is_infra_error for t in _trained(run_dir))
 
 
+def test_a_fleet_without_an_address_starts_a_ray_of_its_own(cluster, tmp_path, monkeypatch):
+    """fleet.address="" is a one-node Ray of the run's own, even while another cluster runs on
+    the machine (left to itself ``ray.init()`` joins the one started last, here the module's
+    cluster, and the run would die with it)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    fleet = RayFleet(FleetConfig(backend="ray", experimental=FleetExperimental(node_ip=IP)),
+                     MemberSpec(str(tmp_path), None, str(tmp_path), ROLLOUT, RewardConfig()))
+    fleet._connect()
+    try:
+        ours = {n["NodeID"] for n in ray.nodes()}
+        assert len(ours) == 1 and not ours & {n.node_id for n in cluster.list_all_nodes()}
+    finally:
+        ray.shutdown()
+
+
 def test_a_load_report_our_code_fails_on_keeps_the_node(tmp_path):
     """A member whose load report raises in looprl's own code (a bug on a live node) stays in
     the fleet, logged as an error: it is not a node loss, which would count the bug as

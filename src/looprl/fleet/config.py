@@ -87,7 +87,8 @@ class FleetConfig:
     ``looprl.fleet.ray_fleet``), the trainer as the driver."""
     address: str = ""
     """The Ray cluster to join, HOST:PORT of ``ray start --head`` (or "auto": the one started on
-    this machine). "" starts a one-node Ray inside this run (or joins ``RAY_ADDRESS`` if set)."""
+    this machine). "" starts a one-node Ray inside this run, even while another runs on this
+    machine (or joins ``RAY_ADDRESS`` if set)."""
     experimental: FleetExperimental = field(default_factory=FleetExperimental)
 
     def __post_init__(self) -> None:

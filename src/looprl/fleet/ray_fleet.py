@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -232,7 +233,10 @@ class RayFleet:
             raise ConfigError("fleet.backend=ray needs Ray: pip install -e '.[ray]' (or set "
                               "fleet.backend=inprocess)") from None
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"address": self.cfg.address or None,
+            # "" is a Ray of this run's own: left to itself, ray.init() joins whichever cluster
+            # was started last on this machine (another run's, a test's) and dies with it
+            own = None if os.environ.get("RAY_ADDRESS") else "local"
+            kwargs: dict[str, Any] = {"address": self.cfg.address or own,
                                       "logging_level": logging.WARNING}
             if self.cfg.experimental.node_ip:
                 kwargs["_node_ip_address"] = self.cfg.experimental.node_ip
