@@ -532,6 +532,9 @@ class Group(_Record):
     group_id: str
     trajectories: tuple[Trajectory, ...]
     metadata: Metadata = field(default_factory=dict)
+    hinted: tuple[Trajectory, ...] = ()
+    """Hinted continuations of some failed trajectories (``harness.hinted``): distilled by the
+    step, never in the group's advantages."""
 
     @property
     def rewards_G(self) -> list[float]:
@@ -545,7 +548,8 @@ class Group(_Record):
     def from_dict(cls, d: dict[str, Any]) -> Group:
         return cls(str(d["task_id"]), str(d["group_id"]),
                    tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
-                   dict(d.get("metadata") or {}))
+                   dict(d.get("metadata") or {}),
+                   tuple(Trajectory.from_dict(t) for t in d.get("hinted", ())))
 
 
 @dataclass(frozen=True)
