@@ -3,6 +3,7 @@ hand-computed case, and hint tokens never distilled as model tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -10,8 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from looprl.trainer.distill import forward_kl, hint_distillation, hint_pair
-from looprl.types import Counters, HintSpan, Segment, StopReason, Trajectory
+from looprl.trainer.distill import FeedbackDistill, forward_kl, hint_distillation, hint_pair
+from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.types import Counters, Group, HintSpan, Segment, StopReason, Trajectory
+
+from .helpers import group, segment, tiny_llama, trajectory
 
 HINT_TOK = 9
 
@@ -74,3 +78,33 @@ def test_forward_kl_is_zero_only_when_the_distributions_agree() -> None:
     t = torch.tensor([[1.0, -1.0, 0.5]])
     assert forward_kl(t, t.clone()).item() == pytest.approx(0.0, abs=1e-7)
     assert forward_kl(t, torch.zeros(1, 3)).item() > 0.01
+
+
+def _hinted_group(grpo_trains: bool) -> Group:
+    """A group whose rewards differ (GRPO trains it) or are equal (GRPO has nothing to train),
+    with one hinted continuation: prefix [1, 2, 3, 6], hinted observation [30, 31, 32] (the
+    unhinted one: [33]), continuation [4, 5]."""
+    rewards = (1.0, 0.0) if grpo_trains else (0.0, 0.0)
+    trajs = [trajectory([segment([1, 2, 3], [4, 5])], rewards[0]),
+             trajectory([segment([1, 2, 3], [6, 7])], rewards[1])]
+    seg = Segment((1, 2, 3, 6, 30, 31, 32, 4, 5), (0.0,) * 9, (0,) * 7 + (1, 1), (-1,) * 7 + (0, 0))
+    hinted = Trajectory("t", "g", (seg,), (), Counters(), StopReason.FINISHED, id="g/1+hint",
+                        hint=HintSpan(1, "hint", 4, 7, (33,), "failing_test"))
+    return dataclasses.replace(group(trajs), hinted=(hinted,))
+
+
+@pytest.mark.parametrize("grpo_trains", [True, False])
+def test_the_step_adds_the_term_with_its_weight_and_logs_it(grpo_trains: bool) -> None:
+    def run(coef: float) -> tuple[torch.Tensor, object]:
+        model = tiny_llama()
+        cfg = GRPOConfig(lr=1e-2, experimental=GRPOExperimental(feedback=FeedbackDistill(coef=coef)))
+        m = GRPOStep(model, cfg).on_groups([_hinted_group(grpo_trains)])
+        return torch.cat([p.detach().flatten() for p in model.parameters()]), m
+
+    off, m_off = run(0.0)
+    on, m_on = run(1.0)
+    assert m_on.hints == 1 and m_on.hint_kl > 0 and m_on.updates == 1
+    assert m_on.hint_pass_rate == 0.0 and m_off.hint_kl == 0.0
+    assert not torch.allclose(on, off)  # the term moved the weights beyond what GRPO did
+    start = torch.cat([p.detach().flatten() for p in tiny_llama().parameters()])
+    assert torch.equal(off, start) != grpo_trains  # an all-equal group: GRPO alone moves nothing

@@ -441,6 +441,8 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
     acc, norms, updates, skipped = _Acc(), [], 0, 0
     pairs = [p for t in hinted if (p := hint_pair(t)) is not None]
     assert not (pairs and dist.enabled), "hint distillation runs in one trainer process"
+    if pairs and x.feedback.coef > 0 and not minis:  # all groups skipped: the hints still teach
+        minis, seqs = [[]], [0]
     hint_kl = 0.0
     aux_coef = aux_loss_coef(model)
     for j, (mini, n_seq) in enumerate(zip(minis, seqs, strict=True)):
