@@ -12,6 +12,7 @@ from looprl.harness.agent import run_agent
 from looprl.harness.hinted import continue_with_hint
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
+from looprl.types import Trajectory
 
 from .conftest import agent_config, call
 from .dir_sandbox import DirSandbox
@@ -63,6 +64,7 @@ def test_the_teacher_continues_token_exact_after_the_hint(task, repo, fmt, tok, 
     # the workspace is the prefix's (turn 1's edit of sub replayed), then the continuation's
     assert "return b - a" in teacher.diff and "return a + b" in teacher.diff
     assert teacher.stop_reason.value == "finished" and teacher.messages[-5]["content"] == HINT
+    assert Trajectory.from_json(teacher.to_json()) == teacher  # the hint's span saves and reads back
 
 
 def test_a_turn_out_of_range_is_refused(task, repo, fmt, tok) -> None:
