@@ -404,13 +404,16 @@ class GRPOLoop:
             return {}
         return {k: float(v) for k, v in metrics().items() if math.isfinite(v)}
 
-    def checkpoint(self) -> Path | None:
-        """Save a checkpoint (every rank calls it; rank 0 writes it and gets its path)."""
+    def checkpoint(self, keep: int = 3) -> Path | None:
+        """Save a checkpoint (every rank calls it; rank 0 writes it and gets its path) and keep
+        the newest ``keep``. While the loop runs 3 stay; a finished run keeps 1, all that resume
+        reads (saves are atomic: the newest is complete or absent), a model's size less each."""
         if self._ckpt_root is None:
             return None
         return self.step.sharding.save(self._ckpt_root, self.stats.steps, self.step.optimizer,
                                        sampler_state=self.sampler.state_dict(),
-                                       weight_version=self.version, config=self.config_to_save)
+                                       weight_version=self.version, config=self.config_to_save,
+                                       keep=keep)
 
     def _finish(self) -> None:
         if self._loggers is not None:
