@@ -38,6 +38,29 @@ def test_start_up_and_every_help_import_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("command", ["train", "quickstart"])
+@pytest.mark.parametrize("bad", [["-o", "loop.no_such_field=1"], ["-o", "rollout.group_size=-3"],
+                                 ["-c", "BAD_TOML"]])
+def test_a_config_error_comes_before_anything_heavy_is_imported(command, bad, tmp_path):
+    # the config is read and checked before the composition root loads torch and transformers
+    # (8-15 s on a loaded machine): a typo is one line in about a second
+    toml = tmp_path / "bad.toml"
+    toml.write_text("this is = not [toml\n")
+    args = [a.replace("BAD_TOML", str(toml)) for a in bad]
+    if command == "train" and args[0] != "-c":
+        args = ["-c", str(Path(__file__).parents[1] / "configs" / "quickstart.toml"), *args]
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom looprl.cli import app\n"
+            f"r = CliRunner().invoke(app, {[command, *args, '--runs', str(tmp_path)]!r})\n"
+            "print(r.exit_code, r.output.strip().splitlines()[-1])\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    status, heavy = out.stdout.strip().splitlines()[-2:]
+    assert status.startswith("2 error: "), status
+    assert heavy == "[]", f"validating a config imported {heavy}"
+    assert not list(tmp_path.glob("*/")), "a config error must not claim a run directory"
+
+
 def test_help_lists_every_group():
     out = CliRunner().invoke(app, ["--help"], terminal_width=200)
     assert out.exit_code == 0

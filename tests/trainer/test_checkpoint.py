@@ -84,3 +84,27 @@ def test_a_resave_killed_between_its_renames_keeps_the_old_checkpoint(tmp_path):
     save_checkpoint(tmp_path, 2, model, opt, sampler_state={"next": 3})  # a completed re-save
     assert load_checkpoint(latest_checkpoint(tmp_path), model).sampler_state == {"next": 3}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002"]
+
+
+def test_a_running_loop_keeps_three_checkpoints_and_a_finished_one_keeps_the_newest(tmp_path):
+    # retention: the newest 3 while the loop runs (a model's size each, 14 MB for the
+    # quickstart's 3.5M), only the newest once the run is over; resume reads that one
+    from looprl.trainer.grpo import GRPOLoop, LoopConfig
+    from looprl.trainer.sampler import TaskSampler
+    from looprl.trainer.step import GRPOConfig, GRPOStep
+
+    def loop() -> GRPOLoop:
+        return GRPOLoop(GRPOStep(tiny_llama(seed=1), GRPOConfig()), None, None,  # type: ignore[arg-type]
+                        TaskSampler([]), LoopConfig(loggers=()), run_dir=tmp_path / "run")
+
+    running = loop()
+    for step in (1, 2, 3, 4):
+        running.stats.steps = step
+        running.checkpoint()
+    ckpt = tmp_path / "run" / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"step_0000000{s}" for s in (2, 3, 4)]
+    running.stats.steps = 5
+    running.checkpoint(keep=1)  # what ``looprl train`` does after the loop's last step
+    assert [p.name for p in ckpt.iterdir()] == ["step_00000005"]
+    resumed = loop().resume()
+    assert resumed is not None and resumed.step == 5

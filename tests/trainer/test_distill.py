@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from looprl.trainer.distill import FeedbackDistill, forward_kl, hint_distillation, hint_pair
+from looprl.trainer.config import FeedbackDistill
+from looprl.trainer.distill import forward_kl, hint_distillation, hint_pair
 from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
 from looprl.types import Counters, Group, HintSpan, Segment, StopReason, Trajectory
 

@@ -14,11 +14,10 @@ import json
 import re
 from typing import Any
 
-from looprl.chat.spans import ParamTypes, Span, decode_at, skip_space
+from looprl.chat.spans import ParamTypes, Span, decode_at, marked_blocks, skip_space
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 EXAMPLE = '<tool_call>{"name": "read_file", "arguments": {"path": "README.md"}}</tool_call>'
-_CALL_MARKER = re.compile(f"{re.escape(TOOL_OPEN)}|{re.escape(TOOL_CLOSE)}")
 
 
 def _json_block(text: str, body: int) -> tuple[Any, int] | str:
@@ -36,33 +35,20 @@ def _json_block(text: str, body: int) -> tuple[Any, int] | str:
 
 def blocks(text: str, start: int, types: ParamTypes | None = None) -> list[Span]:
     """Content and call blocks of ``text[start:]`` (the module docstring's rules)."""
-    spans: list[Span] = []
-    pos = start
-    while (m := _CALL_MARKER.search(text, pos)) is not None:
-        if m.start() > pos:
-            spans.append(Span("content", pos, m.start()))
-        if m.group() == TOOL_CLOSE:
-            spans.append(Span("broken", m.start(), m.end(),
-                              f"found {TOOL_CLOSE} without a matching {TOOL_OPEN}"))
-            pos = m.end()
-            continue
-        block = _json_block(text, m.end())
-        if isinstance(block, tuple):
-            spans.append(Span("call", m.start(), block[1], block[0]))
-            pos = block[1]
-            continue
-        close, nxt = text.find(TOOL_CLOSE, m.end()), text.find(TOOL_OPEN, m.end())
-        if close >= 0 and (nxt < 0 or close < nxt):
-            snippet = text[m.end():close].strip()[:80]
-            err = f"tool call is not valid JSON ({block}) in {snippet!r}; write e.g. {EXAMPLE}"
-            pos = close + len(TOOL_CLOSE)
-        else:
-            err = f"unclosed {TOOL_OPEN} block: end each call with {TOOL_CLOSE}"
-            pos = nxt if nxt >= 0 else len(text)
-        spans.append(Span("broken", m.start(), pos, err))
-    if pos < len(text):
-        spans.append(Span("content", pos, len(text)))
-    return spans
+    return marked_blocks(text, start, TOOL_OPEN, TOOL_CLOSE, _read_block)
+
+
+def _read_block(text: str, at: int, body: int) -> Span:
+    block = _json_block(text, body)
+    if isinstance(block, tuple):
+        return Span("call", at, block[1], block[0])
+    close, nxt = text.find(TOOL_CLOSE, body), text.find(TOOL_OPEN, body)
+    if close >= 0 and (nxt < 0 or close < nxt):
+        snippet = text[body:close].strip()[:80]
+        err = f"tool call is not valid JSON ({block}) in {snippet!r}; write e.g. {EXAMPLE}"
+        return Span("broken", at, close + len(TOOL_CLOSE), err)
+    return Span("broken", at, nxt if nxt >= 0 else len(text),
+                f"unclosed {TOOL_OPEN} block: end each call with {TOOL_CLOSE}")
 
 
 def render(calls: list[tuple[str, dict[str, Any]]]) -> str:

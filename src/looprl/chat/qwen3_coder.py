@@ -27,13 +27,12 @@ import json
 import re
 from typing import Any
 
-from looprl.chat.spans import ParamTypes, Span, decode_at, skip_space
+from looprl.chat.spans import ParamTypes, Span, decode_at, marked_blocks, skip_space
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 EXAMPLE = ("<tool_call><function=read_file><parameter=path>README.md</parameter></function>"
            "</tool_call>")
 """One line (error messages are one line); the template writes a newline between the tags."""
-_CALL_MARKER = re.compile(f"{re.escape(TOOL_OPEN)}|{re.escape(TOOL_CLOSE)}")
 _FUNCTION = re.compile(r"<function=([^>\n]*)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]*)>")
 _PARAM_CLOSE, _FUNCTION_CLOSE = "</parameter>", "</function>"
@@ -80,28 +79,15 @@ def _body(text: str, start: int, end: int, types: ParamTypes | None) -> dict[str
 
 def blocks(text: str, start: int, types: ParamTypes | None = None) -> list[Span]:
     """Content and call blocks of ``text[start:]`` (the module docstring's rules)."""
-    spans: list[Span] = []
-    pos = start
-    while (m := _CALL_MARKER.search(text, pos)) is not None:
-        if m.start() > pos:
-            spans.append(Span("content", pos, m.start()))
-        if m.group() == TOOL_CLOSE:
-            spans.append(Span("broken", m.start(), m.end(),
-                              f"found {TOOL_CLOSE} without a matching {TOOL_OPEN}"))
-            pos = m.end()
-            continue
-        close, nxt = text.find(TOOL_CLOSE, m.end()), text.find(TOOL_OPEN, m.end())
+    def read_block(text: str, at: int, body: int) -> Span:
+        close, nxt = text.find(TOOL_CLOSE, body), text.find(TOOL_OPEN, body)
         if close < 0 or 0 <= nxt < close:
-            pos = nxt if nxt >= 0 else len(text)
-            spans.append(Span("broken", m.start(), pos,
-                              f"unclosed {TOOL_OPEN} block: end each call with {TOOL_CLOSE}"))
-            continue
-        call = _body(text, m.end(), close, types)
-        pos = close + len(TOOL_CLOSE)
-        spans.append(Span("broken" if isinstance(call, str) else "call", m.start(), pos, call))
-    if pos < len(text):
-        spans.append(Span("content", pos, len(text)))
-    return spans
+            return Span("broken", at, nxt if nxt >= 0 else len(text),
+                        f"unclosed {TOOL_OPEN} block: end each call with {TOOL_CLOSE}")
+        call = _body(text, body, close, types)
+        return Span("broken" if isinstance(call, str) else "call", at, close + len(TOOL_CLOSE), call)
+
+    return marked_blocks(text, start, TOOL_OPEN, TOOL_CLOSE, read_block)
 
 
 def _text(value: Any) -> str:

@@ -102,3 +102,30 @@ def content_between(spans: list[Span], start: int, end: int) -> None:
     """Append a content span for ``text[start:end]`` when it is not empty."""
     if end > start:
         spans.append(Span("content", start, end))
+
+
+BlockReader = Callable[[str, int, int], Span]
+"""Reads one block: ``(text, at, body)`` with the open marker at ``text[at:body]``; returns its
+``call`` or ``broken`` span, whose end is where the scan goes on."""
+
+
+def marked_blocks(text: str, start: int, open_marker: str, close_marker: str,
+                  read_block: BlockReader) -> list[Span]:
+    """Content and blocks of ``text[start:]`` for a format whose calls sit between two markers
+    (Hermes's JSON, Qwen3-Coder's XML): each ``open_marker`` starts a block ``read_block`` reads;
+    a ``close_marker`` outside any block is a broken call; the rest is content."""
+    marker = re.compile(f"{re.escape(open_marker)}|{re.escape(close_marker)}")
+    spans: list[Span] = []
+    pos = start
+    while (m := marker.search(text, pos)) is not None:
+        if m.start() > pos:
+            spans.append(Span("content", pos, m.start()))
+        if m.group() == close_marker:
+            spans.append(Span("broken", m.start(), m.end(),
+                              f"found {close_marker} without a matching {open_marker}"))
+        else:
+            spans.append(read_block(text, m.start(), m.end()))
+        pos = spans[-1].end
+    if pos < len(text):
+        spans.append(Span("content", pos, len(text)))
+    return spans

@@ -25,9 +25,13 @@ def _run_training(config: Path, override: list[str] | None, runs: Path, resume: 
         raise typer.BadParameter("--resume continues runs/<name>, --fresh deletes it: pick one")
 
     from looprl.config import load_config
-    from looprl.train import TrainConfig, run
+    from looprl.train.config import TrainConfig
 
+    # the config is read and checked before the composition root imports torch, so a bad key or
+    # value is one line in well under a second (tests/commands/test_train_cli.py)
     cfg = load_config(TrainConfig, config, list(override or []))
+    from looprl.train.run import run
+
     if fresh and os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 owns the run dir
         from looprl.runstate import refuse_live
 
@@ -45,7 +49,7 @@ def _launch_torchrun(nproc: int, config: Path, override: list[str] | None, runs:
     import sys
 
     from looprl.config import load_config
-    from looprl.train import TrainConfig
+    from looprl.train.config import TrainConfig
     from looprl.trainer.ddp import DistInfo, per_rank
 
     # a bad config is one line here, not one per rank inside torchrun's report

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from looprl.inference.torch_engine import TorchEngine
 from looprl.plugins import find
 from looprl.protocols import Engine
 
 
 def _torch(**kw: Any) -> Engine:
+    from looprl.inference.torch_engine import TorchEngine
     if "path" in kw:
         return TorchEngine.from_path(kw.pop("path"), **kw)
     return TorchEngine(**kw)
@@ -39,6 +39,14 @@ def make_engine(name: str, **kwargs: Any) -> Engine:
     """Build the engine registered as ``name`` ("torch", "openai", "vllm", or a plugin:
     ``looprl.plugins``) with its own kwargs."""
     return find("engines", name, ENGINES)(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # lazy: importing a light module of the package (``inference.config``) must not load torch
+    if name == "TorchEngine":
+        from looprl.inference.torch_engine import TorchEngine
+        return TorchEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["ENGINES", "TorchEngine", "make_engine"]

@@ -48,10 +48,9 @@ import torch
 from torch import nn
 
 from looprl.errors import ConfigError
+from looprl.inference.config import MODES
 from looprl.inference.sampling import sampling_logprobs_B_V
 from looprl.models.mtp import MTPHeads, input_embeddings, lm_head
-
-MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)

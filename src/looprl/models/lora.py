@@ -22,49 +22,19 @@ from __future__ import annotations
 import shutil
 import sys
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from looprl.config import Length, Range, Share
 from looprl.errors import ConfigError
+from looprl.models.config import LoraExperimental, LoraSettings  # noqa: F401 — re-exported
 
 ADAPTER_DIR = "lora_adapter"
 """The adapter's directory inside a saved model (PEFT's ``save_pretrained`` layout)."""
 ADAPTER = "default"
 """PEFT's name of the one adapter looprl trains."""
-
-
-@dataclass(frozen=True)
-class LoraExperimental:
-    """The adapter's shape beyond its rank (``experimental`` in ``looprl.config``)."""
-
-    alpha: Annotated[int, Range(1, 1_000_000)] = 16
-    """LoRA's alpha: the update is scaled by alpha / rank (16 with rank 8 doubles it)."""
-    dropout: Share = 0.0
-    """Dropout on the adapter's input while training. Above 0 the trainer's logprobs are
-    noisier than the engine's, which samples without it."""
-    target_modules: Annotated[list[str], Length(1, 256)] = field(
-        default_factory=lambda: ["all-linear"])
-    """Module names (or suffixes) to adapt, as PEFT's ``target_modules``; ``all-linear`` =
-    every linear layer but the output head."""
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA RL (``model.lora``): the trainer trains a low-rank adapter on the frozen model.
-    LoRA usually wants a learning rate about 10x full fine-tuning's (``grpo.lr``)."""
-
-    rank: Annotated[int, Range(0, 65_536)] = 0
-    """The adapter's rank; 0 = no adapter (every weight trains)."""
-    experimental: LoraExperimental = field(default_factory=LoraExperimental)
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
 
 
 def is_lora(model: nn.Module) -> bool:

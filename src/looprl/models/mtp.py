@@ -50,11 +50,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from looprl.errors import ConfigError
+from looprl.models.config import MAX_HEADS
 
 HEADS_ATTR = "mtp_heads"
 WEIGHTS_FILE = "mtp_heads.safetensors"
 CONFIG_FILE = "mtp_config.json"
-MAX_HEADS = 8
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ import os
 import random
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,32 +35,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from looprl.errors import ConfigError
+from looprl.models.config import SIZES
 from looprl.models.corpus import iter_corpus
 from looprl.models.loading import hf_progress_bars  # noqa: F401 — HF's bars off unless asked
 from looprl.models.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
-
-@dataclass(frozen=True)
-class ModelSize:
-    """Shape of a default model (Llama architecture, tied embeddings, GQA; with ``experts``, a
-    Qwen3-MoE whose every MLP is ``experts`` experts of width ``intermediate``, ``top_k`` each)."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    experts: int = 0
-    top_k: int = 0
-
-
-SIZES: dict[str, ModelSize] = {
-    "tiny": ModelSize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=352),  # ~0.6M, tests
-    "small": ModelSize(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=704),  # ~3M, default
-    "medium": ModelSize(hidden=384, layers=6, heads=6, kv_heads=2, intermediate=1024),  # ~9M
-    # ~5.2M params, ~2.3M active: "small"'s attention with 8 experts of width 160, top-2
-    "moe": ModelSize(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=160, experts=8, top_k=2),
-}
 MOE_AUX_LOSS_COEF = 0.01
 """Weight of the load-balancing loss (HF's ``router_aux_loss_coef``) in every training stage
 (pretraining through HF's forward, SFT and RL through ``models.moe.RouterTap``): Switch

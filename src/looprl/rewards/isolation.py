@@ -212,8 +212,13 @@ def _findpaths(venv: str | None) -> Path | None:
     interpreter imports)."""
     if venv:
         return next(Path(venv).glob("lib/python*/site-packages/_pytest/config/findpaths.py"), None)
-    spec = importlib.util.find_spec("_pytest.config.findpaths")
-    return Path(spec.origin) if spec and spec.origin else None
+    # the top-level package's spec: finding it imports nothing (a submodule's would import
+    # _pytest.config, 0.1 s on every ``looprl`` command that checks a config)
+    spec = importlib.util.find_spec("_pytest")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "config" / "findpaths.py"
+    return path if path.is_file() else None
 
 
 def config_names_in(source: str) -> frozenset[str]:

@@ -8,13 +8,11 @@
 stages and ``config.py`` for every field.
 """
 
-from looprl.train.config import (
-    DemosSection,
-    EvalSection,
-    ModelSection,
-    TasksSection,
-    TrainConfig,
-)
-from looprl.train.run import run
+from looprl.lazy import lazy_exports
 
-__all__ = ["DemosSection", "EvalSection", "ModelSection", "TasksSection", "TrainConfig", "run"]
+# lazy: ``looprl train`` loads and checks the config (``train.config``, no torch) before it imports
+# the composition root, so a config error appears in well under a second
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ["DemosSection", "EvalSection", "ModelSection", "TasksSection", "TrainConfig"],
+    "run": ["run"],
+})

@@ -26,20 +26,16 @@ from looprl.config import FieldError, Length, Range, Seed, Share, check_choice
 from looprl.errors import ConfigError
 from looprl.faults import FaultsConfig
 from looprl.fleet.config import FleetConfig
-from looprl.harness.agent import AgentConfig
-from looprl.inference.spec import MODES as SPEC_MODES
-from looprl.models.lora import LoraSettings
-from looprl.models.mtp import MAX_HEADS
-from looprl.models.tiny import SIZES
+from looprl.harness.run_state import AgentConfig
+from looprl.inference.config import MODES as SPEC_MODES
+from looprl.models.config import MAX_HEADS, SIZES, LoraSettings
 from looprl.plugins import find
 from looprl.pypi import spec_name
 from looprl.rewards.composite import RewardConfig
-from looprl.rollout.runner import RolloutConfig
+from looprl.rollout.config import RolloutConfig
 from looprl.tasks.build import BuildConfig
 from looprl.tasks.mutate import LOCAL_KINDS, SINGLE_KINDS
-from looprl.trainer.grpo import LoopConfig
-from looprl.trainer.sft import SFTConfig
-from looprl.trainer.step import GRPOConfig
+from looprl.trainer.config import GRPOConfig, LoopConfig, SFTConfig
 
 
 @dataclass(frozen=True)

@@ -418,7 +418,7 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                         f"GRPO step {stats.steps} reward {last.get('reward/total_mean', 0):+.3f} "
                         f"pass {last.get('rollout/pass_rate', 0):.2f}"))
                 stats = await loop.run(progress=tick)
-            loop.checkpoint()
+            loop.checkpoint(keep=1)  # the run is over: resume needs the newest only
             ledger.close()
             return stats, kept_s
         finally:

@@ -17,7 +17,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "checkpoint": ["Resumed", "latest_checkpoint", "load_checkpoint", "save_checkpoint"],
     "losses": ["LOSSES", "LossInputs", "LossOutput", "LossParams", "get_loss", "mtp_distillation"],
     "sampler": ["TaskSampler"],
-    "sft": ["SFTConfig", "SFTExperimental", "SFTResult", "sft"],
-    "step": ["GRPOConfig", "GRPOExperimental", "GRPOStep", "StepMetrics", "make_optimizer",
+    "config": ["GRPOConfig", "GRPOExperimental", "SFTConfig", "SFTExperimental"],
+    "sft": ["SFTResult", "sft"],
+    "step": ["GRPOStep", "StepMetrics", "make_optimizer",
              "token_logprobs", "train_step"],
 })

@@ -42,48 +42,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 
-from looprl.config import Range, Share
 from looprl.trainer.advantages import group_advantages, is_zero_variance
+from looprl.trainer.config import Credit
 from looprl.types import Group, Segment, Trajectory
-
-
-@dataclass(frozen=True)
-class Credit:
-    """Credit assignment's research switches (``grpo.experimental.credit``): which groups train
-    and how their advantages (``advantages.ADVANTAGES``, picked by ``grpo.std_norm``) are
-    reshaped before they reach the tokens. The defaults are plain GRPO."""
-
-    skip_zero_variance: bool = True
-    """Skip groups whose rewards are all equal (they carry no advantage signal)."""
-    skip_groups_without_pass: bool = False
-    """Skip groups where no trajectory passed the tests: their advantages come from the shaping
-    terms alone, which for a weak policy teach failing cheaply (quitting) over trying
-    (``docs/experiments.md``, table C)."""
-    flat_failures: bool = False
-    """Every failed trajectory of a group gets the mean reward of the group's failures
-    (``flatten_failures``), so the shaping terms rank passing trajectories only: inside a group
-    with a pass, quitting (cheap) no longer out-scores a failed attempt. A group with no pass
-    then has no signal."""
-    negative_advantage_scale: Share = 1.0
-    """Negative advantages are multiplied by this (``scale_negatives``): 1 is standard GRPO; 0
-    learns from the better-than-average trajectories only (the failures of a group push nothing
-    down). Without length normalisation a failure's push-down is summed over all its tokens,
-    and failed trajectories are many and long (flailing to the turn limit) while passes are
-    short, so the format tokens both share are pushed down on net, which can collapse the call
-    format (``docs/experiments.md``, table C). ``balance_negatives`` and
-    ``broken_call_advantage`` keep a negative signal without that push."""
-    balance_negatives: bool = False
-    """Scale a group's negative advantages down so that its failures push down no more token
-    mass (advantage x model tokens, summed) than its passes push up (``balance_negatives``):
-    the format tokens passes and failures share get no net push from the failures' length."""
-    broken_call_advantage: Annotated[float, Range(-100.0, 100.0)] | None = None
-    """Token-level credit for broken tool calls: every token of a broken call's own block
-    (``Trajectory.broken_spans``) gets this advantage (e.g. -0.5) in passing and failing
-    trajectories alike; None = the trajectory's advantage."""
 
 
 @dataclass(frozen=True)
@@ -275,7 +239,6 @@ def distinct_rows(tokens_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor
     rank_U = torch.empty_like(order_U)
     rank_U[order_U] = torch.arange(len(order_U), device=key.device)
     return first_U[order_U], rank_U[which_B]
-
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

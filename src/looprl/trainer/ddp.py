@@ -47,11 +47,10 @@ from torch import nn
 from looprl.errors import ConfigError
 from looprl.models.lora import is_lora, merged_state_dict
 from looprl.trainer.checkpoint import Resumed, load_checkpoint, save_checkpoint
+from looprl.trainer.config import PARALLEL
 
 T = TypeVar("T")
 
-PARALLEL = ("ddp", "fsdp")
-"""``GRPOConfig.parallel``: how ranks split a step under torchrun (ignored in one process)."""
 
 TIMEOUT = timedelta(hours=6)
 """Collectives' timeout. Under ``looprl train`` rank 0 runs the stages before RL (tasks, SFT,

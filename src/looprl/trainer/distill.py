@@ -31,33 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from looprl.config import Range
 from looprl.types import Trajectory
-
-
-@dataclass(frozen=True)
-class FeedbackDistill:
-    """Targeted textual feedback (``grpo.experimental.feedback``, issue 54): a research switch,
-    off by default. On, each group's first failed trajectories get a hint at their first wrong
-    turn (``rewards.hints``), the policy continues from there with it (``harness.hinted``), and
-    the step adds ``coef`` x this module's term to the GRPO loss."""
-
-    coef: Annotated[float, Range(0.0, 100.0)] = 0.0
-    """Weight of the distillation term; 0 = off (no hinted continuation is run)."""
-    max_per_group: Annotated[int, Range(0, 4096)] = 1
-    """Hinted continuations per group, at most (each costs a rollout from the hinted turn and
-    a grading)."""
-
-    @property
-    def hints_per_group(self) -> int:
-        """What the rollouts run: 0 when the term is off."""
-        return self.max_per_group if self.coef > 0 else 0
 
 
 @dataclass(frozen=True)

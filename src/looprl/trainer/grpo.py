@@ -67,15 +67,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from looprl.config import Range
 from looprl.errors import WeightStoreError
 from looprl.faults import InfraLedger
 from looprl.protocols import GroupSource, WeightSink, WeightStore
 from looprl.rundir import RunDir
 from looprl.trainer import ddp
 from looprl.trainer.checkpoint import Resumed, latest_checkpoint
+from looprl.trainer.config import LoopConfig, LoopExperimental  # noqa: F401 — re-exported
 from looprl.trainer.loggers import Loggers, make_loggers, read_metrics
 from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOStep
@@ -83,61 +83,6 @@ from looprl.types import Group, GroupResult, Trajectory
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass(frozen=True)
-class LoopExperimental:
-    """Policy lag, checkpoints and the task walk: research switches and tuning knobs
-    (``experimental`` in ``looprl.config``)."""
-
-    max_staleness: Annotated[int, Range(0, 1_000_000)] = 2
-    """Drop a group whose oldest token was sampled more than this many versions ago."""
-    queue_size: Annotated[int, Range(1, 1_000_000)] = 8
-    """Scored groups waiting for the trainer; producers block beyond it (bounds policy lag).
-    When the trainer is the slower side the queue stays full and a group waits
-    ``queue_size / groups_per_step`` steps before it is trained on: keep that under
-    ``max_staleness`` or finished groups go stale in the queue."""
-    sync: bool = False
-    """Synchronous baseline: roll out a step's groups, then train, then roll out again."""
-    checkpoint_every: Annotated[int, Range(0, 10**9)] = 0
-    """Steps between checkpoints (0 = only at the end)."""
-    save_trajectories: bool = True
-    """Append every trained trajectory (messages, tokens, reward breakdown; its step in
-    ``metadata["train_step"]``) to ``run_dir/trajectories/train.jsonl``: what the dashboard's
-    trajectory viewer reads."""
-    passes: Annotated[int, Range(1, 10_000)] = 1
-    """Walks over the task set. A task is trained at most once a pass, each time on fresh
-    rollouts of the policy as it is then (each batch is still stepped on once: single epoch).
-    More than one only matters when the tasks run out before ``max_minutes``; a task whose group
-    had no pass the first time may have one by the next."""
-    max_screens: Annotated[int, Range(0, 10_000)] = 3
-    """Times a task may be screened out (with ``rollout.experimental.screen``) before it is
-    given up; a screened-out task is tried again once the fresh tasks run out
-    (``TaskSampler.defer``)."""
-    signal_first: bool = False
-    """From the second pass on, hand out first the tasks whose last group had both passes and
-    failures (GRPO's signal), then those with no pass (or not seen), and last those every
-    rollout passed (``TaskSampler.record``): when the time runs out before the pass does, what
-    is left untried is what taught least (``docs/experiments.md``, stop 44)."""
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    """The asynchronous loop's budgets (the step's knobs live in ``GRPOConfig``)."""
-
-    groups_per_step: Annotated[int, Range(1, 1_000_000)] = 4
-    """Groups (tasks) per optimizer step."""
-    max_steps: Annotated[int, Range(0, 10**9)] = 1_000
-    max_minutes: Annotated[float, Range(0.0, 1e7)] = 30.0
-    """Wall-clock budget of the loop; it stops after the step that crosses it."""
-    loggers: tuple[str, ...] = ("tensorboard",)
-    """Trackers beside ``metrics.jsonl`` (always written): ``tensorboard``, ``wandb`` (the
-    ``wandb`` extra), or a plugin; see ``looprl.trainer.loggers``."""
-    experimental: LoopExperimental = field(default_factory=LoopExperimental)
-
-    RETIRED: ClassVar[dict[str, str]] = {
-        "seed": "it was never read; the task order follows the run's seed (top-level `seed`)"}
-    """Keys older configs may hold (``looprl.config``)."""
 
 
 @dataclass
@@ -466,13 +411,16 @@ class GRPOLoop:
             return {}
         return {k: float(v) for k, v in metrics().items() if math.isfinite(v)}
 
-    def checkpoint(self) -> Path | None:
-        """Save a checkpoint (every rank calls it; rank 0 writes it and gets its path)."""
+    def checkpoint(self, keep: int = 3) -> Path | None:
+        """Save a checkpoint (every rank calls it; rank 0 writes it and gets its path) and keep
+        the newest ``keep``. While the loop runs 3 stay; a finished run keeps 1, all that resume
+        reads (saves are atomic: the newest is complete or absent), a model's size less each."""
         if self._ckpt_root is None:
             return None
         return self.step.sharding.save(self._ckpt_root, self.stats.steps, self.step.optimizer,
                                        sampler_state=self.sampler.state_dict(),
-                                       weight_version=self.version, config=self.config_to_save)
+                                       weight_version=self.version, config=self.config_to_save,
+                                       keep=keep)
 
     def _finish(self) -> None:
         if self._loggers is not None:

@@ -45,42 +45,16 @@ micro-batches; it trains the heads alone (their own param group, ``make_optimize
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 from torch import nn
 
-from looprl.config import Range, Tokens, check_choice
 from looprl.errors import ConfigError
 from looprl.models.mtp import DistillOut, distill_spans, heads_of
 from looprl.trainer.batch import distinct_rows
-
-
-@dataclass(frozen=True)
-class LossParams:
-    """The loss's knobs (``grpo.experimental.objective``; the loss itself is ``grpo.loss``)."""
-
-    kl_coef: Annotated[float, Range(0.0, 100.0)] = 0.0
-    """Weight of the sequence KL folded into the advantage; 0 = no reference model needed."""
-    kl_estimator: str = "k1"
-    """'k1' (= lp - ref, unbiased) or 'k3' (r - 1 - log r), r = pi_ref / pi_theta."""
-    tis_cap: Annotated[float, Range(0.0, math.inf, lo_open=True)] = 2.0
-    """Upper bound C of the importance weight pi_prox / pi_engine; inf disables truncation."""
-    clip: bool = True
-    """PPO ratio clipping against the step's starting policy (acts only when
-    ``mini_batches > 1``)."""
-    clip_eps_low: Annotated[float, Range(0.0, 1.0)] = 0.2
-    clip_eps_high: Annotated[float, Range(0.0, 100.0)] = 0.28
-    """Asymmetric clip (DAPO's clip-higher keeps exploration tokens alive)."""
-    norm_tokens: Tokens = 1024
-    """Dr. GRPO's constant: each sequence's token sum is divided by this; set it to the max
-    new tokens of a trajectory."""
-
-    def __post_init__(self) -> None:
-        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+from looprl.trainer.config import KL_ESTIMATOR_NAMES, LOSS_NAMES, LossParams
 
 
 @dataclass(frozen=True)
@@ -129,6 +103,7 @@ def kl_k3(lp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "k1": kl_k1, "k3": kl_k3}
+assert tuple(KL_ESTIMATORS) == KL_ESTIMATOR_NAMES, "trainer.config.KL_ESTIMATOR_NAMES is stale"
 
 
 @dataclass(frozen=True)
@@ -214,6 +189,7 @@ def cispo(inp: LossInputs, p: LossParams) -> LossOutput:
 
 
 LOSSES: dict[str, LossFn] = {"dr_grpo": dr_grpo, "grpo": grpo, "cispo": cispo}
+assert tuple(LOSSES) == LOSS_NAMES, "trainer.config.LOSS_NAMES names what grpo.loss may be"
 
 
 def mtp_distillation(model: nn.Module, hidden: Sequence[torch.Tensor], tokens_B_T: torch.Tensor,

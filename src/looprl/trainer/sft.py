@@ -13,67 +13,24 @@ heads (``looprl.models.mtp``) has them distilled on the same forwards (at the sa
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Annotated
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from looprl.config import Range, Seed, Tokens, check_choice
 from looprl.errors import ConfigError
 from looprl.models.moe import aux_loss_coef
 from looprl.models.mtp import capture_hidden, clip_grad_norms, heads_of
 from looprl.models.pretrain import warmup_cosine_lr
 from looprl.progress import Bar
 from looprl.trainer.batch import pack_segments
+from looprl.trainer.config import SFTConfig, SFTExperimental  # noqa: F401 — re-exported
 from looprl.trainer.losses import mtp_distillation
 from looprl.trainer.step import moe_logprobs, shares_prefixes, token_logprobs
 from looprl.types import Segment, Trajectory
-
-
-@dataclass(frozen=True)
-class SFTExperimental:
-    """The schedule, batch shape, optimizer and numerics of SFT: tuning knobs (``experimental``
-    in ``looprl.config``)."""
-
-    schedule: str = "constant"
-    """``constant``: ``lr`` throughout. ``cosine``: linear warmup over the first 5% of the steps,
-    then a cosine decay to 0, as pretraining does: the last steps move the weights little, so
-    the model SFT ends on is not wherever a full-size step's noise left it."""
-    max_steps: Annotated[int, Range(1, 10**9)] | None = None
-    """Stop after this many optimizer steps (cycling over the data as needed)."""
-    batch_sequences: Annotated[int, Range(1, 1_000_000)] = 8
-    """Segments per optimizer step."""
-    micro_batch_tokens: Tokens = 4096
-    """Tokens per forward pass: rows x longest row, a prefix the rows share counted once
-    (``trainer.batch``); bounds activation memory. Gradients accumulate across micro-batches."""
-    max_grad_norm: Annotated[float, Range(0.0, math.inf, lo_open=True)] = 1.0
-    """Global gradient-norm clip (inf = no clip)."""
-    weight_decay: Annotated[float, Range(0.0, 100.0)] = 0.0
-    seed: Seed = 0
-    """Shuffling seed (each epoch reshuffles with seed + epoch)."""
-    progress: bool = True
-    """Show a rich progress bar."""
-    pad_id: Annotated[int, Range(0, 2**31 - 1)] = 0
-    autocast_bf16: bool = False
-    """Forward under bf16 autocast (fp32 master weights): ~1.8x faster on CPUs with AMX."""
-
-    def __post_init__(self) -> None:
-        check_choice("schedule", self.schedule, ("constant", "cosine"))
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """Supervised fine-tuning: a learning rate and the passes over the demos."""
-
-    lr: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 1e-4
-    epochs: Annotated[int, Range(1, 100_000)] = 1
-    """Passes over the segments (ignored when ``experimental.max_steps`` is set)."""
-    experimental: SFTExperimental = field(default_factory=SFTExperimental)
 
 
 @dataclass(frozen=True)

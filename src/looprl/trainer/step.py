@@ -30,107 +30,34 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from looprl.config import Range, Tokens, check_choice
 from looprl.errors import ConfigError
 from looprl.models.fingerprint import check_trajectories, model_fingerprint
 from looprl.models.lora import base_of
 from looprl.models.moe import RouterTap, aux_loss_coef, is_moe, shifted_routes
 from looprl.models.mtp import DistillOut, capture_hidden, clip_grad_norms, heads_of
 from looprl.trainer import ddp
-from looprl.trainer.advantages import ADVANTAGES
 from looprl.trainer.batch import (
     MIN_SHARED_PREFIX,
-    Credit,
     MicroBatch,
     TrainBatch,
     build_batch,
     distinct_rows,
 )
-from looprl.trainer.distill import FeedbackDistill, hint_distillation, hint_pair
+from looprl.trainer.config import GRPOConfig, GRPOExperimental  # noqa: F401 — re-exported
+from looprl.trainer.distill import hint_distillation, hint_pair
 from looprl.trainer.losses import (
-    LOSSES,
     LossInputs,
     LossOutput,
-    LossParams,
     get_loss,
     mtp_distillation,
 )
 from looprl.types import Group, Trajectory
-
-
-@dataclass(frozen=True)
-class GRPOExperimental:
-    """The step's research switches and tuning knobs (``experimental`` in ``looprl.config``):
-    the optimizer, numerics and memory, the loss's knobs (``objective``) and credit
-    assignment's switches (``credit``). The defaults are Dr. GRPO with AdamW."""
-
-    micro_batch_tokens: Tokens = 4096
-    """Tokens per forward pass: rows x longest row, a prefix the rows share counted once
-    (``trainer.batch``); bounds activation memory. Gradients accumulate across micro-batches."""
-    mini_batches: Annotated[int, Range(1, 100_000)] = 1
-    """Optimizer updates per batch (each on a consecutive slice of the micro-batches)."""
-    max_grad_norm: Annotated[float, Range(0.0, math.inf, lo_open=True)] = 1.0
-    """Global gradient-norm clip (inf = no clip); a non-finite norm skips the update."""
-    weight_decay: Annotated[float, Range(0.0, 100.0)] = 0.0
-    adam_beta1: Annotated[float, Range(0.0, 1.0, hi_open=True)] = 0.9
-    adam_beta2: Annotated[float, Range(0.0, 1.0, hi_open=True)] = 0.999
-    temperature: Annotated[float, Range(0.0, 100.0, lo_open=True)] = 1.0
-    """The engine's sampling temperature: logits are divided by it so logprobs match the engine's."""
-    autocast_bf16: bool = False
-    """Run forward passes under bf16 autocast (faster at batch >= 16 on CPUs with AMX)."""
-    parallel: str = "ddp"
-    """Under torchrun: ddp (a replica per rank, gradients all-reduced) or fsdp (FSDP2: weights,
-    gradients and optimizer state sharded over the ranks); see ``trainer.ddp``. One process
-    ignores it."""
-    activation_checkpointing: bool = False
-    """Recompute each layer's activations in the backward instead of keeping them (HF's
-    gradient checkpointing): less memory for about one more forward per step."""
-    mtp_lr: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 1e-3
-    """Learning rate of the model's MTP heads (``looprl.models.mtp``) when it has them: their
-    distillation is an auxiliary term of every micro-batch's loss (``losses.mtp_distillation``),
-    so the engine's drafts keep up with the moving policy. The heads have their own param group
-    and gradient clip; the policy's update is the same with or without them."""
-    objective: LossParams = field(default_factory=LossParams)
-    """The loss's knobs: KL to a reference, importance-weight cap, PPO clip, Dr. GRPO's divisor."""
-    credit: Credit = field(default_factory=Credit)
-    """Which groups train and how their advantages are reshaped (``batch.Credit``)."""
-    router_replay: bool = False
-    """MoE models: the forward routes each sampled token's position to the experts the engine
-    recorded (``Segment.routes``) while mixing them with the trainer's own gate weights (R3,
-    ``looprl.models.moe``); off: the trainer's routers pick their own top-k. The step logs
-    ``router_disagree`` and ``engine_kl`` either way."""
-    feedback: FeedbackDistill = field(default_factory=FeedbackDistill)
-    """Targeted textual feedback: hinted continuations self-distilled into the unhinted policy
-    (``trainer.distill``); off by default."""
-
-    def __post_init__(self) -> None:
-        check_choice("parallel", self.parallel, ddp.PARALLEL)
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """The GRPO step: a learning rate and the objective's two named choices (the async loop's
-    knobs live with the loop; everything else in ``experimental``)."""
-
-    lr: Annotated[float, Range(0.0, 1.0, lo_open=True)] = 1e-5
-    """AdamW learning rate; RL on a pretrained policy uses 1e-6..1e-5."""
-    loss: str = "dr_grpo"
-    """A name in ``looprl.trainer.losses.LOSSES``: dr_grpo, grpo, cispo."""
-    std_norm: str = "never"
-    """Group advantage scaling (``looprl.trainer.advantages.ADVANTAGES``): never (Dr. GRPO),
-    always, unless_equal."""
-    experimental: GRPOExperimental = field(default_factory=GRPOExperimental)
-
-    def __post_init__(self) -> None:
-        # Checked at load: a typo here would otherwise surface after pretraining and SFT.
-        check_choice("loss", self.loss, LOSSES)
-        check_choice("std_norm", self.std_norm, ADVANTAGES)
 
 
 @dataclass(frozen=True)

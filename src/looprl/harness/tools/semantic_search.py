@@ -16,13 +16,15 @@ runs (training and serving).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from looprl.errors import SandboxError, ToolError
 from looprl.harness.tools.base import ToolContext, obj_schema
 from looprl.harness.tools.glob_files import glob_regex
 from looprl.search.chunk import is_indexable
-from looprl.search.index import CodeIndex, Hit, skip_path
+
+if TYPE_CHECKING:  # the index loads numpy and the embedding model: only a search needs it
+    from looprl.search.index import CodeIndex, Hit
 
 READ_CONCURRENCY = 32
 
@@ -85,6 +87,8 @@ def _sync_and_search(index: CodeIndex, files: dict[str, bytes], query: str, k: i
 
 async def workspace_files(ctx: ToolContext) -> dict[str, bytes]:
     """Every indexable workspace file's bytes (read with bounded concurrency)."""
+    from looprl.search.index import skip_path
+
     try:
         entries = await ctx.sandbox.walk(".")
     except (OSError, ToolError) as e:
