@@ -1,7 +1,8 @@
 """Async vs sync GRPO: how long the trainer waits for rollouts, same model, tasks and settings.
 
-    .venv/bin/python benchmarks/async.py                     # ~3 min on 2 cores
-    .venv/bin/python benchmarks/async.py --steps 4 --engine-threads 1 --trainer-threads 1
+    .venv/bin/python benchmarks/async.py                     # 4 steps x 2 arms x 2 reps, ~2 min
+    .venv/bin/python benchmarks/async.py --steps 20 --reps 2 # the must-show length, ~12 min loaded
+    .venv/bin/python benchmarks/async.py --engine-threads 2 --trainer-threads 1  # oversubscribed
 
 Runs ``GRPOLoop`` twice on the real pieces — the default model (random init, cached under
 LOOPRL_HOME), real inflection tasks in bubblewrap sandboxes, the harness, ``TorchEngine``,
