@@ -59,11 +59,15 @@ rm -rf $W/runs
 OMP_NUM_THREADS=1 PYTHONPATH=$PWD/src timeout 900 $PY -m looprl.cli train -c $W/s3.toml --runs $W/runs
 echo "train rc=$?"
 PORT=$PORT $PY - <<'PYEOF'
-import os, s3fs
+import json, os, s3fs
 fs = s3fs.S3FileSystem(endpoint_url=f"http://127.0.0.1:{os.environ['PORT']}", key="test", secret="test")
 objs = fs.find("looprl-e2e/run", detail=True)
 print(f"{len(objs)} objects under s3://looprl-e2e/run, {sum(o['size'] for o in objs.values())} bytes")
 for k, o in sorted(objs.items())[:30]:
-    print(f"  {k} {o['size']}")
+    extra = ""
+    if k.endswith("manifest.json"):
+        m = json.loads(fs.cat(k))
+        extra = f" kind={m['kind']} parent={m['parent']}"
+    print(f"  {k} {o['size']}{extra}")
 PYEOF
 kill $SERVER; rm -rf "$W"
