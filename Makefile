@@ -32,6 +32,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: setup
+	$(BIN)/python -m pip install -q -e ".[trl]"  # benchmarks/vs_trl.py's baseline
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:

@@ -1,7 +1,8 @@
 """Async vs sync GRPO: how long the trainer waits for rollouts, same model, tasks and settings.
 
-    .venv/bin/python benchmarks/async.py                     # ~3 min on 2 cores
-    .venv/bin/python benchmarks/async.py --steps 4 --engine-threads 1 --trainer-threads 1
+    .venv/bin/python benchmarks/async.py                     # 4 steps x 2 arms x 2 reps, ~2 min
+    .venv/bin/python benchmarks/async.py --steps 20 --reps 2 # the must-show length, ~12 min loaded
+    .venv/bin/python benchmarks/async.py --engine-threads 2 --trainer-threads 1  # oversubscribed
 
 Runs ``GRPOLoop`` twice on the real pieces — the default model (random init, cached under
 LOOPRL_HOME), real inflection tasks in bubblewrap sandboxes, the harness, ``TorchEngine``,
@@ -16,16 +17,25 @@ Honesty notes: a random model rarely passes tests, so most groups have equal rew
 run with ``skip_zero_variance=False`` so every step does its full forward/backward work (advantages
 are then zero — the compute, which is what is measured here, is the same). The single-epoch sampler
 needs more tasks than the 14 cached ones, so task copies get distinct ids (``<id>~k``).
-The last line is ``trainer_idle_async=… trainer_idle_sync=… …``.
+The last line is ``speedup=… speedup_min=… speedup_max=… reps=… wall_async_s=… …``.
 
-What it showed on the shared 2-vCPU machine (load average 5-8 from other jobs), 4 steps: async
-idle 0.14 vs sync 0.59, but async wall time 92 s vs 70 s. Rollouts (the decode thread plus the
-pytest grading subprocesses) and the trainer compete for the same two cores, so overlapping them
-turns the trainer's idle time into contention (a train step ~20 s async vs ~7 s sync), and the
-producer's run-ahead samples tokens a short run never trains on (``engine_tok_s`` vs
-``rollout_tok_s``). A small queue and ``max_in_flight`` (the defaults, 2 and 4) helped most:
-with 4 and 8 async idle was 0.11 but wall 156 s vs 79 s sync. Async pays off when rollouts and
-the trainer have their own hardware (engine on other hosts/GPUs), which this machine cannot show.
+Baseline and fairness: the sync arm is the same loop, code and settings with
+``experimental.sync=True`` (roll out a step's groups, then train), run in the same process,
+the arms interleaved ABBA over ``--reps`` so other jobs' load falls on both alike; the headline
+is the median of the per-pair wall ratios (sync / async) with its range.
+
+Where the time goes (printed per run and summed up in the last line): the trainer step's wall
+time split into CPU it got (``time.thread_time``), time runnable but waiting for a core
+(``/proc/thread-self/schedstat``) and the rest, blocked (the GIL: the step does no I/O); the
+weight hand-off (trainer busy time outside the step: clone, ``update_weights``, logging); the
+decode thread's CPU per sampled token and mean batch; grading subprocesses' CPU; the cores the
+run got (its CPU over wall) and how idle the machine was. When async loses, a ``why:`` line
+says so with those figures. Async can only win by using cycles the sync schedule leaves idle:
+on a machine whose cores other jobs already fill (``machine_idle`` ~0) there are none, and
+running the trainer and the decode thread at once costs CPU (more tokens in flight, caches
+shared by two hot threads), so there it loses; see docs/experiments.md (issue 55, stop 63).
+Thread counts: ``--engine-threads`` is the decode thread's own (``TorchEngine(num_threads=)``),
+``--trainer-threads`` the step worker's; 1 + 1 fills two cores.
 """
 
 from __future__ import annotations
@@ -34,9 +44,12 @@ import argparse
 import asyncio
 import copy
 import dataclasses
+import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -72,17 +85,54 @@ def repeat_tasks(tasks: list[Task], n: int) -> list[Task]:
 
 
 class ThreadedStep(GRPOStep):
-    """``GRPOStep`` whose worker thread uses its own torch thread count (the engine keeps its own):
-    on a 2-core machine the decode thread and the trainer otherwise oversubscribe the cores."""
+    """``GRPOStep`` whose worker thread uses its own torch thread count (the engine keeps its own,
+    ``TorchEngine(num_threads=)``), timing each step's wall and CPU time (``time.thread_time``:
+    the CPU this thread got; wall over it is how long it waited for a core)."""
 
     def __init__(self, *args, threads: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.threads = threads
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+        self.runqueue_s = 0.0
 
     def on_groups(self, groups: list[Group], *, current_version: int | None = None) -> StepMetrics:
         if self.threads:
+            torch.get_num_threads()  # this worker's lazy init first, so it keeps the count below
             torch.set_num_threads(self.threads)  # per OS thread: only this worker is affected
-        return super().on_groups(groups, current_version=current_version)
+        t, c, q = time.monotonic(), time.thread_time(), runqueue_wait_s()
+        try:
+            return super().on_groups(groups, current_version=current_version)
+        finally:
+            self.wall_s += time.monotonic() - t
+            self.cpu_s += time.thread_time() - c
+            self.runqueue_s += runqueue_wait_s() - q
+
+
+def runqueue_wait_s() -> float:
+    """Seconds the calling thread has been runnable but waiting for a core (/proc schedstat):
+    a step's wall time less its CPU and this wait is time it was blocked (here: on the GIL)."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def thread_cpu_s(native_id: int | None) -> float:
+    """CPU seconds (user + system) one thread of this process has used, from /proc."""
+    if native_id is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(idle, total) jiffies of every CPU of the machine, from /proc/stat."""
+    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return vals[3] + vals[4], sum(vals[:8])
 
 
 @dataclass(frozen=True)
@@ -92,6 +142,24 @@ class ModeResult:
     wall_s: float
     generated_tokens: int
     """Every token the engine sampled (also of groups dropped or unfinished at the end)."""
+    step_wall_s: float
+    """Wall time inside ``GRPOStep.on_groups`` (forward/backward/optimizer)."""
+    step_cpu_s: float
+    """CPU time the trainer's thread got for it."""
+    step_runqueue_s: float
+    """Time the trainer's thread was runnable but had no core (the other jobs, the engine)."""
+    handoff_s: float
+    """Trainer busy time outside the step: weight clone, hand-off to the engine, logging."""
+    engine_cpu_s: float
+    """CPU time of the engine's decode thread."""
+    grading_cpu_s: float
+    """CPU time of child processes (sandboxed tool calls and test runs)."""
+    process_cpu_s: float
+    """CPU time of this process, every thread."""
+    machine_idle: float
+    """Share of the machine's CPU time that was idle during the mode (other jobs included)."""
+    decode_steps: int
+    """Engine decode steps (generated tokens over them: the mean batch)."""
 
     @property
     def rollout_tok_s(self) -> float:
@@ -107,7 +175,8 @@ async def run_mode(args: argparse.Namespace, sync: bool, tasks: list[Task]) -> M
     tok = lm.tokenizer
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.engine_threads)  # the decode thread inherits this count
-    engine = TorchEngine(copy.deepcopy(lm.model), tok, max_len=args.context, seed=args.seed)
+    engine = TorchEngine(copy.deepcopy(lm.model), tok, max_len=args.context, seed=args.seed,
+                         num_threads=args.engine_threads)
     torch.set_num_threads(args.trainer_threads)
     agent = AgentConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                         max_total_new_tokens=args.max_new_tokens * args.max_turns,
@@ -126,15 +195,86 @@ async def run_mode(args: argparse.Namespace, sync: bool, tasks: list[Task]) -> M
             groups_per_step=args.groups_per_step, max_steps=args.steps, max_minutes=10.0,
             experimental=LoopExperimental(max_staleness=args.max_staleness,
                                           queue_size=args.queue_size, sync=sync)))
-        t0 = time.monotonic()
+        t0, times0, jiffies0 = time.monotonic(), os.times(), machine_jiffies()
         stats = await loop.run(progress=lambda s: print(
             f"  [{'sync' if sync else 'async'}] step {s.steps} t={time.monotonic() - t0:.1f}s "
             f"idle={s.idle_fraction:.2f}", flush=True))
         wall = time.monotonic() - t0
+        times1, jiffies1 = os.times(), machine_jiffies()
+        engine_cpu = thread_cpu_s(engine._thread.native_id)
     finally:
         await pool.close()
         engine.close()
-    return ModeResult("sync" if sync else "async", stats, wall, engine.stats.generated_tokens)
+    idle = (jiffies1[0] - jiffies0[0]) / max(jiffies1[1] - jiffies0[1], 1)
+    return ModeResult("sync" if sync else "async", stats, wall, engine.stats.generated_tokens,
+                      step.wall_s, step.cpu_s, step.runqueue_s, stats.trainer_busy_s - step.wall_s, engine_cpu,
+                      (times1.children_user + times1.children_system)
+                      - (times0.children_user + times0.children_system),
+                      (times1.user + times1.system) - (times0.user + times0.system), idle,
+                      engine.stats.decode_steps)
+
+
+def cores_used(r: ModeResult) -> float:
+    """CPU time this run got (its process and its children) per wall second."""
+    return (r.process_cpu_s + r.grading_cpu_s) / max(r.wall_s, 1e-9)
+
+
+def blocked(r: ModeResult) -> float:
+    """The trainer's step time neither on a core nor waiting for one: blocked (on the GIL)."""
+    return max(r.step_wall_s - r.step_cpu_s - r.step_runqueue_s, 0.0)
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def summary(runs: dict[str, list[ModeResult]], args: argparse.Namespace) -> str:
+    """The last line: the wall-time ratio (median over reps, with its range), then the breakdown
+    that says where the async arm's time went, and why when it loses."""
+    a, s = runs["async"], runs["sync"]
+    ratios = [x.wall_s / max(y.wall_s, 1e-9) for x, y in zip(s, a, strict=True)]
+    speedup = med(ratios)
+    # the CPU each arm's work needed; async can only win by using cores the sync arm left idle
+    work_a = med([x.process_cpu_s + x.grading_cpu_s for x in a])
+    work_s = med([x.process_cpu_s + x.grading_cpu_s for x in s])
+    line = (f"speedup={speedup:.2f} speedup_min={min(ratios):.2f} speedup_max={max(ratios):.2f} "
+            f"reps={len(ratios)} wall_async_s={med([x.wall_s for x in a]):.1f} "
+            f"wall_sync_s={med([x.wall_s for x in s]):.1f} "
+            f"trainer_idle_async={med([x.stats.idle_fraction for x in a]):.3f} "
+            f"trainer_idle_sync={med([x.stats.idle_fraction for x in s]):.3f} "
+            f"step_s_async={med([x.step_wall_s / max(x.stats.steps, 1) for x in a]):.2f} "
+            f"step_s_sync={med([x.step_wall_s / max(x.stats.steps, 1) for x in s]):.2f} "
+            f"step_cpu_share_async={med([x.step_cpu_s / max(x.step_wall_s, 1e-9) for x in a]):.2f} "
+            f"step_cpu_share_sync={med([x.step_cpu_s / max(x.step_wall_s, 1e-9) for x in s]):.2f} "
+            f"step_runqueue_share_async={med([x.step_runqueue_s / max(x.step_wall_s, 1e-9) for x in a]):.2f} "
+            f"step_runqueue_share_sync={med([x.step_runqueue_s / max(x.step_wall_s, 1e-9) for x in s]):.2f} "
+            f"step_blocked_share_async={med([blocked(x) / max(x.step_wall_s, 1e-9) for x in a]):.2f} "
+            f"step_blocked_share_sync={med([blocked(x) / max(x.step_wall_s, 1e-9) for x in s]):.2f} "
+            f"handoff_s_per_step={med([x.handoff_s / max(x.stats.steps, 1) for x in a + s]):.3f} "
+            f"engine_cpu_ms_per_tok_async={med([1e3 * x.engine_cpu_s / max(x.generated_tokens, 1) for x in a]):.2f} "
+            f"engine_cpu_ms_per_tok_sync={med([1e3 * x.engine_cpu_s / max(x.generated_tokens, 1) for x in s]):.2f} "
+            f"batch_async={med([x.generated_tokens / max(x.decode_steps, 1) for x in a]):.1f} "
+            f"batch_sync={med([x.generated_tokens / max(x.decode_steps, 1) for x in s]):.1f} "
+            f"cpu_s_async={work_a:.1f} cpu_s_sync={work_s:.1f} "
+            f"cores_used_async={med([cores_used(x) for x in a]):.2f} "
+            f"cores_used_sync={med([cores_used(x) for x in s]):.2f} "
+            f"machine_idle_sync={med([x.machine_idle for x in s]):.2f} "
+            f"wasted_tokens_async={med([x.generated_tokens - x.stats.rollout_tokens for x in a]):.0f} "
+            f"stale_async={med([x.stats.groups_stale for x in a]):.0f} steps={args.steps} "
+            f"threads=engine:{args.engine_threads},trainer:{args.trainer_threads} "
+            f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
+    if speedup < 1.0:
+        line += (f"\nwhy: the async arm needed {work_a:.0f} CPU-s against the sync arm's {work_s:.0f} "
+                 f"and got {med([cores_used(x) for x in a]):.2f} cores against "
+                 f"{med([cores_used(x) for x in s]):.2f}; overlap can only hide what the sync arm "
+                 f"leaves idle, and the machine was {med([x.machine_idle for x in s]):.0%} idle "
+                 f"during the sync arm; the trainer's step took "
+                 f"{med([x.step_wall_s / max(x.stats.steps, 1) for x in a]):.2f}s async against "
+                 f"{med([x.step_wall_s / max(x.stats.steps, 1) for x in s]):.2f}s sync, "
+                 f"{med([x.step_runqueue_s / max(x.step_wall_s, 1e-9) for x in a]):.0%} of it waiting "
+                 f"for a core and {med([blocked(x) / max(x.step_wall_s, 1e-9) for x in a]):.0%} "
+                 f"blocked (the GIL it shares with the decode thread and the event loop)")
+    return line
 
 
 def parse_args() -> argparse.Namespace:
@@ -156,6 +296,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tools", default="read_file,grep,edit_file,run_tests,finish",
                    help="harness tools offered (all 11 make a ~1.8k-token prompt, these ~0.6k)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reps", type=int, default=2, help="runs of each arm, interleaved ABBA")
     return p.parse_args()
 
 
@@ -172,24 +313,24 @@ def main() -> int:
     tasks = repeat_tasks(base, need)
     print(f"{len(base)} real tasks ({args.package}) -> {len(tasks)} with copies; model {args.size}; "
           f"threads engine={args.engine_threads} trainer={args.trainer_threads}", flush=True)
-    results = {}
-    for sync in (False, True):
-        r = asyncio.run(run_mode(args, sync, tasks))
-        results[r.mode] = r
-        s = r.stats
-        print(f"{r.mode:>5}: steps={s.steps} wall={r.wall_s:.1f}s idle={s.idle_fraction:.3f} "
-              f"(idle {s.trainer_idle_s:.1f}s busy {s.trainer_busy_s:.1f}s) "
-              f"rollout_tok/s={r.rollout_tok_s:.0f} engine_tok/s={r.generated_tokens / r.wall_s:.0f} "
-              f"train_tok/s={r.train_tok_s:.0f} stale={s.groups_stale} dropped={s.groups_dropped}",
-              flush=True)
-    a, s = results["async"], results["sync"]
-    print(f"trainer_idle_async={a.stats.idle_fraction:.3f} trainer_idle_sync={s.stats.idle_fraction:.3f} "
-          f"wall_async_s={a.wall_s:.1f} wall_sync_s={s.wall_s:.1f} "
-          f"speedup={s.wall_s / max(a.wall_s, 1e-9):.2f} "
-          f"rollout_tok_s_async={a.rollout_tok_s:.0f} rollout_tok_s_sync={s.rollout_tok_s:.0f} "
-          f"train_tok_s_async={a.train_tok_s:.0f} train_tok_s_sync={s.train_tok_s:.0f} "
-          f"engine_tok_s_async={a.generated_tokens / a.wall_s:.0f} "
-          f"engine_tok_s_sync={s.generated_tokens / s.wall_s:.0f} steps={args.steps} target_idle=0.15")
+    runs: dict[str, list[ModeResult]] = {"async": [], "sync": []}
+    for rep in range(args.reps):  # ABBA: each arm sees the other jobs' load as often first as second
+        for sync in ((False, True) if rep % 2 == 0 else (True, False)):
+            r = asyncio.run(run_mode(args, sync, tasks))
+            runs[r.mode].append(r)
+            s = r.stats
+            print(f"{r.mode:>5} rep {rep}: steps={s.steps} wall={r.wall_s:.1f}s idle={s.idle_fraction:.3f} "
+                  f"(idle {s.trainer_idle_s:.1f}s busy {s.trainer_busy_s:.1f}s) step={r.step_wall_s:.1f}s "
+                  f"wall/{r.step_cpu_s:.1f}s cpu/{r.step_runqueue_s:.1f}s runqueue/"
+                  f"{blocked(r):.1f}s blocked handoff={r.handoff_s:.2f}s engine_cpu={r.engine_cpu_s:.1f}s "
+                  f"grading_cpu={r.grading_cpu_s:.1f}s "
+                  f"engine_cpu_ms/tok={1e3 * r.engine_cpu_s / max(r.generated_tokens, 1):.2f} "
+                  f"batch={r.generated_tokens / max(r.decode_steps, 1):.1f} cores_used={cores_used(r):.2f} "
+                  f"machine_idle={r.machine_idle:.2f} rollout_tok/s={r.rollout_tok_s:.0f} "
+                  f"engine_tok/s={r.generated_tokens / r.wall_s:.0f} wasted_tokens="
+                  f"{r.generated_tokens - s.rollout_tokens} stale={s.groups_stale} "
+                  f"dropped={s.groups_dropped}", flush=True)
+    print(summary(runs, args))
     return 0
 
 

@@ -1,7 +1,7 @@
 """looprl's GRPO (TorchEngine + GRPOStep) against TRL's ``GRPOTrainer``: wall-clock to the same
 training reward, same model, prompts, reward and algorithm.
 
-    .venv/bin/pip install "trl" "accelerate" "torch==2.13.0"   # the pin keeps the CPU torch
+    .venv/bin/pip install -e ".[trl]"    # trl 1.16.0 (pyproject's extra; `make bench` does it)
     .venv/bin/python benchmarks/vs_trl.py                      # ~15 min on 2 cores
     .venv/bin/python benchmarks/vs_trl.py --size small         # the quickstart's model, ~5x longer
     .venv/bin/python benchmarks/vs_trl.py --prompt-form bare   # the task prompt alone (short)
@@ -263,8 +263,8 @@ def main() -> int:
     try:
         import trl  # noqa: F401
     except ImportError:
-        print('TRL is not installed; install it with the CPU torch pinned in the same command:\n'
-              '  .venv/bin/pip install "trl" "accelerate" "torch==2.13.0"', file=sys.stderr)
+        print('TRL is not installed; install the trl extra (pinned; leaves the CPU torch as it is):\n'
+              '  .venv/bin/pip install -e ".[trl]"', file=sys.stderr)
         return 2
     args = parse_args()
     torch.set_num_threads(args.threads)

@@ -257,3 +257,18 @@ def test_nan_left_in_freed_memory_does_not_reach_the_logits(tiny_llama, engine_o
 
     for p, g in zip(prompts, run(main()), strict=True):
         assert list(g.token_ids) == hf_greedy(model, p, GREEDY.max_new_tokens)
+
+
+def test_num_threads_is_the_decode_threads_own(tiny_llama, engine_of):
+    """torch's thread count is per OS thread, and a new thread takes the count last set anywhere
+    at its first op: the decode thread must keep the engine's, not pick up the trainer's."""
+    model, tok = tiny_llama
+    before = torch.get_num_threads()
+    try:
+        engine = engine_of(model, tok, max_len=64, num_threads=1)
+        torch.set_num_threads(3)  # the trainer's count, set after the engine was built
+        run(engine.generate(prompt(8, 0), GREEDY))
+        assert engine.stats.threads == 1
+        assert torch.get_num_threads() == 3  # the caller's count is its own too
+    finally:
+        torch.set_num_threads(before)

@@ -116,6 +116,8 @@ class EngineStats:
     decode_steps: int = 0
     evictions: int = 0
     weight_updates: int = 0
+    threads: int = 0
+    """The decode thread's torch intra-op threads at its last step."""
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
@@ -133,8 +135,10 @@ class TorchEngine:
                  kv_budget_mb: float = 2048.0, seed: int = 0, stop_on_eos: bool = True,
                  num_threads: int | None = None, max_slots: int = 256, cascade: bool = True,
                  speculative: str = "auto", lookup: int = 0) -> None:
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        # torch's intra-op thread count is per OS thread and a new thread takes the count last
+        # set anywhere in the process at its first op: the decode thread sets its own (in _run),
+        # or it would run with whatever the trainer set meanwhile
+        self._num_threads = num_threads
         self.model = model.eval()
         self.tokenizer = tokenizer
         limit = getattr(model.config, "max_position_embeddings", 4096)
@@ -237,6 +241,9 @@ class TorchEngine:
 
     # -- decode thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        if self._num_threads is not None:
+            torch.get_num_threads()  # this thread's lazy init first, so it keeps the count below
+            torch.set_num_threads(self._num_threads)
         while True:
             block = not self._rows and not self._waiting
             try:
@@ -411,6 +418,7 @@ class TorchEngine:
             self._sample_and_finish(self.fwd.decode(fed_B_T, pos_B, prefix_B), rows, fed_B_T)
             accepted = 0
         self.stats.decode_steps += 1
+        self.stats.threads = torch.get_num_threads()
         self.spec.record(B, k, self.stats.generated_tokens - before, time.perf_counter() - t0,
                          accepted=accepted, verified=n, looked_up=sum(map(len, looked_B or [])))
 
