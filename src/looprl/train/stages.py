@@ -212,7 +212,8 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
                                 cfg.demos.synthetic,
                                 seed=cfg.seed, kinds=tuple(x.kinds))
         selection = cfg.tasks.experimental.selection
-        sources += [(select_code(i.task, i.files) if selection else i.task, i.files)
+        width = cfg.tasks.experimental.selection_width  # the width RL and evaluation see
+        sources += [(select_code(i.task, i.files, width) if selection else i.task, i.files)
                     for i in items]
     if not sources:
         return []
