@@ -421,6 +421,26 @@ class SelfSummary(_Record):
                    int(d["summary_tokens"]))
 
 
+@dataclass(frozen=True)
+class HintSpan(_Record):
+    """Where a hint was inserted in a hinted continuation (``harness.hinted``, issue 54): tokens
+    ``start:end`` of its one segment are the observation of turn ``turn`` with the hint appended
+    (context, loss mask 0); the unhinted context has ``student_ids_T`` there instead. Every model
+    token after ``end`` is the teacher's continuation."""
+
+    turn: int
+    text: str
+    start: int
+    end: int
+    student_ids_T: tuple[int, ...]
+    kind: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HintSpan:
+        return cls(int(d["turn"]), str(d["text"]), int(d["start"]), int(d["end"]),
+                   tuple(int(x) for x in d["student_ids_T"]), str(d.get("kind", "")))
+
+
 def _legacy_list(metadata: dict[str, Any], key: str) -> list[Any]:
     """A list that files written before it was a field hold in ``metadata[key]`` as JSON text;
     taken out of ``metadata`` (it is written back as the field)."""
@@ -455,6 +475,8 @@ class Trajectory(_Record):
     infra_kind: str = ""
     """For infra errors: the failure's class in the taxonomy (an ``looprl.errors.InfraKind``
     value, ``infra_kind(e)`` of what failed); empty otherwise."""
+    hint: HintSpan | None = None
+    """A hinted continuation's hint (``harness.hinted``); None for every ordinary rollout."""
 
     @property
     def is_infra_error(self) -> bool:
@@ -498,6 +520,7 @@ class Trajectory(_Record):
             broken_spans=tuple(TokenSpan(*map(int, s))
                                for s in d.get("broken_spans", legacy["broken_spans"])),
             infra_kind=str(d.get("infra_kind", "")),
+            hint=HintSpan.from_dict(d["hint"]) if d.get("hint") else None,
         )
 
 
@@ -509,6 +532,9 @@ class Group(_Record):
     group_id: str
     trajectories: tuple[Trajectory, ...]
     metadata: Metadata = field(default_factory=dict)
+    hinted: tuple[Trajectory, ...] = ()
+    """Hinted continuations of some failed trajectories (``harness.hinted``): distilled by the
+    step, never in the group's advantages."""
 
     @property
     def rewards_G(self) -> list[float]:
@@ -522,7 +548,8 @@ class Group(_Record):
     def from_dict(cls, d: dict[str, Any]) -> Group:
         return cls(str(d["task_id"]), str(d["group_id"]),
                    tuple(Trajectory.from_dict(t) for t in d["trajectories"]),
-                   dict(d.get("metadata") or {}))
+                   dict(d.get("metadata") or {}),
+                   tuple(Trajectory.from_dict(t) for t in d.get("hinted", ())))
 
 
 @dataclass(frozen=True)

@@ -285,8 +285,18 @@ class GradeResult:
                 "edited_tests": self.edited_tests, "grade_wall_s": round(self.wall_s, 3),
                 "grade_timed_out": self.timed_out, "grade_cached": self.cached,
                 "grade_broke_test_run": self.broke_test_run, "grade_flags": " ".join(self.flags),
-                "grade_error": self.error,
+                "grade_error": self.error, "grade_assertion": assertion_message(self.output_tail),
                 **{f"verifier_{k}": v for k, v in sorted(self.metrics.items())}}
+
+
+def assertion_message(output: str, limit: int = 240) -> str:
+    """The first failure message of a pytest run (its ``E   `` lines), for hints.
+
+    >>> assertion_message("x\\nE       assert 3 == 4\\nE        +  where 3 = f(1)\\n")
+    'assert 3 == 4 / +  where 3 = f(1)'
+    """
+    lines = [ln[1:].strip() for ln in output.splitlines() if ln.startswith("E ")]
+    return " / ".join(lines[:3])[:limit]
 
 
 async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:

@@ -21,6 +21,12 @@ came back from those cut off. Model errors
 ``run_agent`` turns whatever the policy emits into a trajectory, so what fails around it (the
 lease, the tools' set-up, the grader, or a bug) was not the model's doing: the attempt is logged
 and counted as an infrastructure failure.
+
+Targeted feedback (``hints_per_group > 0``, issue 54): once a group is complete, its first failed
+trajectories that ``rewards.hints`` can blame a turn of are continued from that turn with the
+hint (``harness.hinted``, on an executor with ``attempt_hinted``: this module's; a Ray fleet runs
+none), scored, and kept in ``Group.hinted`` (never in the group's advantages). They take the same
+slots as rollouts but are not fault-scoped nor counted in the ledger (not the run's attempts).
 """
 
 from __future__ import annotations
@@ -42,9 +48,11 @@ from looprl.config import FieldError, Length, Range
 from looprl.errors import InfraKind, LooprlError, infra_kind
 from looprl.faults import InfraLedger
 from looprl.harness.agent import AgentConfig, run_agent
+from looprl.harness.hinted import continue_with_hint
 from looprl.harness.notes import Notebook
 from looprl.harness.tools import DEFAULT_TOOLS, make_tools
 from looprl.protocols import Engine
+from looprl.rewards.hints import Hint, find_hint
 from looprl.types import (
     Counters,
     Group,
@@ -176,6 +184,26 @@ class LocalExecutor:
         except Exception as e:  # noqa: BLE001 — not the model's: run_agent keeps its doings
             _log_unexpected(e, traj_id, "setting up or leasing")
             return infra_trajectory(task, group_id, traj_id, e)
+        return await self._scored(task, traj, traj_id)
+
+    async def attempt_hinted(self, task: Task, group_id: str, traj_id: str, prefix: Trajectory,
+                             hint: Hint) -> Trajectory:
+        """``prefix`` continued after ``hint.turn`` with the hint (``harness.hinted``), scored."""
+        engine = self._engine_for(task)
+        tools = make_tools(list(self.cfg.tools), **{"test_command": task.grader.test_command,
+                                                      **self.resources_for(task)})
+        try:
+            async with self.pool.lease(task.repo, task.venv) as sandbox:
+                traj = await continue_with_hint(task, sandbox, engine, self.fmt, tools,
+                                                self.cfg.agent, prefix, turn=hint.turn,
+                                                text=hint.text, kind=hint.kind,
+                                                group_id=group_id, trajectory_id=traj_id)
+        except Exception as e:  # noqa: BLE001 — not the model's: the harness keeps its doings
+            _log_unexpected(e, traj_id, "continuing with a hint")
+            return infra_trajectory(task, group_id, traj_id, e)
+        return await self._scored(task, traj, traj_id)
+
+    async def _scored(self, task: Task, traj: Trajectory, traj_id: str) -> Trajectory:
         if traj.is_infra_error:
             return traj
         try:
@@ -197,10 +225,12 @@ class RolloutRunner:
 
     def __init__(self, policy: Engine | PolicyFor, fmt: ChatFormat, pool: Any, score: Scorer,
                  cfg: RolloutConfig | None = None, resources_for: ResourcesFor | None = None,
-                 *, ledger: InfraLedger | None = None, notebook: Notebook | None = None):
+                 *, ledger: InfraLedger | None = None, hints_per_group: int = 0,
+                 notebook: Notebook | None = None):
         cfg = cfg or RolloutConfig()
         self._setup(LocalExecutor(policy, fmt, pool, score, cfg, resources_for), cfg, ledger,
                     notebook)
+        self.hints_per_group = hints_per_group
 
     @classmethod
     def over(cls, executor: Executor, cfg: RolloutConfig, *, ledger: InfraLedger | None = None,
@@ -224,6 +254,8 @@ class RolloutRunner:
         self._slots = asyncio.Semaphore(self.cfg.max_in_flight)
         self._pending = 0
         """Admitted trajectory attempts that have not got a slot yet."""
+        self.hints_per_group = 0
+        """Hinted continuations per complete group (``grpo.experimental.feedback``)."""
 
     async def run_trajectory(self, task: Task, group_id: str, index: int) -> tuple[Trajectory, int]:
         """One scored trajectory (or an INFRA_ERROR one after the retries) and its failed attempts."""
@@ -299,7 +331,26 @@ class RolloutRunner:
         versions = [v for t in kept for s in t.segments for v in s.policy_version_T if v >= 0]
         meta: Metadata = {"min_policy_version": min(versions, default=-1),
                 "max_policy_version": max(versions, default=-1), "wall_s": round(wall, 3)}
-        return GroupResult(task, Group(task.id, group_id, kept, meta), infra, None, wall, lost=lost)
+        hinted = await self._hinted(task, group_id, kept)
+        return GroupResult(task, Group(task.id, group_id, kept, meta, hinted), infra, None, wall,
+                           lost=lost)
+
+    async def _hinted(self, task: Task, group_id: str, kept: tuple[Trajectory, ...]
+                      ) -> tuple[Trajectory, ...]:
+        """Up to ``hints_per_group`` hinted continuations of ``kept``'s failed trajectories
+        (one-segment ones a hint can be found for); those lost to infrastructure are left out."""
+        attempt = getattr(self.executor, "attempt_hinted", None)
+        if self.hints_per_group <= 0 or attempt is None:
+            return ()
+        chosen = [(t, h) for t in kept if len(t.segments) == 1
+                  and (h := find_hint(task, t)) is not None][:self.hints_per_group]
+
+        async def one(t: Trajectory, h: Hint) -> Trajectory:
+            async with self._slots:
+                return await attempt(task, group_id, f"{t.id}+hint", t, h)
+
+        outs = await asyncio.gather(*(one(t, h) for t, h in chosen))
+        return tuple(o for o in outs if not o.is_infra_error)
 
     def _remember(self, task: Task, trajs: Iterable[Trajectory]) -> None:
         """Keep the notes ``trajs`` wrote for the next tasks of ``task``'s repository."""

@@ -470,6 +470,10 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
         if dist.world_size > 1:
             raise ConfigError("fleet.backend=ray rolls out for one trainer process; run the "
                               "trainer without torchrun, or use fleet.backend=inprocess")
+        if cfg.grpo.experimental.feedback.hints_per_group:
+            raise ConfigError("grpo.experimental.feedback needs fleet.backend=inprocess (the Ray "
+                              "fleet runs no hinted continuations); or set "
+                              "-o grpo.experimental.feedback.coef=0")
         from looprl.fleet.ray_fleet import MemberSpec, RayFleet
         from looprl.sandbox.remote_pool import task_roots
 
@@ -499,5 +503,6 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
             engine.close()
 
     fmt = ChatFormat(tok, tool_format=cfg.model.experimental.tool_format or None)
-    return (RolloutRunner(engine, fmt, pool, make_scorer(cfg.reward), cfg.rollout,
-                          ledger=ledger), engine, close)
+    return (RolloutRunner(engine, fmt, pool, make_scorer(cfg.reward), cfg.rollout, ledger=ledger,
+                          hints_per_group=cfg.grpo.experimental.feedback.hints_per_group),
+            engine, close)

@@ -450,6 +450,13 @@ class GRPOLoop:
                     f.writelines(dataclasses.replace(
                         t, metadata={**t.metadata, "train_step": self.stats.steps}).to_json() + "\n"
                         for t in trajs)
+                hinted = [t for g in groups for t in g.hinted]
+                if hinted:  # targeted feedback's continuations: apart, never counted as rollouts
+                    with open(RunDir(self.run_dir).trajectories / "hinted.jsonl", "a",
+                              encoding="utf-8") as f:
+                        f.writelines(dataclasses.replace(t, metadata={
+                            **t.metadata, "train_step": self.stats.steps}).to_json() + "\n"
+                            for t in hinted)
 
     def _engine_metrics(self) -> dict[str, float]:
         """What the engine reports of itself (the torch engine: speculation's acceptance, tokens

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from looprl.config import Range, Tokens, check_choice
+from looprl.errors import ConfigError
 from looprl.models.fingerprint import check_trajectories, model_fingerprint
 from looprl.models.lora import base_of
 from looprl.models.moe import RouterTap, aux_loss_coef, is_moe, shifted_routes
@@ -51,6 +52,7 @@ from looprl.trainer.batch import (
     build_batch,
     distinct_rows,
 )
+from looprl.trainer.distill import FeedbackDistill, hint_distillation, hint_pair
 from looprl.trainer.losses import (
     LOSSES,
     LossInputs,
@@ -59,7 +61,7 @@ from looprl.trainer.losses import (
     get_loss,
     mtp_distillation,
 )
-from looprl.types import Group
+from looprl.types import Group, Trajectory
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,9 @@ class GRPOExperimental:
     recorded (``Segment.routes``) while mixing them with the trainer's own gate weights (R3,
     ``looprl.models.moe``); off: the trainer's routers pick their own top-k. The step logs
     ``router_disagree`` and ``engine_kl`` either way."""
+    feedback: FeedbackDistill = field(default_factory=FeedbackDistill)
+    """Targeted textual feedback: hinted continuations self-distilled into the unhinted policy
+    (``trainer.distill``); off by default."""
 
     def __post_init__(self) -> None:
         check_choice("parallel", self.parallel, ddp.PARALLEL)
@@ -173,6 +178,12 @@ class StepMetrics:
     moe_aux_loss: float = 0.0
     """MoE models: the load-balancing loss (mean over micro-batches; top-k when every
     expert gets the same share of tokens and router probability, more as routing concentrates)."""
+    hints: int = 0
+    """Hinted continuations distilled this step (``grpo.experimental.feedback``)."""
+    hint_kl: float = 0.0
+    """Mean KL(teacher || student) over their continuation tokens, before the update."""
+    hint_pass_rate: float = 0.0
+    """Share of this step's hinted continuations that passed."""
 
     def to_dict(self) -> dict[str, float]:
         moe = ("router_disagree_L", "router_disagree", "moe_aux_loss")
@@ -410,9 +421,12 @@ def _micro_batch_terms(model: nn.Module, ref_model: nn.Module | None, mb: MicroB
 
 def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.optim.Optimizer,
                batch: TrainBatch, cfg: GRPOConfig, *, current_version: int | None = None,
-               dist: ddp.DistInfo = ddp.ONE_PROCESS) -> StepMetrics:
+               dist: ddp.DistInfo = ddp.ONE_PROCESS,
+               hinted: Sequence[Trajectory] = ()) -> StepMetrics:
     """Train on ``batch`` once: accumulate gradients over micro-batches, clip, step. Under
-    torchrun (``dist``) ``batch`` is this rank's share and the metrics are the whole step's."""
+    torchrun (``dist``) ``batch`` is this rank's share and the metrics are the whole step's.
+    ``hinted`` continuations add ``feedback.coef`` x their distillation term to the first
+    update (``trainer.distill``; one process only)."""
     t0 = time.perf_counter()
     device = next(model.parameters()).device  # batches are built on the CPU
     batch = dataclasses.replace(batch, micro_batches=tuple(mb.to(device)
@@ -425,6 +439,11 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
         with torch.no_grad():
             prox = {id(mb): _logprobs(model, mb, cfg) for mini in minis for mb in mini}
     acc, norms, updates, skipped = _Acc(), [], 0, 0
+    pairs = [p for t in hinted if (p := hint_pair(t)) is not None]
+    assert not (pairs and dist.enabled), "hint distillation runs in one trainer process"
+    if pairs and x.feedback.coef > 0 and not minis:  # all groups skipped: the hints still teach
+        minis, seqs = [[]], [0]
+    hint_kl = 0.0
     aux_coef = aux_loss_coef(model)
     for j, (mini, n_seq) in enumerate(zip(minis, seqs, strict=True)):
         optimizer.zero_grad(set_to_none=True)
@@ -447,6 +466,10 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
             acc.ratio_max = max(acc.ratio_max, out.is_ratio_max)
             acc.clip += out.clip_fraction * out.tokens
             acc.tokens += out.tokens
+        if j == 0 and pairs and x.feedback.coef > 0:
+            distilled = hint_distillation(model, pairs, temperature=x.temperature)
+            (x.feedback.coef * distilled.loss).backward()
+            hint_kl = distilled.kl_mean
         norm = clip_grad_norms(model, x.max_grad_norm)  # the policy's norm (heads clipped apart)
         norms.append(norm)
         if math.isfinite(norm):
@@ -480,7 +503,8 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
         engine_mismatch_frac=acc.mismatch / max(c.model_tokens, 1),
         router_disagree=sum(acc.disagree_L) / max(acc.decisions * len(acc.disagree_L), 1),
         router_disagree_L=tuple(d / max(acc.decisions, 1) for d in acc.disagree_L),
-        moe_aux_loss=acc.aux / max(acc.aux_n, 1))
+        moe_aux_loss=acc.aux / max(acc.aux_n, 1), hints=len(pairs), hint_kl=hint_kl,
+        hint_pass_rate=sum(t.passed for t in hinted) / len(hinted) if hinted else 0.0)
 
 
 @dataclass(frozen=True)
@@ -561,6 +585,9 @@ class GRPOStep:
         if cfg.experimental.activation_checkpointing:
             ddp.checkpoint_activations(model)
         self.sharding = ddp.Sharding(model, dist, cfg.experimental.parallel)
+        if cfg.experimental.feedback.coef > 0 and self.sharding.dist.enabled:
+            raise ConfigError("grpo.experimental.feedback.coef > 0 runs in one trainer process; "
+                              "run without torchrun or set -o grpo.experimental.feedback.coef=0")
         self.model, self.cfg, self.ref_model, self.pad_id = self.sharding.model, cfg, ref_model, pad_id
         self.optimizer = optimizer or make_optimizer(self.model, cfg)
         if ref_model is not None:
@@ -578,12 +605,14 @@ class GRPOStep:
                            micro_batch_tokens=x.micro_batch_tokens, pad_id=self.pad_id,
                            share_prefix=shares_prefixes(self.model), drop_silent=silent_ok)
 
-    def on_batch(self, batch: TrainBatch, *, current_version: int | None = None) -> StepMetrics:
+    def on_batch(self, batch: TrainBatch, *, current_version: int | None = None,
+                 hinted: Sequence[Trajectory] = ()) -> StepMetrics:
         return train_step(self.model, self.ref_model, self.optimizer, batch, self.cfg,
-                          current_version=current_version, dist=self.sharding.dist)
+                          current_version=current_version, dist=self.sharding.dist, hinted=hinted)
 
     def on_groups(self, groups: Sequence[Group], *, current_version: int | None = None) -> StepMetrics:
         """Train on ``groups``; ids another tokenizer made are refused (``ConfigError``)."""
         check_trajectories([t for g in groups for t in g.trajectories], self.tokenizer,
                            vocab_size=self.vocab_size, source="GRPO step")
-        return self.on_batch(self.batch(groups), current_version=current_version)
+        hinted = [t for g in groups for t in g.hinted]
+        return self.on_batch(self.batch(groups), current_version=current_version, hinted=hinted)
