@@ -46,7 +46,7 @@ def test_select_code_appends_the_buggy_code_never_the_fix(tmp_path):
                 gold_patch=patch)
     sel = select_code(task)
     assert sel.prompt == "fix f\n\nselected in ./pkg/m.py, lines 2-2:\n```\n>= b\n```"
-    assert "< b" not in sel.prompt and sel.metadata["selection"] is True
+    assert "< b" not in sel.prompt and sel.metadata["selection"] == "line"
     # the oracle edits the selection at once: the prompt shows the path and the snippet
     assert oracle_turns(sel) == [
         '<tool_call>{"name": "edit_file", "arguments": {"path": "./pkg/m.py", "old_string": '

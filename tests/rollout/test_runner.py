@@ -202,3 +202,39 @@ def test_the_screen_stops_a_group_none_of_whose_first_rollouts_passed(task, tok)
     assert len(failed.screened_out) == 2 and not any(t.passed for t in failed.screened_out)
     assert null.stats.trajectories == 2 and null.stats.groups_screened_out == 1
     assert oracle._pending == 0 and null._pending == 0
+
+
+def test_notes_persist_across_trajectories_of_one_repository(task, tok):
+    """Trajectory 1 (function add) writes a note with the memory tool; a later task of the same
+    repository (function zero) starts with it in its prompt; add's own next task does not."""
+    import dataclasses
+    import json
+
+    note = '<tool_call>{"name": "memory", "arguments": {"action": "add", "note": "calc.py holds add"}}</tool_call>'
+    done = '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'
+    first = dataclasses.replace(task, metadata={"package": "calc", "functions": "add"})
+    other = dataclasses.replace(task, id="calc-2", metadata={"package": "calc", "functions": "zero"})
+
+    async def main(notes_chars):
+        pool = SandboxPool(max_running=4)
+        try:
+            runner = _runner(ScriptedPolicy(tok, [note, done]), tok, pool, g=2, notes_chars=notes_chars)
+            a = await _collect(runner, [first])
+            b = await _collect(runner, [other, dataclasses.replace(first, id="calc-3")])
+            return a, b
+        finally:
+            await pool.close()
+
+    (a,), later = asyncio.run(main(200))
+    assert json.loads(a.group.trajectories[0].metadata["memory"]) == ["calc.py holds add"]
+    assert all("Notes you kept" not in m["content"] for t in a.group.trajectories
+               for m in t.messages if m["role"] == "user")  # the first task had none to read
+    by_id = {r.task.id: r for r in later}
+    seen = by_id["calc-2"].group.trajectories[0].messages
+    user = next(m["content"] for m in seen if m["role"] == "user")
+    assert user.startswith("Notes you kept") and "- calc.py holds add" in user
+    own = next(m["content"] for m in by_id["calc-3"].group.trajectories[0].messages if m["role"] == "user")
+    assert "calc.py holds add" not in own  # never the notes of its own function
+    (_,), later_off = asyncio.run(main(0))  # off: nothing carries over
+    assert all("Notes you kept" not in m["content"] for r in later_off
+               for m in r.group.trajectories[0].messages if m["role"] == "user")

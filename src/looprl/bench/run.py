@@ -45,6 +45,9 @@ class BenchSettings:
     tools: tuple[str, ...] | None = None
     """Tool names offered to the policy (None = the harness default); a model must be
     evaluated with the tools it was trained with (they are in its prompt)."""
+    notes: Path | None = None
+    """Notes a training run kept (``harness.notes``, its ``notes.json``) shown read-only at each
+    task's start; those written on the evaluated tasks' functions are dropped. None = no notes."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
     by_task: dict[str, list[Sample]] = {}
     try:
         runner = RolloutRunner(factory.engine_for, ChatFormat(factory.tokenizer()), pool,
-                               make_tests_scorer(), cfg)
+                               make_tests_scorer(), cfg, notebook=_notes(st, tasks))
         async for r in runner.run(tasks):
             kept = r.group.trajectories if r.group is not None else ()
             # the samples infrastructure took (after retries) count with their class
@@ -224,6 +227,15 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
         if callable(close):  # the torch engine's decode thread
             close()
     return [s for t in tasks for s in by_task.get(t.id, [])]
+
+
+def _notes(st: BenchSettings, tasks: list[Task]) -> Any:
+    """The read-only notebook evaluation reads (``BenchSettings.notes``), or None."""
+    if st.notes is None:
+        return None
+    from looprl.harness.notes import Notebook
+
+    return Notebook.load(st.notes).for_evaluation(tasks)
 
 
 def run_bench(tasks: list[Task], policy: str, k: int = 1, settings: BenchSettings | None = None,

@@ -1,6 +1,7 @@
 """``looprl bench``: run a policy on a task file and gate checkpoints on the result.
 
     looprl bench run --policy oracle --tasks tasks.jsonl --k 1 --out bench/oracle.json
+    looprl bench run --tasks tasks.jsonl --selection function   # prompts carry the enclosing def
     looprl bench run --policy model:~/.cache/looprl/models/default --tasks t.jsonl --k 4 --out b.json
     looprl bench compare bench/base.json bench/cand.json      # exit code 1 when the gate fails
 """
@@ -29,6 +30,8 @@ def run_cmd(
     limit: Annotated[int, typer.Option(help="only the first N tasks (0 = all)", min=0)] = 0,
     concurrency: Annotated[int, typer.Option(help="samples in flight", min=1)] = 2,
     max_turns: Annotated[int, typer.Option(help="agent turns per sample", min=1)] = 30,
+    selection: Annotated[str, typer.Option(
+        help="append the editor selection first: line | block | function | none")] = "none",
 ) -> None:
     """Run POLICY on every task K times through the harness and grade each sample
     (``LOOPRL_FAULTS`` injects infrastructure failures, ``looprl.faults``)."""
@@ -43,6 +46,13 @@ def run_cmd(
         raise TaskError(f"{tasks} holds no tasks; build some with `looprl tasks build`")
     if limit:
         ts = ts[:limit]
+    if selection != "none":  # the width a run trained at (tasks.experimental.selection_width)
+        from looprl.config import check_choice
+        from looprl.harness.selection import WIDTHS
+        from looprl.train.tasks import select_code
+
+        check_choice("--selection", selection, WIDTHS)
+        ts = [select_code(t, width=selection) for t in ts]
     out.parent.mkdir(parents=True, exist_ok=True)  # before the run: a report is never lost
     settings = BenchSettings(concurrency=concurrency, max_turns=max_turns)
     faults.install_from_env("bench")

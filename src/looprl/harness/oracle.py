@@ -24,6 +24,7 @@ from looprl.chat import TOOL_CLOSE, TOOL_OPEN
 from looprl.diffs import FilePatch, Hunk, apply_patch, parse_diff
 from looprl.errors import DiffError, TaskError
 from looprl.harness.scripted import ScriptedPolicy
+from looprl.harness.selection import widen as widen_selection
 from looprl.harness.tools.edit_file import find_all
 from looprl.harness.tools.grep import shown_path
 from looprl.types import Generation, SamplingParams, Task
@@ -307,19 +308,22 @@ def tight_edit(old: str, new: str) -> tuple[str, str, int] | None:
             old.count("\n", 0, start) + 1)
 
 
-def selections(task: Task, files: Mapping[str, str] | None = None) -> list[tuple[str, int, str]]:
+def selections(task: Task, files: Mapping[str, str] | None = None,
+               width: str = "line") -> list[tuple[str, int, str]]:
     """(path as shown, first line, text) of each snippet the oracle's ``edit_file`` calls replace
     when the prompt carries them: the code a user would select in the editor to say "this is
-    wrong" (``files`` as in ``oracle_turns``). Empty when the fix is not a set of in-place
-    edits."""
+    wrong" (``files`` as in ``oracle_turns``), or the block or function around it (``width``,
+    ``selection.widen``). Empty when the fix is not a set of in-place edits."""
     out: list[tuple[str, int, str]] = []
     for fp in gold_patches(task):
         if fp.old_path is None or fp.new_path != fp.old_path:
             return []
-        picked = _selected(fp, repo_file_text(task, fp.old_path, files))
+        text = repo_file_text(task, fp.old_path, files)
+        picked = _selected(fp, text)
         if picked is None:
             return []
-        out += [(shown_path(fp.old_path), line, old) for old, _, line in picked]
+        spans = widen_selection(text, [(line, old) for old, _, line in picked], width)
+        out += [(shown_path(fp.old_path), line, code) for line, code in spans]
     return out
 
 

@@ -26,6 +26,11 @@ class RolloutExperimental:
     them passed (``GroupResult.screened_out``), so a task the policy cannot solve yet costs
     ``screen`` rollouts instead of ``group_size``; otherwise the rest run and the group has all
     ``group_size``. 0 (or >= ``group_size``): every group runs whole."""
+    notes_chars: Annotated[int, Range(0, 100_000)] = 0
+    """Memory across trajectories (``harness.notes``): the ``memory`` tool's notes outlive the
+    trajectory and head the prompt of the next tasks of the same repository, this many
+    characters per repository at most (newest kept); never a task's own function's notes.
+    0 = off: each trajectory starts with no notes."""
 
 
 @dataclass(frozen=True)
@@ -47,3 +52,6 @@ class RolloutConfig:
             raise FieldError("experimental.min_group_size", f"is "
                              f"{self.experimental.min_group_size}, above group_size "
                              f"{self.group_size}: every group would be dropped; lower it")
+        if self.experimental.notes_chars and "memory" not in self.tools:
+            raise FieldError("experimental.notes_chars", "keeps the memory tool's notes, but "
+                             "rollout.tools has no memory tool; add \"memory\" or set it to 0")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -47,6 +48,7 @@ from looprl.errors import InfraKind, LooprlError, infra_kind
 from looprl.faults import InfraLedger
 from looprl.harness.agent import run_agent
 from looprl.harness.hinted import continue_with_hint
+from looprl.harness.notes import Notebook
 from looprl.harness.tools import make_tools
 from looprl.protocols import Engine
 from looprl.rewards.hints import Hint, find_hint
@@ -178,22 +180,28 @@ class RolloutRunner:
 
     def __init__(self, policy: Engine | PolicyFor, fmt: ChatFormat, pool: Any, score: Scorer,
                  cfg: RolloutConfig | None = None, resources_for: ResourcesFor | None = None,
-                 *, ledger: InfraLedger | None = None, hints_per_group: int = 0):
+                 *, ledger: InfraLedger | None = None, hints_per_group: int = 0,
+                 notebook: Notebook | None = None):
         cfg = cfg or RolloutConfig()
-        self._setup(LocalExecutor(policy, fmt, pool, score, cfg, resources_for), cfg, ledger)
+        self._setup(LocalExecutor(policy, fmt, pool, score, cfg, resources_for), cfg, ledger,
+                    notebook)
         self.hints_per_group = hints_per_group
 
     @classmethod
-    def over(cls, executor: Executor, cfg: RolloutConfig, *, ledger: InfraLedger | None = None
-             ) -> RolloutRunner:
+    def over(cls, executor: Executor, cfg: RolloutConfig, *, ledger: InfraLedger | None = None,
+             notebook: Notebook | None = None) -> RolloutRunner:
         """A runner whose attempts run on ``executor`` (a Ray fleet: ``looprl.fleet``); the
         admission, slots, retries and group assembly are this class's, whatever runs them."""
         runner = cls.__new__(cls)
-        runner._setup(executor, cfg, ledger)
+        runner._setup(executor, cfg, ledger, notebook)
         return runner
 
-    def _setup(self, executor: Executor, cfg: RolloutConfig, ledger: InfraLedger | None) -> None:
+    def _setup(self, executor: Executor, cfg: RolloutConfig, ledger: InfraLedger | None,
+               notebook: Notebook | None = None) -> None:
         self.executor = executor
+        n = cfg.experimental.notes_chars
+        self.notebook = notebook if notebook is not None else Notebook(n) if n else None
+        """Notes across trajectories (``harness.notes``): None = off; read-only in evaluation."""
         self.cfg = cfg
         self.ledger = ledger
         """Where every attempt that comes back is counted (the run's, ``looprl.faults``)."""
@@ -246,23 +254,26 @@ class RolloutRunner:
         t0 = time.monotonic()
         group_id = f"{task.id}@{uuid.uuid4().hex[:8]}"
         G, first = self.cfg.group_size, self._first_stage
+        shown = self.notebook.show(task) if self.notebook is not None else task
         self.executor.open_group(group_id, G)
         try:
-            results = await asyncio.gather(*(self.run_trajectory(task, group_id, i)
+            results = await asyncio.gather(*(self.run_trajectory(shown, group_id, i)
                                              for i in range(first)))
             screened = [t for t, _ in results if not t.is_infra_error]
             if first < G and screened and not any(t.passed for t in screened):
+                self._remember(task, screened)
                 self.stats.groups_screened_out += 1
                 return GroupResult(task, None, self._count(results),
                                    wall_s=time.monotonic() - t0, screened_out=tuple(screened),
                                    lost=tuple(t for t, _ in results if t.is_infra_error))
             if first < G:
                 self._pending += G - first
-                results += await asyncio.gather(*(self.run_trajectory(task, group_id, i)
+                results += await asyncio.gather(*(self.run_trajectory(shown, group_id, i)
                                                   for i in range(first, G)))
         finally:
             self.executor.close_group(group_id)
         kept = tuple(t for t, _ in results if not t.is_infra_error)
+        self._remember(task, kept)
         lost = tuple(t for t, _ in results if t.is_infra_error)
         infra = self._count(results)
         wall = time.monotonic() - t0
@@ -295,6 +306,11 @@ class RolloutRunner:
 
         outs = await asyncio.gather(*(one(t, h) for t, h in chosen))
         return tuple(o for o in outs if not o.is_infra_error)
+
+    def _remember(self, task: Task, trajs: Iterable[Trajectory]) -> None:
+        """Keep the notes ``trajs`` wrote for the next tasks of ``task``'s repository."""
+        if self.notebook is not None:
+            self.notebook.add(task, [json.loads(str(t.metadata.get("memory") or "[]")) for t in trajs])
 
     def _count(self, results: list[tuple[Trajectory, int]]) -> int:
         """Count ``results``' trajectories and infrastructure failures; return the failures."""

@@ -27,6 +27,7 @@ from looprl.errors import ConfigError
 from looprl.faults import FaultsConfig
 from looprl.fleet.config import FleetConfig
 from looprl.harness.run_state import AgentConfig
+from looprl.harness.selection import WIDTHS
 from looprl.inference.config import MODES as SPEC_MODES
 from looprl.models.config import MAX_HEADS, SIZES, LoraSettings
 from looprl.plugins import find
@@ -70,6 +71,10 @@ class TasksExperimental:
     """Prompts carry the user's editor selection: the buggy code with its path and lines, as
     Cursor attaches selected code to a chat message (``prompts.with_selection``). It says where
     the bug is, never what the fix is; the same for train, held-out and synthetic tasks."""
+    selection_width: str = "line"
+    """How much code the selection holds (``harness.selection``): ``line`` the code the fix
+    replaces, ``block`` its enclosing block, ``function`` its enclosing function; SFT demos, RL
+    and evaluation all see the same. No selection at all is ``selection = false``."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ class TasksSection:
         if both:
             raise FieldError("experimental.train_only_packages", f"{sorted(both)[0]} is also in "
                              "train_packages or heldout_packages; list each package once")
+        check_choice("experimental.selection_width", self.experimental.selection_width, WIDTHS)
         self.build_config(seed=0)  # kinds and mix are checked where they are used
 
     def build_config(self, seed: int) -> BuildConfig:

@@ -133,7 +133,9 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
         lines.append(f"Task kinds: {', '.join(f'{k} {v:.0%}' for k, v in cfg.tasks.experimental.mix.items())}; "
                      f"mutations: {', '.join(cfg.tasks.experimental.kinds)}.")
     if cfg.tasks.experimental.selection:
-        lines.append("Prompts carry the user's editor selection (the buggy code with its path and "
+        width = cfg.tasks.experimental.selection_width
+        lines.append(f"Prompts carry the user's editor selection ({width} width: the buggy code "
+                     "with its path and "
                      f"lines, never the fix) in {sum(bool(t.metadata.get('selection')) for t in sets.heldout)}"
                      f" of {len(sets.heldout)} held-out tasks.")
     if sft:

@@ -194,8 +194,9 @@ def _evaluate(cfg: TrainConfig, run_dir: Path, model_dir: Path, sets: TaskSets, 
             trajs = rd.eval_trajectories(label, packages)
             trajs.parent.mkdir(exist_ok=True)
             trajs.unlink(missing_ok=True)  # a killed evaluation's are started over
+            notes = stages.notes_file(run_dir)  # RL's notes, when it kept any (none at start)
             rep = stages.evaluate(model_dir, tasks, cfg, label + ("_packages" if packages else ""),
-                                  trajs)
+                                  trajs, notes if notes.is_file() and label != "start" else None)
             _json(path, rep)
         out.append(rep)
     return out[0], out[1]

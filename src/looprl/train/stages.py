@@ -212,7 +212,8 @@ def make_demos(train: list[Task], tok: Any, cfg: TrainConfig) -> list[Trajectory
                                 cfg.demos.synthetic,
                                 seed=cfg.seed, kinds=tuple(x.kinds))
         selection = cfg.tasks.experimental.selection
-        sources += [(select_code(i.task, i.files) if selection else i.task, i.files)
+        width = cfg.tasks.experimental.selection_width  # the width RL and evaluation see
+        sources += [(select_code(i.task, i.files, width) if selection else i.task, i.files)
                     for i in items]
     if not sources:
         return []
@@ -258,10 +259,16 @@ def split_validation(demos: list[Trajectory], n: int, seed: int
             [d for i, d in enumerate(demos) if i in held])
 
 
+def notes_file(run_dir: Path) -> Path:
+    """The notes RL kept across trajectories (``rollout.experimental.notes_chars``)."""
+    return run_dir / "notes.json"
+
+
 def evaluate(model_dir: Path, tasks: list[Task], cfg: TrainConfig, label: str,
-             trajectories: Path | None = None) -> dict:
+             trajectories: Path | None = None, notes: Path | None = None) -> dict:
     """``eval.k`` samples per task of the checkpoint at ``model_dir``, graded by hidden tests
-    (every trajectory appended to ``trajectories``, a JSONL file, when given)."""
+    (every trajectory appended to ``trajectories``, a JSONL file, when given); ``notes``: the
+    training run's notes, read-only, none written on ``tasks``' functions (``harness.notes``)."""
     from looprl.bench.report import summarize
     from looprl.bench.run import BenchSettings, run_bench
 
@@ -271,7 +278,7 @@ def evaluate(model_dir: Path, tasks: list[Task], cfg: TrainConfig, label: str,
                              context_window=a.context_window,
                              temperature=a.experimental.temperature,
                              concurrency=cfg.eval.experimental.concurrency,
-                             tools=tuple(cfg.rollout.tools))
+                             tools=tuple(cfg.rollout.tools), notes=notes)
     k = cfg.eval.k
     with progress_bar() as bar:
         job = bar.add_task(f"held-out eval: {label}", total=len(tasks) * k)
@@ -398,6 +405,9 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
     async def rl() -> Any:
         runner, sink, close = await _rollouts(cfg, engine, tok, start_dir, run_dir, weights_url,
                                               dist, tasks, ledger)
+        notes = notes_file(run_dir)
+        if runner.notebook is not None and resume and notes.is_file():  # an earlier life's
+            runner.notebook.notes = type(runner.notebook).load(notes).notes
         try:
             walk = cfg.loop.experimental
             sampler = TaskSampler(tasks, cfg.seed, passes=walk.passes,
@@ -422,6 +432,8 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
             ledger.close()
             return stats, kept_s
         finally:
+            if runner.notebook is not None:  # what evaluation reads (``evaluate``'s ``notes``)
+                runner.notebook.save(notes)
             await close()
 
     before = faults.install(_injector(cfg, run_dir) if dist.is_main else None)

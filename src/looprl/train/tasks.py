@@ -55,17 +55,18 @@ class TaskSets:
         return cls(*(load_tasks(f) for f in files))
 
 
-def select_code(task: Task, files: dict[str, str] | None = None) -> Task:
+def select_code(task: Task, files: dict[str, str] | None = None, width: str = "line") -> Task:
     """``task`` with the code its fix replaces appended to the prompt as the user's selection
-    (``policies.selections``); unchanged when the fix is not a set of in-place edits."""
+    (``oracle.selections``), or the block or function around it (``width``,
+    ``harness.selection``); unchanged when the fix is not a set of in-place edits."""
     from looprl.harness.oracle import selections
     from looprl.tasks.prompts import with_selection
 
-    picked = selections(task, files)
+    picked = selections(task, files, width)
     if not picked:
         return task
     return dataclasses.replace(task, prompt=with_selection(task.prompt, picked),
-                               metadata={**task.metadata, "selection": True})
+                               metadata={**task.metadata, "selection": width})
 
 
 def package_tasks(specs: list[str], cfg: TasksSection, seed: int,
@@ -111,7 +112,8 @@ def build_tasks(cfg: TasksSection, progress: Progress | None = None) -> TaskSets
     if len(other) > x.max_heldout:  # evaluation time: a seeded sample, as many as the others
         other = sorted(random.Random(seed).sample(other, x.max_heldout), key=lambda t: t.id)
     if x.selection:
-        train, held, other = ([select_code(t) for t in ts] for ts in (train, held, other))
+        train, held, other = ([select_code(t, width=x.selection_width) for t in ts]
+                              for ts in (train, held, other))
     if not train or not held:
         raise TaskError(f"{len(train)} train and {len(held)} held-out tasks: both sets need "
                         "tasks; add packages, lower tasks.experimental.heldout_fraction, or give "
