@@ -167,7 +167,7 @@ def main() -> int:
             "not_imported": missing, "off": bad}
     summary = {"source_tasks": len(src), "times_s": times, "formats": formats}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"\n{len(src)} quickstart tasks ({out / 'quickstart.jsonl'})")
+    print(f"\n{len(src)} tasks ({out / 'quickstart.jsonl'})")
     print(f"{'format':10} {'exported':>8} {'imported':>8} {'gold=1':>7} {'untouched=0':>11}")
     for fmt, s in formats.items():
         print(f"{fmt:10} {s['exported']:>8} {s['imported']:>8} {s['gold_1']:>7} "
