@@ -32,6 +32,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from itertools import chain, zip_longest
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,14 @@ def pick(n: int, config: Path) -> list[Task]:
     if len(tasks) < n:
         sys.exit(f"the quickstart packages give {len(tasks)} tasks, fewer than --n {n}")
     return tasks[:n]
+
+
+def distinct(tasks: Iterable[Task]) -> list[Task]:
+    """The first task of each id, in order (cached task files of one package overlap)."""
+    seen: dict[str, Task] = {}
+    for t in tasks:
+        seen.setdefault(t.id, t)
+    return list(seen.values())
 
 
 def looprl(*args: str) -> float:
@@ -92,17 +101,24 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=100, help="quickstart tasks to round-trip")
     ap.add_argument("--out", type=Path, default=Path("runs/roundtrip"))
     ap.add_argument("--config", type=Path, default=Path("configs/quickstart.toml"))
-    ap.add_argument("--tasks", type=Path, default=None,
-                    help="a looprl task file to round-trip instead of the quickstart's tasks")
+    ap.add_argument("--tasks", type=Path, nargs="+", default=None,
+                    help="looprl task files to round-trip instead of the quickstart's tasks "
+                         "(the first task of each id is kept)")
+    ap.add_argument("--formats", default=",".join(FORMATS),
+                    help=f"comma-separated subset of {','.join(FORMATS)}")
     ap.add_argument("--jobs", type=int, default=2, help="tasks validated/graded at once")
     ap.add_argument("--regrade", action="store_true",
                     help="grade the imported tasks again after the import (twice the time)")
     a = ap.parse_args()
+    fmts = [f for f in a.formats.split(",") if f]
+    if unknown := sorted(set(fmts) - set(FORMATS)):
+        ap.error(f"--formats: {', '.join(unknown)} not known; choose from {', '.join(FORMATS)}")
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t0 = time.monotonic()
-    src = load_tasks(a.tasks)[:a.n] if a.tasks else pick(a.n, a.config)
+    src = distinct(chain.from_iterable(load_tasks(f) for f in a.tasks))[:a.n] if a.tasks \
+        else pick(a.n, a.config)
     write_tasks(src, out / "quickstart.jsonl")
     times["pick"] = time.monotonic() - t0
     times["export harbor"] = looprl("tasks", "export", "harbor", str(out / "quickstart.jsonl"),
@@ -110,21 +126,26 @@ def main() -> int:
     times["export swebench"] = looprl("tasks", "export", "swebench",
                                       str(out / "quickstart.jsonl"), "--out",
                                       str(out / "rows.jsonl"))
-    times["import harbor"] = looprl("tasks", "import", "harbor", str(out / "harbor"), "--out",
-                                    str(out / "from_harbor.jsonl"), "--jobs", str(a.jobs))
-    times["import swebench"] = looprl("tasks", "import", "swebench", str(out / "rows.jsonl"),
-                                      "--repos", str(out / "rows.repos"), "--out",
-                                      str(out / "from_swebench.jsonl"), "--jobs", str(a.jobs))
-    times["import swebench_eval"] = looprl(
-        "tasks", "import", "swebench", str(out / "rows.jsonl"), "--repos", str(out / "rows.repos"),
-        "--out", str(out / "from_swebench_eval.jsonl"), "--jobs", str(a.jobs),
-        "--grade-by", "eval_script")
+    if "harbor" in fmts:
+        times["import harbor"] = looprl("tasks", "import", "harbor", str(out / "harbor"),
+                                        "--out", str(out / "from_harbor.jsonl"),
+                                        "--jobs", str(a.jobs))
+    if "swebench" in fmts:
+        times["import swebench"] = looprl("tasks", "import", "swebench",
+                                          str(out / "rows.jsonl"), "--repos",
+                                          str(out / "rows.repos"), "--out",
+                                          str(out / "from_swebench.jsonl"), "--jobs", str(a.jobs))
+    if "swebench_eval" in fmts:
+        times["import swebench_eval"] = looprl(
+            "tasks", "import", "swebench", str(out / "rows.jsonl"), "--repos",
+            str(out / "rows.repos"), "--out", str(out / "from_swebench_eval.jsonl"),
+            "--jobs", str(a.jobs), "--grade-by", "eval_script")
     rows = sum(1 for line in (out / "rows.jsonl").read_text().splitlines() if line.strip())
     exported = {"harbor": sum(1 for p in (out / "harbor").iterdir() if (p / "task.toml").is_file()),
                 "swebench": rows, "swebench_eval": rows}
     formats: dict[str, dict[str, Any]] = {}
     ok = True
-    for fmt in FORMATS:
+    for fmt in fmts:
         f = out / f"from_{fmt}.jsonl"
         tasks = load_tasks(f) if f.is_file() else []
         if a.regrade:
@@ -146,7 +167,7 @@ def main() -> int:
             "not_imported": missing, "off": bad}
     summary = {"source_tasks": len(src), "times_s": times, "formats": formats}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"\n{len(src)} quickstart tasks ({out / 'quickstart.jsonl'})")
+    print(f"\n{len(src)} tasks ({out / 'quickstart.jsonl'})")
     print(f"{'format':10} {'exported':>8} {'imported':>8} {'gold=1':>7} {'untouched=0':>11}")
     for fmt, s in formats.items():
         print(f"{fmt:10} {s['exported']:>8} {s['imported']:>8} {s['gold_1']:>7} "
