@@ -40,7 +40,7 @@ def test_start_up_and_every_help_import_nothing_heavy():
 
 @pytest.mark.parametrize("command", ["train", "quickstart"])
 @pytest.mark.parametrize("bad", [["-o", "loop.no_such_field=1"], ["-o", "rollout.group_size=-3"],
-                                 ["-c", "BAD_TOML"]])
+                                 ["-c", "BAD_TOML"], ["-o", "model.engine=openai"]])
 def test_a_config_error_comes_before_anything_heavy_is_imported(command, bad, tmp_path):
     # the config is read and checked before the composition root loads torch and transformers
     # (8-15 s on a loaded machine): a typo is one line in about a second

@@ -180,8 +180,10 @@ class ModelSection:
     directory or a hub id ``org/name[@revision]`` (``looprl.models.hub``); empty = init the
     default model."""
     engine: str = "torch"
-    """Rollout engine: torch (in-process, CPU or GPU), vllm (a worker in ``make vllm``'s venv) or
-    an engine plugin (``looprl.plugins``) built with ``model_path=`` the starting checkpoint."""
+    """Rollout engine: torch (in-process, CPU or GPU), vllm (a worker in ``make vllm``'s venv),
+    openai (a server at ``engine_options.base_url`` that takes weight updates: ``looprl model
+    serve``) or an engine plugin (``looprl.plugins``) built with ``model_path=`` the starting
+    checkpoint."""
     engine_options: dict[str, bool | int | float | str] = field(default_factory=dict)
     """Keyword options of a non-torch engine, e.g. vLLM's ``gpu_memory_utilization = 0.4`` when
     the trainer shares its GPU (``[model.engine_options]`` in a config)."""
@@ -202,6 +204,11 @@ class ModelSection:
                 find("engines", self.engine, ENGINES)
             except ConfigError as e:
                 raise FieldError("engine", f"has {e}") from None
+        if self.engine == "openai" and "base_url" not in self.engine_options:
+            raise FieldError("engine_options", "has no base_url: model.engine=openai rolls out on "
+                             "a server that takes each step's weights, e.g. `looprl model serve "
+                             "DIR --port 8000` and -o model.engine_options.base_url="
+                             "http://127.0.0.1:8000/v1")
         check_choice("size", self.size, SIZES)
         if self.experimental.tool_format not in ("", "hermes") and not self.path:
             raise FieldError("experimental.tool_format", f"{self.experimental.tool_format!r} "

@@ -383,8 +383,9 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                              lookup=cfg.model.experimental.lookup)
     else:  # the engine loads the starting checkpoint itself (e.g. vLLM on a GPU)
         with only_gpu(next(model.parameters()).device):
-            engine = make_engine(cfg.model.engine, model_path=str(start_dir),
-                                 **cfg.model.engine_options)
+            # a server (openai) has its model loaded already; the others load the start
+            where = {} if cfg.model.engine == "openai" else {"model_path": str(start_dir)}
+            engine = make_engine(cfg.model.engine, **where, **cfg.model.engine_options)
     # absolute: a Ray node's workers resolve a relative path against their own directory
     weights_url = cfg.fleet.experimental.weights_url or str(RunDir(run_dir).weights.absolute())
     # rank 0 counts the run's infrastructure failures and alone is failed on purpose (drills)
