@@ -3,6 +3,7 @@ the engine's recorded experts.
 
     .venv/bin/python benchmarks/router_replay.py                  # default MoE, ~3 minutes on an idle 2-core machine
     .venv/bin/python benchmarks/router_replay.py --model DIR --pretrain-steps 0  # a trained MoE
+    .venv/bin/python benchmarks/router_replay.py --vllm           # and VLLMEngine (fp32, CPU build), ~4 more minutes
 
 The default MoE is pretrained briefly first (``--pretrain-steps``, into a temporary copy): at
 initialisation its experts' output projections are zero (``tiny.plant_copy_circuit``), so which
@@ -53,6 +54,22 @@ def rollouts(model_dir, dtype: str, prompt: list[int], G: int, new_tokens: int,
         engine.close()
 
 
+def vllm_rollouts(model_dir, prompt: list[int], G: int, new_tokens: int, seed: int) -> list[Generation]:
+    """The same workload on VLLMEngine (fp32 on CPU; routes from hooks on vLLM's routers)."""
+    from looprl.inference.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(str(model_dir), stop_on_eos=False, seed=seed, max_model_len=len(prompt) + new_tokens + 8)
+
+    async def main() -> list[Generation]:
+        return list(await asyncio.gather(*[
+            engine.generate(prompt, SamplingParams(max_new_tokens=new_tokens, temperature=1.0), group_id="g")
+            for _ in range(G)]))
+    try:
+        return asyncio.run(main())
+    finally:
+        engine.close()
+
+
 def score(trainer, prompt: list[int], gens: list[Generation], replay: bool) -> dict[str, float]:
     P, N = len(prompt), len(gens[0].token_ids)
     tokens = torch.tensor([prompt + list(g.token_ids) for g in gens])
@@ -77,6 +94,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vllm", action="store_true", help="also the vLLM engine (its CPU build: `make vllm`)")
     ap.add_argument("--pretrain-steps", type=int, default=20,
                     help="next-token steps on the source corpus first (0: the model as it is)")
     a = ap.parse_args()
@@ -107,7 +125,17 @@ def main() -> None:
                        f"absdiff_no_replay={free['absdiff']:.3e} absdiff_replay={rep['absdiff']:.3e} "
                        f"absdiff_ratio_replay_vs_no_replay={rep['absdiff'] / max(free['absdiff'], 1e-30):.3f}")
         print(f"engine={name} ({time.perf_counter() - t0:.0f}s) {lines[name]}")
+    if a.vllm:
+        t0 = time.perf_counter()
+        gens = vllm_rollouts(model_dir, prompt, a.group, a.new_tokens, a.seed)
+        free, rep = (score(trainer.model, prompt, gens, r) for r in (False, True))
+        lines["vllm"] = (f"disagree_no_replay={free['disagree']:.4f} disagree_replay={rep['disagree']:.4f} "
+                         f"kl_no_replay={free['kl']:.3e} kl_replay={rep['kl']:.3e} "
+                         f"absdiff_no_replay={free['absdiff']:.3e} absdiff_replay={rep['absdiff']:.3e}")
+        print(f"engine=vllm ({time.perf_counter() - t0:.0f}s) {lines['vllm']}")
     print(f"engine=torch dtype=bf16 {lines['bf16']}")
+    if a.vllm:
+        print(f"engine=vllm dtype=fp32 {lines['vllm']}")
 
 
 if __name__ == "__main__":

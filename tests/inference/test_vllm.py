@@ -160,3 +160,54 @@ def test_seeded_requests_with_chunked_prefill_do_not_kill_the_engine(engine):
 
     gens = asyncio.run(main())
     assert [len(g.token_ids) for g in gens] == [4] * 4
+
+
+@pytest.fixture(scope="module")
+def moe_dir(model_dir, tmp_path_factory):
+    from looprl.models.tiny import init_default_model
+    return init_default_model(tmp_path_factory.mktemp("moe"), size="moe", corpus_chars=200_000)
+
+
+def _hf_routes(model, ids: list[int]) -> torch.Tensor:
+    """``[T, L, K]``: the experts each MoE layer of a transformers fp32 forward picks per position."""
+    from looprl.models.moe import moe_blocks
+    got: list[torch.Tensor] = []
+    hooks = [b.gate.register_forward_hook(lambda m, a, o: got.append(o[2])) for b in moe_blocks(model)]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(got, dim=1)
+
+
+@pytest.mark.slow
+def test_moe_routes_of_greedy_tokens_equal_a_torch_forward(moe_dir, engine):
+    """Requests of different lengths batched together, a chunked 2,100-token prefill, and a second
+    turn whose prompt the prefix cache serves: the route of sampled token i is the route of
+    position P-1+i of a PyTorch forward over prompt + tokens (TorchEngine's convention)."""
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    e = VLLMEngine(str(moe_dir), stop_on_eos=False, max_model_len=2400)
+    prompts = [_prompt(n, seed=20 + n) for n in (9, 300, 2100)]
+    try:
+        async def main():
+            gens = await asyncio.gather(*(e.generate(p, SamplingParams(max_new_tokens=12, temperature=0.0))
+                                          for p in prompts))
+            turn2 = prompts[1] + list(gens[1].token_ids) + _prompt(5, seed=3)
+            cached = e.stats.cached_prompt_tokens
+            again = await e.generate(turn2, SamplingParams(max_new_tokens=6, temperature=0.0))
+            assert e.stats.cached_prompt_tokens - cached >= 128, "the second turn reused the first turn's KV"
+            return [*zip(prompts, gens, strict=True), (turn2, again)]
+        runs = asyncio.run(main())
+    finally:
+        e.close()
+    for p, g in runs:
+        assert g.routes is not None and g.routes.tokens == len(g.token_ids) > 0
+        ref = _hf_routes(hf, p + list(g.token_ids))[len(p) - 1:len(p) - 1 + len(g.token_ids)]
+        assert (g.routes.layers, g.routes.top_k) == tuple(ref.shape[1:]) == (4, 2)
+        assert torch.equal(torch.from_numpy(g.routes.array().copy()).long(), ref), len(p)
+    # a dense model records none
+    dense = asyncio.run(engine.generate(_prompt(8), SamplingParams(max_new_tokens=2, temperature=0.0)))
+    assert dense.routes is None

@@ -16,7 +16,9 @@ shared prompt and a session's earlier turns hit cached KV blocks, so ``session_i
 ``group_id`` need no bookkeeping), and weights swapped between decode steps: running requests
 continue on the new weights and every token carries the version that produced it
 (``vllm_worker.py`` says how). ``stats`` counts prompt tokens and the ones vLLM's prefix cache
-served (vLLM's per-request ``num_cached_tokens``). On CPU ``SamplingParams.seed`` is not passed
+served (vLLM's per-request ``num_cached_tokens``). On a MoE model every ``Generation`` carries
+``routes`` as ``TorchEngine``'s do (the experts of each MoE layer at the position each sampled
+token was sampled from), recorded by hooks on vLLM's routers (``vllm_worker._tap_routes``). On CPU ``SamplingParams.seed`` is not passed
 on (a vLLM 0.32 CPU bug, see ``vllm_worker.py``): requests draw from the engine's seeded RNG.
 
 The worker's python: ``python=`` or ``$LOOPRL_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` at
@@ -44,7 +46,7 @@ from safetensors.torch import save as save_safetensors
 
 from looprl.errors import ConfigError, ContextFullError, PolicyError
 from looprl.inference import vllm_rpc
-from looprl.types import Generation, SamplingParams
+from looprl.types import Generation, Routes, SamplingParams
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 VENV_DIR = ".venv-vllm"
@@ -293,7 +295,10 @@ class VLLMEngine:
             else "abort")
         text = self.tokenizer.decode(r.ids[:n], skip_special_tokens=False)
         assert isinstance(text, str), "one sequence decodes to one string"
-        gen = Generation(tuple(r.ids[:n]), tuple(r.logprobs[:n]), tuple(versions[:n]), finish, text)
+        routes = Routes.from_dict(msg["routes"]) if msg.get("routes") else None
+        if routes is not None and r.cut is not None:
+            routes = Routes.of(routes.array()[:n])
+        gen = Generation(tuple(r.ids[:n]), tuple(r.logprobs[:n]), tuple(versions[:n]), finish, text, routes)
         r.loop.call_soon_threadsafe(_resolve, r.future, gen, None)
 
     def _hit_stop_string(self, r: _Request) -> bool:

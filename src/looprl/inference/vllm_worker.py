@@ -54,6 +54,81 @@ def _repack_head(worker: Any) -> None:
         method.process_weights_after_loading(head)
 
 
+def _tap_routes(worker: Any) -> list[int]:
+    """Runs in vLLM's engine process once, at start-up: records the experts every MoE layer routes
+    each computed position to, per request (``[positions, layers, top_k]`` uint8, 255 = not
+    computed: prefix-cache hits), for ``_take_routes``. Returns ``[layers, top_k]``, or ``[]`` for a
+    dense model (nothing hooked).
+
+    vLLM's own capture (``enable_return_routed_experts``) needs its V2 runner (Triton); this uses
+    the same per-router callback it binds (``BaseRouter.set_capture_fn``: the logical top-k ids
+    ``select_experts`` chose) and learns each step's layout — which request owns which rows of the
+    flattened batch, from which position on — where the runner builds it (``_prepare_inputs``,
+    the order ``query_start_loc`` follows). A step's rows are filed lazily, when the next step
+    starts or routes are taken: both happen after its forward, on the engine's one thread."""
+    import numpy as np
+    import torch
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    runner = worker.model_runner
+    moe = sorted((m for m in runner.get_model().modules() if isinstance(m, MoERunner)),
+                 key=lambda m: m.layer_id)
+    if not moe:
+        return []
+    top_k = int(moe[0].router.top_k)
+    state: dict[str, Any] = {"step": None, "cap": {}, "reqs": {}}
+
+    def capture(layer: int, topk_ids: torch.Tensor) -> None:
+        state["cap"][layer] = topk_ids.to("cpu", torch.uint8, copy=True)
+
+    for i, m in enumerate(moe):
+        m.router.set_capture_fn(lambda ids, i=i: capture(i, ids))
+
+    def flush() -> None:
+        step, cap = state["step"], state["cap"]
+        state["step"], state["cap"] = None, {}
+        if step is None or len(cap) != len(moe):
+            return  # a warm-up / profiling forward: no request owns it
+        ids_N_L_K = torch.stack([cap[i] for i in range(len(moe))], dim=1).numpy()
+        off = 0
+        for rid, start, n in zip(*step, strict=True):
+            rows = state["reqs"].get(rid)
+            if rows is None or len(rows) < start + n:
+                grown = np.full((max(start + n, 2 * (0 if rows is None else len(rows))), len(moe), top_k),
+                                255, dtype=np.uint8)
+                if rows is not None:
+                    grown[:len(rows)] = rows
+                rows = state["reqs"][rid] = grown
+            rows[start:start + n] = ids_N_L_K[off:off + n]
+            off += n
+
+    prepare = runner._prepare_inputs
+
+    def prepare_inputs(scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
+        flush()
+        b = runner.input_batch
+        n = b.num_reqs
+        state["step"] = (list(b.req_ids[:n]), [int(x) for x in b.num_computed_tokens_cpu[:n]],
+                         [int(x) for x in num_scheduled_tokens[:n]])
+        return prepare(scheduler_output, num_scheduled_tokens)
+
+    runner._prepare_inputs = prepare_inputs
+    runner.looprl_routes = (state, flush)
+    return [len(moe), top_k]
+
+
+def _take_routes(worker: Any, rid: str) -> tuple[bytes, int]:
+    """Runs in vLLM's engine process: pops the routes ``_tap_routes`` filed for the request
+    ``rid`` (vLLM's internal id is ``rid`` plus ``-`` and 8 random characters); (bytes, positions)."""
+    state, flush = worker.model_runner.looprl_routes
+    flush()
+    keys = [k for k in state["reqs"] if k == rid or (k.startswith(rid + "-") and len(k) == len(rid) + 9)]
+    if len(keys) != 1:
+        raise KeyError(f"{len(keys)} route records for request {rid!r}")
+    rows = state["reqs"].pop(keys[0])
+    return rows.tobytes(), len(rows)
+
+
 class Worker:
     def __init__(self, sock: socket.socket, config: dict[str, Any]) -> None:
         import torch
@@ -64,6 +139,8 @@ class Worker:
         self.sock = sock
         self.lock = threading.Lock()
         self.version = 0
+        self.route_shape: list[int] = []
+        """``[layers, top_k]`` of a MoE model (routes recorded: ``_tap_routes``), else empty."""
         # vLLM 0.32's CPU runner crashes the engine when a seeded request's partial prefill
         # discards its sampled token ("CPU Generator does not use offset", gpu_model_runner
         # _bookkeeping_sync): on CPU requests sample from the engine's seeded generator instead
@@ -102,12 +179,30 @@ class Worker:
                         raise RuntimeError(f"vLLM labelled {spans} of {n_sent} output tokens")
                     msg.update(finish=o.finish_reason or "abort", prompt_tokens=len(m["prompt"]),
                                cached_tokens=int(out.num_cached_tokens or 0), versions=spans)
+                    if self.route_shape:
+                        msg["routes"] = await self.routes(rid, len(m["prompt"]), n_sent)
                 self.send(msg)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # one bad request is data for the caller, not the end of the worker
             self.send({"kind": "tokens", "rid": rid, "error": f"{type(e).__name__}: {e}",
                        "ids": [], "logprobs": []})
+
+    async def routes(self, rid: str, n_prompt: int, n_out: int) -> dict[str, Any]:
+        """The routes of the request's ``n_out`` sampled tokens as ``Routes`` fields: token i was
+        sampled from position ``n_prompt - 1 + i`` (the last prompt token's, then each earlier
+        sampled token's), whose forward is the one these routes come from (``TorchEngine``'s
+        convention)."""
+        import base64
+
+        import numpy as np
+
+        layers, top_k = self.route_shape
+        (raw, n), = await self.llm.collective_rpc(_take_routes, args=(rid,))
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(n, layers, top_k)[n_prompt - 1:n_prompt - 1 + n_out]
+        if len(rows) != n_out or (rows == 255).all(axis=(1, 2)).any():
+            raise RuntimeError(f"vLLM computed no routes for some of the {n_out} sampled tokens of {rid}")
+        return {"layers": layers, "top_k": top_k, "data": base64.b64encode(rows.tobytes()).decode()}
 
     async def update_weights(self, m: dict[str, Any], blob: bytes) -> dict[str, Any]:
         version = int(m["version"])
@@ -138,7 +233,8 @@ class Worker:
         inbox: asyncio.Queue = asyncio.Queue()
         threading.Thread(target=self._read, args=(loop, inbox), daemon=True).start()
         await self.llm.update_weight_version("0")
-        self.send({"kind": "ready"})
+        self.route_shape = (await self.llm.collective_rpc(_tap_routes))[0]
+        self.send({"kind": "ready", "route_shape": self.route_shape})
         tasks: dict[str, asyncio.Task] = {}
         while True:
             m, blob = await inbox.get()
