@@ -3,7 +3,7 @@ the engine's recorded experts.
 
     .venv/bin/python benchmarks/router_replay.py                  # default MoE, ~3 minutes on an idle 2-core machine
     .venv/bin/python benchmarks/router_replay.py --model DIR --pretrain-steps 0  # a trained MoE
-    .venv/bin/python benchmarks/router_replay.py --vllm           # and VLLMEngine (fp32, CPU build), ~4 more minutes
+    .venv/bin/python benchmarks/router_replay.py --vllm           # and VLLMEngine (fp32 and bf16, CPU build), ~8 more minutes
 
 The default MoE is pretrained briefly first (``--pretrain-steps``, into a temporary copy): at
 initialisation its experts' output projections are zero (``tiny.plant_copy_circuit``), so which
@@ -15,8 +15,9 @@ same tokens twice: routers free (no replay) and routed to the recorded experts (
   engine's;
 - kl: mean over sampled tokens of (engine logprob - trainer logprob), the k1 estimate of
   KL(engine || trainer) (what the step logs as ``engine_kl``); absdiff: mean |difference|.
-The last line is machine-readable (bf16, the engine dtype of a real run), with the ratio of
-the replayed KL (absdiff) to the free one measured in the same run.
+The last lines are machine-readable, one per engine in bf16 (the engine dtype of a real run;
+vLLM's fp32 routes as the trainer's already), the torch one with the ratio of the replayed KL
+(absdiff) to the free one measured in the same run.
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ def rollouts(model_dir, dtype: str, prompt: list[int], G: int, new_tokens: int,
         engine.close()
 
 
-def vllm_rollouts(model_dir, prompt: list[int], G: int, new_tokens: int, seed: int) -> list[Generation]:
-    """The same workload on VLLMEngine (fp32 on CPU; routes from hooks on vLLM's routers)."""
+def vllm_rollouts(model_dir, dtype: str, prompt: list[int], G: int, new_tokens: int,
+                  seed: int) -> list[Generation]:
+    """The same workload on VLLMEngine in ``dtype`` (routes from hooks on vLLM's routers)."""
     from looprl.inference.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(str(model_dir), stop_on_eos=False, seed=seed, max_model_len=len(prompt) + new_tokens + 8)
+    engine = VLLMEngine(str(model_dir), dtype=dtype, stop_on_eos=False, seed=seed,
+                        max_model_len=len(prompt) + new_tokens + 8)
 
     async def main() -> list[Generation]:
         return list(await asyncio.gather(*[
@@ -126,17 +129,15 @@ def main() -> None:
                        f"absdiff_ratio_replay_vs_no_replay={rep['absdiff'] / max(free['absdiff'], 1e-30):.3f}")
         print(f"engine={name} ({time.perf_counter() - t0:.0f}s) {lines[name]}")
     if a.vllm:
-        t0 = time.perf_counter()
-        gens = vllm_rollouts(model_dir, prompt, a.group, a.new_tokens, a.seed)
-        free, rep = (score(trainer.model, prompt, gens, r) for r in (False, True))
-        lines["vllm"] = (f"disagree_no_replay={free['disagree']:.4f} disagree_replay={rep['disagree']:.4f} "
-                         f"kl_no_replay={free['kl']:.3e} kl_replay={rep['kl']:.3e} "
-                         f"absdiff_no_replay={free['absdiff']:.3e} absdiff_replay={rep['absdiff']:.3e}")
-        print(f"engine=vllm ({time.perf_counter() - t0:.0f}s) {lines['vllm']}")
+        for dtype in ("float32", "bfloat16"):
+            t0 = time.perf_counter()
+            gens = vllm_rollouts(model_dir, dtype, prompt, a.group, a.new_tokens, a.seed)
+            free, rep = (score(trainer.model, prompt, gens, r) for r in (False, True))
+            name = "vllm_bf16" if dtype == "bfloat16" else "vllm_fp32"
+            lines[name] = (f"disagree_no_replay={free['disagree']:.4f} disagree_replay={rep['disagree']:.4f} "
+                           f"kl_no_replay={free['kl']:.3e} kl_replay={rep['kl']:.3e} "
+                           f"absdiff_no_replay={free['absdiff']:.3e} absdiff_replay={rep['absdiff']:.3e}")
+            print(f"engine={name} ({time.perf_counter() - t0:.0f}s) {lines[name]}")
     print(f"engine=torch dtype=bf16 {lines['bf16']}")
     if a.vllm:
-        print(f"engine=vllm dtype=fp32 {lines['vllm']}")
-
-
-if __name__ == "__main__":
-    main()
+        print(f"engine=vllm dtype=bf16 {lines['vllm_bf16']}")
