@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from looprl.chat import ChatFormat, ParsedTurn
@@ -83,8 +84,6 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
                                      deadline=t0 + cfg.experimental.wall_time_s,
                                      session_id=trajectory_id,
                                      group_id=group_id)
-    error: str | None = None
-    diff = ""
     if cfg.context_window - len(run.token_ids) < cfg.experimental.min_turn_tokens:
         # Not the model's doing: the task and tool schemas alone do not fit. Never scored.
         prompt_tokens = len(run.token_ids)
@@ -98,8 +97,32 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
                    f"less than min_turn_tokens={cfg.experimental.min_turn_tokens} of context_window="
                    f"{cfg.context_window}; raise agent.context_window or offer fewer tools"),
             infra_kind=InfraKind.INTERNAL.value)
-    kind = ""
+    stop, error, kind, diff = await drive(run, sandbox, ctx, policy, fmt, tools, cfg, t0,
+                                          group_id, trajectory_id, on_context_full)
+    return Trajectory(
+        task_id=task.id, group_id=group_id, segments=tuple(run.segments),
+        messages=tuple(run.messages), counters=Counters(**run.counters), stop_reason=stop,
+        diff=diff, error=error, wall_s=time.monotonic() - t0, id=trajectory_id,
+        infra_kind=kind if stop == StopReason.INFRA_ERROR else "",
+        summaries=tuple(run.summaries), broken_spans=tuple(run.broken_spans),
+        metadata={"memory": json.dumps(ctx.memory), "finish_summary": ctx.finish_summary,
+                  METADATA_KEY: tokenizer_fingerprint(fmt.tokenizer)})  # what made the ids
+
+
+async def drive(run: AgentRun, sandbox: Sandbox, ctx: ToolContext, policy: Engine,
+                fmt: ChatFormat, tools: list[Tool], cfg: AgentConfig, t0: float, group_id: str,
+                trajectory_id: str, on_context_full: ContextHook | None,
+                before: Callable[[], Awaitable[object]] | None = None,
+                ) -> tuple[StopReason, str | None, str, str]:
+    """Run ``before`` (if any) and the agent loop on ``run`` to its end: (stop reason, error,
+    infrastructure kind, the sandbox's diff). A sandbox or engine failure, or a harness bug, ends
+    it as ``INFRA_ERROR`` (never the model's fault, never a crash); the engine's session is
+    released and the open segment closed whatever happened."""
+    diff, kind = "", ""
+    error: str | None
     try:
+        if before is not None:
+            await before()
         stop, error = await _loop(run, ctx, policy, fmt, tools, cfg, t0, group_id, trajectory_id,
                                   on_context_full)
         kind = run.infra_kind
@@ -117,14 +140,7 @@ async def run_agent(task: Task, sandbox: Sandbox, policy: Engine, fmt: ChatForma
         except Exception:  # noqa: BLE001 — forgetting a session cannot change the trajectory
             pass
     run.close_segment()
-    return Trajectory(
-        task_id=task.id, group_id=group_id, segments=tuple(run.segments),
-        messages=tuple(run.messages), counters=Counters(**run.counters), stop_reason=stop,
-        diff=diff, error=error, wall_s=time.monotonic() - t0, id=trajectory_id,
-        infra_kind=kind if stop == StopReason.INFRA_ERROR else "",
-        summaries=tuple(run.summaries), broken_spans=tuple(run.broken_spans),
-        metadata={"memory": json.dumps(ctx.memory), "finish_summary": ctx.finish_summary,
-                  METADATA_KEY: tokenizer_fingerprint(fmt.tokenizer)})  # what made the ids
+    return stop, error, kind, diff
 
 
 async def _loop(run: AgentRun, ctx: ToolContext, policy: Engine, fmt: ChatFormat,

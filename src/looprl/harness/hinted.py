@@ -26,19 +26,16 @@ have no continuation). Self-summarized trajectories (several segments) are not c
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 from looprl.chat import ChatFormat
-from looprl.errors import InfraKind, PolicyError, SandboxError, ToolCallError, ToolError, infra_kind
-from looprl.harness.agent import _loop
+from looprl.errors import ToolCallError, ToolError
+from looprl.harness.agent import drive
 from looprl.harness.run_state import AgentConfig, AgentRun
 from looprl.harness.tools import ToolContext, validate_args
 from looprl.models.fingerprint import METADATA_KEY, tokenizer_fingerprint
 from looprl.protocols import Engine, Sandbox, Tool
 from looprl.types import Counters, HintSpan, Message, StopReason, Task, Trajectory
-
-log = logging.getLogger(__name__)
 
 
 def turn_messages(messages: tuple[Message, ...]) -> list[tuple[int, int]]:
@@ -103,26 +100,9 @@ async def continue_with_hint(task: Task, sandbox: Sandbox, policy: Engine, fmt: 
     run.counters["output_tokens"] = max(0, min(sum(seg.loss_mask_T[:end]),
                                         cfg.max_total_new_tokens - cfg.max_new_tokens))
     by_name = {t.name: t for t in tools}
-    diff, error, kind_ = "", None, ""
-    try:
-        await replay_calls([prefix.messages[i] for i, _ in turns[:turn]], by_name, ctx)
-        stop, error = await _loop(run, ctx, policy, fmt, tools, cfg, t0, group_id, trajectory_id,
-                                  None)
-        kind_ = run.infra_kind
-        if stop != StopReason.INFRA_ERROR:
-            diff = await sandbox.diff()
-    except (SandboxError, PolicyError) as e:
-        stop, error, kind_ = StopReason.INFRA_ERROR, f"{type(e).__name__}: {e}", infra_kind(e).value
-    except Exception as e:  # noqa: BLE001 — a harness bug: never the model's fault, never a crash
-        log.exception("hinted continuation %s: internal error", trajectory_id)
-        stop, error = StopReason.INFRA_ERROR, f"internal error: {type(e).__name__}: {e}"
-        kind_ = InfraKind.INTERNAL.value
-    finally:
-        try:
-            await policy.release(trajectory_id)
-        except Exception:  # noqa: BLE001 — forgetting a session cannot change the trajectory
-            pass
-    run.close_segment()
+    stop, error, kind_, diff = await drive(
+        run, sandbox, ctx, policy, fmt, tools, cfg, t0, group_id, trajectory_id, None,
+        before=lambda: replay_calls([prefix.messages[i] for i, _ in turns[:turn]], by_name, ctx))
     hint = HintSpan(turn, text, end, end + len(teacher_obs), tuple(student_obs), kind)
     return Trajectory(
         task_id=task.id, group_id=group_id, segments=tuple(run.segments),
