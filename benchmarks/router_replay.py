@@ -16,8 +16,8 @@ same tokens twice: routers free (no replay) and routed to the recorded experts (
 - kl: mean over sampled tokens of (engine logprob - trainer logprob), the k1 estimate of
   KL(engine || trainer) (what the step logs as ``engine_kl``); absdiff: mean |difference|.
 The last lines are machine-readable, one per engine in bf16 (the engine dtype of a real run;
-vLLM's fp32 routes as the trainer's already), the torch one with the ratio of the replayed KL
-(absdiff) to the free one measured in the same run.
+vLLM's fp32 routes as the trainer's already), each with the ratio of the replayed absdiff to
+the free one measured in the same run.
 """
 
 from __future__ import annotations
@@ -73,6 +73,14 @@ def vllm_rollouts(model_dir, dtype: str, prompt: list[int], G: int, new_tokens: 
         engine.close()
 
 
+def _line(free: dict[str, float], rep: dict[str, float]) -> str:
+    """One arm's figures, without and with replay, and the replayed |difference|'s ratio."""
+    return (f"disagree_no_replay={free['disagree']:.4f} disagree_replay={rep['disagree']:.4f} "
+            f"kl_no_replay={free['kl']:.3e} kl_replay={rep['kl']:.3e} "
+            f"absdiff_no_replay={free['absdiff']:.3e} absdiff_replay={rep['absdiff']:.3e} "
+            f"absdiff_ratio_replay_vs_no_replay={rep['absdiff'] / max(free['absdiff'], 1e-30):.3f}")
+
+
 def score(trainer, prompt: list[int], gens: list[Generation], replay: bool) -> dict[str, float]:
     P, N = len(prompt), len(gens[0].token_ids)
     tokens = torch.tensor([prompt + list(g.token_ids) for g in gens])
@@ -123,10 +131,7 @@ def main() -> None:
         gens = rollouts(model_dir, dtype, prompt, a.group, a.new_tokens, a.seed)
         free, rep = (score(trainer.model, prompt, gens, r) for r in (False, True))
         name = "bf16" if dtype == "bfloat16" else "fp32"
-        lines[name] = (f"disagree_no_replay={free['disagree']:.4f} disagree_replay={rep['disagree']:.4f} "
-                       f"kl_no_replay={free['kl']:.3e} kl_replay={rep['kl']:.3e} "
-                       f"absdiff_no_replay={free['absdiff']:.3e} absdiff_replay={rep['absdiff']:.3e} "
-                       f"absdiff_ratio_replay_vs_no_replay={rep['absdiff'] / max(free['absdiff'], 1e-30):.3f}")
+        lines[name] = _line(free, rep)
         print(f"engine={name} ({time.perf_counter() - t0:.0f}s) {lines[name]}")
     if a.vllm:
         for dtype in ("float32", "bfloat16"):
@@ -134,9 +139,7 @@ def main() -> None:
             gens = vllm_rollouts(model_dir, dtype, prompt, a.group, a.new_tokens, a.seed)
             free, rep = (score(trainer.model, prompt, gens, r) for r in (False, True))
             name = "vllm_bf16" if dtype == "bfloat16" else "vllm_fp32"
-            lines[name] = (f"disagree_no_replay={free['disagree']:.4f} disagree_replay={rep['disagree']:.4f} "
-                           f"kl_no_replay={free['kl']:.3e} kl_replay={rep['kl']:.3e} "
-                           f"absdiff_no_replay={free['absdiff']:.3e} absdiff_replay={rep['absdiff']:.3e}")
+            lines[name] = _line(free, rep)
             print(f"engine={name} ({time.perf_counter() - t0:.0f}s) {lines[name]}")
     print(f"engine=torch dtype=bf16 {lines['bf16']}")
     if a.vllm:
