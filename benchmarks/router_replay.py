@@ -144,3 +144,7 @@ def main() -> None:
     print(f"engine=torch dtype=bf16 {lines['bf16']}")
     if a.vllm:
         print(f"engine=vllm dtype=bf16 {lines['vllm_bf16']}")
+
+
+if __name__ == "__main__":
+    main()
