@@ -14,7 +14,10 @@ same tokens twice: routers free (no replay) and routed to the recorded experts (
 - disagree: share of (sampled token, MoE layer) decisions whose expert set differs from the
   engine's;
 - kl: mean over sampled tokens of (engine logprob - trainer logprob), the k1 estimate of
-  KL(engine || trainer) (what the step logs as ``engine_kl``); absdiff: mean |difference|.
+  KL(engine || trainer) (what the step logs as ``engine_kl``): unbiased but signed, so at
+  differences this small its mean is mostly noise; kl3: the k3 estimate of the same KL
+  (r - 1 - log r with r = trainer / engine probability), unbiased and never negative;
+  absdiff: mean |difference|.
 The last lines are machine-readable, one per engine in bf16 (the engine dtype of a real run;
 vLLM's fp32 routes as the trainer's already), each with the ratio of the replayed absdiff to
 the free one measured in the same run.
@@ -77,6 +80,7 @@ def _line(free: dict[str, float], rep: dict[str, float]) -> str:
     """One arm's figures, without and with replay, and the replayed |difference|'s ratio."""
     return (f"disagree_no_replay={free['disagree']:.4f} disagree_replay={rep['disagree']:.4f} "
             f"kl_no_replay={free['kl']:.3e} kl_replay={rep['kl']:.3e} "
+            f"kl3_no_replay={free['kl3']:.3e} kl3_replay={rep['kl3']:.3e} "
             f"absdiff_no_replay={free['absdiff']:.3e} absdiff_replay={rep['absdiff']:.3e} "
             f"absdiff_ratio_replay_vs_no_replay={rep['absdiff'] / max(free['absdiff'], 1e-30):.3f}")
 
@@ -94,7 +98,8 @@ def score(trainer, prompt: list[int], gens: list[Generation], replay: bool) -> d
         lp, tap = moe_logprobs(trainer, tokens, torch.ones_like(tokens), R, replay=replay)
     d = torch.tensor([g.logprobs for g in gens]) - lp[:, P:]
     return {"disagree": sum(tap.disagree_L) / max(tap.decisions * len(tap.disagree_L), 1),
-            "kl": float(d.mean()), "absdiff": float(d.abs().mean())}
+            "kl": float(d.mean()), "kl3": float((torch.expm1(-d) + d).mean()),
+            "absdiff": float(d.abs().mean())}
 
 
 def main() -> None:
