@@ -131,25 +131,17 @@ def main() -> None:
     print(f"model={model_dir} params={trainer.num_params / 1e6:.2f}M G={a.group} "
           f"prompt={len(prompt)} new_tokens={a.new_tokens}")
     lines = {}
-    for dtype in ("float32", "bfloat16"):
-        t0 = time.perf_counter()
-        gens = rollouts(model_dir, dtype, prompt, a.group, a.new_tokens, a.seed)
-        free, rep = (score(trainer.model, prompt, gens, r) for r in (False, True))
-        name = "bf16" if dtype == "bfloat16" else "fp32"
-        lines[name] = _line(free, rep)
-        print(f"engine={name} ({time.perf_counter() - t0:.0f}s) {lines[name]}")
-    if a.vllm:
+    arms = [("torch", rollouts)] + ([("vllm", vllm_rollouts)] if a.vllm else [])
+    for engine, sample in arms:
         for dtype in ("float32", "bfloat16"):
             t0 = time.perf_counter()
-            gens = vllm_rollouts(model_dir, dtype, prompt, a.group, a.new_tokens, a.seed)
+            gens = sample(model_dir, dtype, prompt, a.group, a.new_tokens, a.seed)
             free, rep = (score(trainer.model, prompt, gens, r) for r in (False, True))
-            name = "vllm_bf16" if dtype == "bfloat16" else "vllm_fp32"
+            name = f"{engine} dtype={'bf16' if dtype == 'bfloat16' else 'fp32'}"
             lines[name] = _line(free, rep)
             print(f"engine={name} ({time.perf_counter() - t0:.0f}s) {lines[name]}")
-    print(f"engine=torch dtype=bf16 {lines['bf16']}")
-    if a.vllm:
-        print(f"engine=vllm dtype=bf16 {lines['vllm_bf16']}")
-
+    for engine, _ in arms:
+        print(f"engine={engine} dtype=bf16 {lines[f'{engine} dtype=bf16']}")
 
 if __name__ == "__main__":
     main()
