@@ -58,14 +58,16 @@ from looprl.harness.agent import AgentConfig
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
 from looprl.models.tiny import default_model_dir
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.config import RolloutConfig
+from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.trainer.batch import Credit
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental, LoopStats
+from looprl.trainer.config import GRPOConfig, GRPOExperimental, LoopConfig, LoopExperimental
+from looprl.trainer.grpo import GRPOLoop, LoopStats
 from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep, StepMetrics
+from looprl.trainer.step import GRPOStep, StepMetrics
 from looprl.types import Group, Task
 
 

@@ -54,7 +54,8 @@ from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
 from looprl.models.tiny import default_model_dir
 from looprl.rewards.composite import RewardConfig
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.config import RolloutConfig
+from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.types import GroupResult, Task

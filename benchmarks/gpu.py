@@ -46,8 +46,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from looprl.trainer.config import GRPOConfig, GRPOExperimental
 from looprl.trainer.losses import LossParams
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep, token_logprobs
+from looprl.trainer.step import GRPOStep, token_logprobs
 from looprl.types import (
     Counters,
     Group,

@@ -40,8 +40,9 @@ import torch
 from looprl.inference import TorchEngine
 from looprl.models.loading import load_model
 from looprl.models.tiny import default_model_dir
+from looprl.trainer.config import GRPOConfig, GRPOExperimental
 from looprl.trainer.losses import LossParams
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import (
     Counters,
     Group,

@@ -52,7 +52,8 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from looprl.models.lora import LoraSettings, merged_state_dict, with_lora
+from looprl.models.config import LoraSettings
+from looprl.models.lora import merged_state_dict, with_lora
 from looprl.weights.store import FsspecWeightStore, WeightStoreConfig
 
 ARMS = [("zigzag", 1), ("zigzag", 3), ("zigzag_sorted", 1)]

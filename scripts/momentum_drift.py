@@ -19,7 +19,8 @@ import torch
 from looprl.feedback.update import continue_adam, optimizer_state
 from looprl.models.loading import load_model
 from looprl.train import stages
-from looprl.trainer.step import GRPOConfig, make_optimizer
+from looprl.trainer.config import GRPOConfig
+from looprl.trainer.step import make_optimizer
 
 
 def main() -> None:

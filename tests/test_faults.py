@@ -211,7 +211,7 @@ def test_a_restarted_fleet_node_draws_its_own_faults():
     from looprl.fleet.config import FleetConfig
     from looprl.fleet.ray_fleet import MemberSpec, RayFleet
     from looprl.rewards.composite import RewardConfig
-    from looprl.rollout.runner import RolloutConfig
+    from looprl.rollout.config import RolloutConfig
 
     spec = MemberSpec("model", None, "weights", RolloutConfig(), RewardConfig(), "torch",
                       faults=FaultsConfig({"grader_crash": 0.05}, seed=1))

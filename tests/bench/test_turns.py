@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from looprl.bench.turns import turn_accuracy
 from looprl.models.tokenizer import build_tokenizer
-from looprl.trainer.sft import SFTConfig, SFTExperimental, sft
+from looprl.trainer.config import SFTConfig, SFTExperimental
+from looprl.trainer.sft import sft
 from looprl.types import Segment
 from tests.trainer.helpers import tiny_llama, trajectory
 

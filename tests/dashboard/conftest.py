@@ -38,10 +38,11 @@ from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.train.config import TrainConfig
 from looprl.train.plots import plot_curves
-from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.config import GRPOConfig, GRPOExperimental, LoopConfig
+from looprl.trainer.grpo import GRPOLoop
 from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from tests.feedback.conftest import make_traj
 from tests.harness.dir_sandbox import DirSandbox

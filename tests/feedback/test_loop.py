@@ -296,8 +296,9 @@ def test_windows_continue_one_adam_state(tmp_path, store):
     from looprl.feedback.window import window
     from looprl.models.loading import load_model
     from looprl.trainer.checkpoint import save_checkpoint
+    from looprl.trainer.config import GRPOConfig, GRPOExperimental
     from looprl.trainer.losses import LossParams
-    from looprl.trainer.step import GRPOConfig, GRPOExperimental, make_optimizer
+    from looprl.trainer.step import make_optimizer
 
     from .test_cycle import feedback, save_tiny
 

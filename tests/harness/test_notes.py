@@ -4,7 +4,7 @@ import pytest
 
 from looprl.config import FieldError
 from looprl.harness.notes import HEADER, Notebook
-from looprl.rollout.runner import RolloutConfig, RolloutExperimental
+from looprl.rollout.config import RolloutConfig, RolloutExperimental
 from looprl.types import Grader, Task
 
 

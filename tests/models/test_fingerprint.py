@@ -21,7 +21,8 @@ from looprl.models.fingerprint import METADATA_KEY, model_fingerprint, tokenizer
 from looprl.models.loading import load_model
 from looprl.models.tokenizer import build_tokenizer
 from looprl.trainer.checkpoint import load_checkpoint, save_checkpoint
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.config import GRPOConfig
+from looprl.trainer.step import GRPOStep
 from looprl.types import Grader, Task
 from tests.harness.dir_sandbox import DirSandbox
 from tests.trainer.helpers import group, segment, trajectory

@@ -12,17 +12,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.errors import ConfigError
 from looprl.inference.torch_engine import TorchEngine
-from looprl.models.lora import (
-    ADAPTER_DIR,
-    LoraExperimental,
-    LoraSettings,
-    merged_state_dict,
-    save_merged,
-    with_lora,
-)
+from looprl.models.config import LoraExperimental, LoraSettings
+from looprl.models.lora import ADAPTER_DIR, merged_state_dict, save_merged, with_lora
 from looprl.models.tokenizer import build_tokenizer
 from looprl.trainer import ddp
-from looprl.trainer.step import GRPOConfig, GRPOStep, token_logprobs
+from looprl.trainer.config import GRPOConfig
+from looprl.trainer.step import GRPOStep, token_logprobs
 from looprl.types import SamplingParams
 from looprl.weights.store import LocalWeightStore
 from tests.trainer.helpers import group, segment, trajectory

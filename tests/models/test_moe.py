@@ -14,11 +14,13 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss
 from looprl.harness.run_state import AgentRun
 from looprl.inference.kv_forward import CachedForward
 from looprl.inference.torch_engine import TorchEngine
+from looprl.models.config import SIZES
 from looprl.models.moe import NO_ROUTE, RouterTap, moe_blocks, shifted_routes
-from looprl.models.tiny import SIZES, model_config
+from looprl.models.tiny import model_config
 from looprl.models.tokenizer import build_tokenizer
 from looprl.trainer.batch import build_batch
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep, moe_logprobs
+from looprl.trainer.config import GRPOConfig, GRPOExperimental
+from looprl.trainer.step import GRPOStep, moe_logprobs
 from looprl.types import (
     Counters,
     Generation,

@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from looprl.commands.model import app
 from looprl.errors import ConfigError
+from looprl.models.config import SIZES
 from looprl.models.pretrain import pretrain
-from looprl.models.tiny import SIZES, chat_examples, init_default_model, model_config
+from looprl.models.tiny import chat_examples, init_default_model, model_config
 
 
 @pytest.fixture(scope="module")

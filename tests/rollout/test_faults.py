@@ -21,7 +21,8 @@ from looprl.harness.scripted import ScriptedPolicy
 from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import RolloutConfig, RolloutExperimental, RolloutRunner
+from looprl.rollout.config import RolloutConfig, RolloutExperimental
+from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_tests_scorer
 from looprl.sandbox import SandboxPool
 from looprl.sandbox.remote_pool import serving

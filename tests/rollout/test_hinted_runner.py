@@ -9,7 +9,8 @@ import pytest
 from looprl.chat import ChatFormat
 from looprl.harness.agent import AgentConfig
 from looprl.harness.scripted import ScriptedPolicy
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.config import RolloutConfig
+from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 

@@ -26,12 +26,14 @@ from looprl.models.loading import save_model
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import RewardConfig, reward_metrics
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.config import RolloutConfig
+from looprl.rollout.runner import RolloutRunner
 from looprl.trainer.batch import Credit
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
+from looprl.trainer.config import GRPOConfig, GRPOExperimental, LoopConfig, LoopExperimental
+from looprl.trainer.grpo import GRPOLoop
 from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from looprl.weights.store import LocalWeightStore
 

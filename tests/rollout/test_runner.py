@@ -14,7 +14,8 @@ from looprl.harness.oracle import OracleAgent
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import RolloutConfig, RolloutExperimental, RolloutRunner
+from looprl.rollout.config import RolloutConfig, RolloutExperimental
+from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
 from looprl.types import Grader, GroupResult, StopReason, Task

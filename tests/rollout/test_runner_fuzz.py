@@ -21,7 +21,8 @@ from looprl.harness.run_state import AgentConfig, AgentExperimental
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools, tool_schemas
 from looprl.models.tokenizer import build_tokenizer
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.config import RolloutConfig
+from looprl.rollout.runner import RolloutRunner
 from looprl.types import Grader, RewardBreakdown, StopReason, Task, Trajectory
 from tests.harness.conftest import CALC, WindowedPolicy, call
 from tests.harness.dir_sandbox import DirSandbox

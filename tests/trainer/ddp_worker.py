@@ -22,10 +22,12 @@ import safetensors.torch
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from looprl.models.lora import LoraSettings, merged_state_dict, with_lora
+from looprl.models.config import LoraSettings
+from looprl.models.lora import merged_state_dict, with_lora
 from looprl.trainer import ddp
+from looprl.trainer.config import GRPOConfig, GRPOExperimental
 from looprl.trainer.losses import LossParams
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import Counters, Group, RewardBreakdown, Segment, StopReason, Trajectory
 
 

@@ -17,13 +17,12 @@ from looprl.faults import FaultsConfig
 from looprl.fleet.config import FleetConfig, FleetExperimental
 from looprl.harness.agent import AgentConfig
 from looprl.models.tokenizer import build_tokenizer
-from looprl.rollout.runner import RolloutConfig, RolloutExperimental
+from looprl.rollout.config import RolloutConfig, RolloutExperimental
 from looprl.rundir import RunDir
 from looprl.train.config import ModelExperimental, ModelSection, TasksSection, TrainConfig
 from looprl.train.stages import train_rl
-from looprl.trainer.grpo import LoopConfig, LoopExperimental
+from looprl.trainer.config import GRPOConfig, GRPOExperimental, LoopConfig, LoopExperimental
 from looprl.trainer.losses import LossParams
-from looprl.trainer.step import GRPOConfig, GRPOExperimental
 from tests.trainer.test_grpo_loop import _model, _tasks
 
 N_TASKS = 8

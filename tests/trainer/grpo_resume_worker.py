@@ -40,12 +40,14 @@ from looprl.harness.agent import AgentConfig
 from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import reward_metrics
-from looprl.rollout.runner import RolloutConfig, RolloutRunner
+from looprl.rollout.config import RolloutConfig
+from looprl.rollout.runner import RolloutRunner
 from looprl.sandbox import SandboxPool
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
+from looprl.trainer.config import GRPOConfig, GRPOExperimental, LoopConfig, LoopExperimental
+from looprl.trainer.grpo import GRPOLoop
 from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import RewardBreakdown, Task, Trajectory
 from looprl.weights.store import LocalWeightStore
 from tests.trainer.test_grpo_loop import _model, _tasks

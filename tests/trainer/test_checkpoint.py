@@ -89,9 +89,10 @@ def test_a_resave_killed_between_its_renames_keeps_the_old_checkpoint(tmp_path):
 def test_a_running_loop_keeps_three_checkpoints_and_a_finished_one_keeps_the_newest(tmp_path):
     # retention: the newest 3 while the loop runs (a model's size each, 14 MB for the
     # quickstart's 3.5M), only the newest once the run is over; resume reads that one
-    from looprl.trainer.grpo import GRPOLoop, LoopConfig
+    from looprl.trainer.config import GRPOConfig, LoopConfig
+    from looprl.trainer.grpo import GRPOLoop
     from looprl.trainer.sampler import TaskSampler
-    from looprl.trainer.step import GRPOConfig, GRPOStep
+    from looprl.trainer.step import GRPOStep
 
     def loop() -> GRPOLoop:
         return GRPOLoop(GRPOStep(tiny_llama(seed=1), GRPOConfig()), None, None,  # type: ignore[arg-type]

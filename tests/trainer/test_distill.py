@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from looprl.trainer.config import FeedbackDistill
+from looprl.trainer.config import FeedbackDistill, GRPOConfig, GRPOExperimental
 from looprl.trainer.distill import forward_kl, hint_distillation, hint_pair
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import Counters, Group, HintSpan, Segment, StopReason, Trajectory
 
 from .helpers import group, segment, tiny_llama, trajectory

@@ -19,13 +19,15 @@ from looprl.inference import TorchEngine
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import reward_metrics
 from looprl.rewards.tests import pytest_command
-from looprl.rollout.runner import RolloutConfig, RolloutExperimental, RolloutRunner
+from looprl.rollout.config import RolloutConfig, RolloutExperimental
+from looprl.rollout.runner import RolloutRunner
 from looprl.rollout.score import make_scorer
 from looprl.sandbox import SandboxPool
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
+from looprl.trainer.config import GRPOConfig, GRPOExperimental, LoopConfig, LoopExperimental
+from looprl.trainer.grpo import GRPOLoop
 from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import Grader, Task
 from looprl.weights.store import LocalWeightStore
 
@@ -104,7 +106,8 @@ def test_lora_loop_syncs_merged_weights_to_the_engine(tmp_path):
     under the base model's names and the torch engine takes them; after two steps (groups of an
     oracle and a null trajectory: every group trains) the engine holds exactly the trainer's
     merged weights, which differ from the start's in the adapted layers alone."""
-    from looprl.models.lora import LoraSettings, merged_state_dict, with_lora
+    from looprl.models.config import LoraSettings
+    from looprl.models.lora import merged_state_dict, with_lora
 
     tok = build_tokenizer(None)
     model = _model(tok)

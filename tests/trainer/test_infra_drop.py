@@ -4,10 +4,11 @@ survived) was never trained: its task goes out again, so the pass still trains e
 import asyncio
 import dataclasses
 
-from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.config import GRPOConfig, GRPOExperimental, LoopConfig
+from looprl.trainer.grpo import GRPOLoop
 from looprl.trainer.losses import LossParams
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import Grader, Group, GroupResult, Task
 from tests.trainer.helpers import group, segment, tiny_llama, trajectory
 

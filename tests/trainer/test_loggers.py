@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from looprl.errors import ConfigError
 from looprl.trainer import loggers as loggers_mod
-from looprl.trainer.grpo import LoopConfig
+from looprl.trainer.config import LoopConfig
 from looprl.trainer.loggers import make_loggers, read_metrics
 from tests.dashboard.conftest import SKIPPED_STEP, write_grpo_run
 

@@ -9,9 +9,10 @@ import torch
 
 from looprl.models.mtp import attach_heads, capture_hidden, distill_loss, heads_of, new_heads
 from looprl.trainer.batch import MIN_SHARED_PREFIX, Credit, build_batch
+from looprl.trainer.config import GRPOConfig, GRPOExperimental, SFTConfig, SFTExperimental
 from looprl.trainer.losses import LossParams
-from looprl.trainer.sft import SFTConfig, SFTExperimental, sft
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, make_optimizer, train_step
+from looprl.trainer.sft import sft
+from looprl.trainer.step import make_optimizer, train_step
 from looprl.types import Segment
 
 from .helpers import VOCAB, group, tiny_llama, trajectory

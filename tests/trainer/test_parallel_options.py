@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from looprl.config import FieldError
+from looprl.trainer.config import GRPOConfig, GRPOExperimental
 from looprl.trainer.losses import LossParams
-from looprl.trainer.step import GRPOConfig, GRPOExperimental, GRPOStep, shares_prefixes
+from looprl.trainer.step import GRPOStep, shares_prefixes
 
 from .helpers import group, segment, tiny_llama, trajectory
 

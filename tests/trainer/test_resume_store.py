@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from looprl.errors import WeightStoreError
-from looprl.trainer.grpo import GRPOLoop, LoopConfig
+from looprl.trainer.config import GRPOConfig, LoopConfig
+from looprl.trainer.grpo import GRPOLoop
 from looprl.trainer.sampler import TaskSampler
-from looprl.trainer.step import GRPOConfig, GRPOStep
+from looprl.trainer.step import GRPOStep
 from looprl.types import Grader, Task
 from looprl.weights.store import LocalWeightStore
 

@@ -3,7 +3,8 @@ trained on) handed out once more; a trained task never comes back within a pass.
 
 import dataclasses
 
-from looprl.trainer.grpo import GRPOLoop, LoopConfig, LoopExperimental
+from looprl.trainer.config import LoopConfig, LoopExperimental
+from looprl.trainer.grpo import GRPOLoop
 from looprl.trainer.sampler import TaskSampler
 from looprl.types import Grader, Group, GroupResult, StopReason, Task
 

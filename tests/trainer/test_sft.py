@@ -5,7 +5,8 @@ import torch
 
 from looprl.config import FieldError
 from looprl.errors import ConfigError
-from looprl.trainer.sft import SFTConfig, SFTExperimental, sft
+from looprl.trainer.config import SFTConfig, SFTExperimental
+from looprl.trainer.sft import sft
 from looprl.trainer.step import token_logprobs
 from looprl.types import Segment, StopReason
 

@@ -4,16 +4,9 @@ import pytest
 import torch
 
 from looprl.trainer.batch import Credit, build_batch
+from looprl.trainer.config import GRPOConfig, GRPOExperimental
 from looprl.trainer.losses import LossInputs, LossParams, dr_grpo
-from looprl.trainer.step import (
-    GRPOConfig,
-    GRPOExperimental,
-    GRPOStep,
-    _cache_kw,
-    gather_logprobs,
-    token_logprobs,
-    train_step,
-)
+from looprl.trainer.step import GRPOStep, _cache_kw, gather_logprobs, token_logprobs, train_step
 from looprl.types import Segment
 
 from .helpers import group, segment, tiny_llama, trajectory

@@ -191,7 +191,8 @@ async def arun_bench(tasks: list[Task], policy: str, k: int = 1,
     hidden tests alone. ``trajectories``: a JSONL file that receives every graded trajectory
     (messages, tokens, reward breakdown) as its group finishes."""
     from looprl.chat import ChatFormat
-    from looprl.rollout.runner import RolloutConfig, RolloutExperimental, RolloutRunner
+    from looprl.rollout.config import RolloutConfig, RolloutExperimental
+    from looprl.rollout.runner import RolloutRunner
     from looprl.rollout.score import make_tests_scorer
     from looprl.sandbox import SandboxPool
 

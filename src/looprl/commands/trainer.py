@@ -46,7 +46,8 @@ def sft_cmd(
     """Fine-tune MODEL_DIR on the model tokens of the trajectories in DATA."""
     from looprl.models.fingerprint import check_trajectories, model_fingerprint
     from looprl.models.loading import load_model
-    from looprl.trainer.sft import SFTConfig, sft
+    from looprl.trainer.config import SFTConfig
+    from looprl.trainer.sft import sft
 
     cfg = load_config(SFTConfig, config, override or [])
     trajectories = read_trajectories(data)  # a bad file fails before the model loads

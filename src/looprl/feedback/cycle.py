@@ -44,8 +44,8 @@ from looprl.feedback.update import make_candidate
 from looprl.feedback.window import window, window_group
 from looprl.trainer.advantages import is_zero_variance
 from looprl.trainer.batch import Credit
+from looprl.trainer.config import GRPOConfig, GRPOExperimental
 from looprl.trainer.losses import LossParams
-from looprl.trainer.step import GRPOConfig, GRPOExperimental
 from looprl.types import Task
 
 

@@ -6,7 +6,7 @@ task sets it names, loaded and checked.
     gate_tasks(cfg)    # what the bench gate runs: never a task the users send
 
 Sections: ``users`` (who sends sessions), ``serve`` (the server they talk to), ``gate`` (the bench
-gate), ``ab`` (the A/B test), ``grpo`` (the objective, ``trainer.step.GRPOConfig``). What each
+gate), ``ab`` (the A/B test), ``grpo`` (the objective, ``trainer.config.GRPOConfig``). What each
 knob does in a cycle: ``feedback.loop``. Every numeric field declares its range
 (``looprl.config.Range``), checked at load.
 """
@@ -22,8 +22,8 @@ from looprl.errors import ConfigError
 from looprl.feedback.signals import SIGNALS
 from looprl.feedback.simulate import SimConfig
 from looprl.trainer.batch import Credit
+from looprl.trainer.config import GRPOConfig, GRPOExperimental
 from looprl.trainer.losses import LossParams
-from looprl.trainer.step import GRPOConfig, GRPOExperimental
 from looprl.types import Task
 
 

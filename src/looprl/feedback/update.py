@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from looprl.errors import ConfigError
 from looprl.feedback.policies import OPTIMIZER_FILE, PolicyRef, save_candidate
-from looprl.trainer.step import GRPOConfig
+from looprl.trainer.config import GRPOConfig
 from looprl.types import Group
 
 if TYPE_CHECKING:

@@ -36,7 +36,8 @@ from looprl.errors import InfraKind, PolicyError
 from looprl.faults import FaultsConfig
 from looprl.protocols import Engine
 from looprl.rewards.composite import RewardConfig
-from looprl.rollout.runner import LocalExecutor, RolloutConfig
+from looprl.rollout.config import RolloutConfig
+from looprl.rollout.runner import LocalExecutor
 from looprl.types import Generation, SamplingParams, Task, Trajectory
 
 

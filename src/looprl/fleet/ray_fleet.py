@@ -64,7 +64,8 @@ from looprl.fleet.actors import EngineReplica, EnvServer, Pulled
 from looprl.fleet.config import FleetConfig
 from looprl.fleet.snapshot import EngineView, FleetSnapshot, NodeView, write_snapshot
 from looprl.rewards.composite import RewardConfig
-from looprl.rollout.runner import RolloutConfig, infra_trajectory
+from looprl.rollout.config import RolloutConfig
+from looprl.rollout.runner import infra_trajectory
 from looprl.types import Task, Trajectory
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The model sections' pieces (``model.lora``, the default model's sizes, the MTP heads' bound),
-without torch: a config is checked before torch loads. ``looprl.models.lora`` and
-``looprl.models.tiny`` re-export them.
+without torch: a config is checked before torch loads; the modules that use them import them
+from here.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from looprl.errors import ConfigError
-from looprl.models.config import LoraExperimental, LoraSettings  # noqa: F401 — re-exported
+from looprl.models.config import LoraSettings
 
 ADAPTER_DIR = "lora_adapter"
 """The adapter's directory inside a saved model (PEFT's ``save_pretrained`` layout)."""

@@ -1,5 +1,5 @@
 """The rollout section (``rollout`` of ``looprl train``), without the harness's heavy imports: a
-config is checked before torch loads. ``looprl.rollout.runner`` re-exports it.
+config is checked before torch loads. Its importers take it from here.
 """
 
 from __future__ import annotations

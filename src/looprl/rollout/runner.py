@@ -52,7 +52,7 @@ from looprl.harness.notes import Notebook
 from looprl.harness.tools import make_tools
 from looprl.protocols import Engine
 from looprl.rewards.hints import Hint, find_hint
-from looprl.rollout.config import RolloutConfig, RolloutExperimental  # noqa: F401 — re-exported
+from looprl.rollout.config import RolloutConfig
 from looprl.types import (
     Counters,
     Group,

@@ -1,7 +1,7 @@
 """The trainer's config sections (``grpo``, ``loop``, ``sft`` of ``looprl train``), without torch:
 a config is read and checked before anything heavy is imported, so a bad key or value is one
-line in well under a second. The modules that use a section re-export it
-(``looprl.trainer.step.GRPOConfig``); the names a choice is checked against are the keys of
+line in well under a second. Every importer takes a section from here, the one place it
+lives; the names a choice is checked against are the keys of
 the registries beside the code (``losses.LOSSES``, ``losses.KL_ESTIMATORS``), which assert they
 match.
 """

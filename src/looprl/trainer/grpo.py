@@ -75,7 +75,7 @@ from looprl.protocols import GroupSource, WeightSink, WeightStore
 from looprl.rundir import RunDir
 from looprl.trainer import ddp
 from looprl.trainer.checkpoint import Resumed, latest_checkpoint
-from looprl.trainer.config import LoopConfig, LoopExperimental  # noqa: F401 — re-exported
+from looprl.trainer.config import LoopConfig
 from looprl.trainer.loggers import Loggers, make_loggers, read_metrics
 from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOStep

@@ -27,7 +27,7 @@ from looprl.models.mtp import capture_hidden, clip_grad_norms, heads_of
 from looprl.models.pretrain import warmup_cosine_lr
 from looprl.progress import Bar
 from looprl.trainer.batch import pack_segments
-from looprl.trainer.config import SFTConfig, SFTExperimental  # noqa: F401 — re-exported
+from looprl.trainer.config import SFTConfig
 from looprl.trainer.losses import mtp_distillation
 from looprl.trainer.step import moe_logprobs, shares_prefixes, token_logprobs
 from looprl.types import Segment, Trajectory

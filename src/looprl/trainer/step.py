@@ -49,7 +49,7 @@ from looprl.trainer.batch import (
     build_batch,
     distinct_rows,
 )
-from looprl.trainer.config import GRPOConfig, GRPOExperimental  # noqa: F401 — re-exported
+from looprl.trainer.config import GRPOConfig
 from looprl.trainer.distill import hint_distillation, hint_pair
 from looprl.trainer.losses import (
     LossInputs,
