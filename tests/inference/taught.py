@@ -22,16 +22,17 @@ cached forward (other kernels, other rounding) picks the same tokens."""
 
 def teach(tok, examples: list[tuple[list[int], list[int]]], out_dir: Path, *,
           max_positions: int = 4096, max_steps: int = 600, seed: int = 0,
-          ends: tuple[str, ...] = ("<|im_end|>",)) -> Path:
+          ends: tuple[str, ...] = ("<|im_end|>",), hidden: int = 32, heads: int = 4) -> Path:
     """Train until greedy decoding of every prompt gives exactly its turn (teacher-forced, every
     turn token leads by ``MARGIN``; the turn ends with one of the end tokens ``ends``, which the
-    saved model stops on), then save."""
+    saved model stops on), then save. ``hidden / heads`` is the head size (vLLM's CPU attention
+takes 32, 64, 80, ...)."""
     torch.manual_seed(seed)
     end_ids = [tok.convert_tokens_to_ids(e) for e in ends]
     eot: int | list[int] = end_ids[0] if len(end_ids) == 1 else end_ids
     model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=max_positions,
         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=eot))
     width = max(len(p) + len(t) for p, t in examples)
     ids_B_T = torch.full((len(examples), width), tok.pad_token_id)

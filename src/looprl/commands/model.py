@@ -131,26 +131,43 @@ def serve(model_dir: ModelDir = None,
           tool_format: Annotated[str | None, typer.Option(
               help="tool-call format of the chat template: hermes, qwen3_coder, llama3, "
                    "mistral, mistral_v11 or harmony (default: probed from the template)")] = None,
+          engine_name: Annotated[str, typer.Option(
+              "--engine", help="what decodes: torch (in this process) or vllm (vLLM in its own "
+                               "venv: `make vllm`)")] = "torch",
           ) -> None:
     """Serve a model through an OpenAI-compatible API: chat with tool calls and streaming,
     completions, /health, /v1/models (inference/openai_server.py). Without MODEL_DIR: the model
     the newest `looprl train` run trained (runs/<name>/model_rl). Tool calls are read in the
-    format the model's chat template writes (docs/formats.md)."""
+    format the model's chat template writes (docs/formats.md). `--engine vllm` decodes on vLLM
+    (its CPU build here, `make vllm`) behind the same API, weight updates included."""
     if not api_key and not _loopback(host):
         raise typer.BadParameter(f"without an API key the server is open to anyone who reaches "
                                  f"{host}: pass --api-key (or set LOOPRL_API_KEY), or bind "
                                  "127.0.0.1", param_hint="--host")
     from looprl.asgi import run
     from looprl.chat.tool_formats import FORMATS
-    from looprl.inference.openai_server import create_app
-    from looprl.inference.torch_engine import TorchEngine
+    from looprl.inference.openai_server import ServedEngine, create_app
 
     if tool_format is not None and tool_format not in FORMATS:
         raise typer.BadParameter(f"unknown tool format {tool_format!r}; use one of "
                                  f"{', '.join(FORMATS)}", param_hint="--tool-format")
+    if engine_name not in ("torch", "vllm"):
+        raise typer.BadParameter(f"unknown engine {engine_name!r}; use torch or vllm",
+                                 param_hint="--engine")
     _port_free(host, port)
-    engine = TorchEngine.from_path(model_dir or _trained_model(runs), dtype=dtype,
-                                   max_batch=max_batch)
+    path = model_dir or _trained_model(runs)
+    engine: ServedEngine
+    if engine_name == "vllm":
+        from transformers import AutoConfig
+
+        from looprl.inference.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(str(path), dtype=dtype, max_num_seqs=max_batch,
+                            max_model_len=AutoConfig.from_pretrained(path).max_position_embeddings)
+    else:
+        from looprl.inference.torch_engine import TorchEngine
+
+        engine = TorchEngine.from_path(path, dtype=dtype, max_batch=max_batch)
     try:
         app_ = create_app(engine, name, api_key=api_key, drain_s=drain, tool_format=tool_format)
     except ValueError as e:

@@ -1,5 +1,6 @@
-"""An OpenAI-compatible HTTP server over a TorchEngine: any looprl model (the default one, or any
-local Llama/Qwen2 checkpoint) behind the API that agent frameworks speak.
+"""An OpenAI-compatible HTTP server over an engine (a TorchEngine, or a VLLMEngine): any looprl
+model (the default one, or any local Llama/Qwen2 checkpoint) behind the API that agent
+frameworks speak.
 
     looprl model serve ~/.cache/looprl/models/default --port 8000 --api-key s3cret
     in code:  app = create_app(engine, model_name="looprl", api_key="s3cret")
@@ -46,7 +47,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -75,7 +76,7 @@ from looprl.inference.openai_params import (
     check_request,
 )
 from looprl.inference.streaming import StreamPart, stream_generate
-from looprl.inference.torch_engine import TorchEngine
+from looprl.protocols import Engine
 from looprl.types import Generation, SamplingParams
 
 MAX_BODY = 16 << 20
@@ -114,10 +115,19 @@ def _call_prefix() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _weights_limit(engine: TorchEngine) -> int:
-    """A weight update's body limit: every tensor of the model, plus the safetensors header."""
-    tensors = engine.model.state_dict()
-    return sum(t.numel() * t.element_size() for t in tensors.values()) + 256 * len(tensors) + (1 << 20)
+class ServedEngine(Engine, Protocol):
+    """What the server needs of an engine beyond the ``Engine`` protocol."""
+
+    tokenizer: Any
+    max_len: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of a safetensors file holding every weight (a full update's body)."""
+        ...
 
 
 async def _merge(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
@@ -152,12 +162,12 @@ async def _merge(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
 class _Server:
     """The routes' work over one engine; ``create_app`` wires its methods to the paths."""
 
-    def __init__(self, engine: TorchEngine, model_name: str, drain: Drain, drain_s: float,
+    def __init__(self, engine: ServedEngine, model_name: str, drain: Drain, drain_s: float,
                  tool_format: str | None = None) -> None:
         self.engine, self.model_name, self.drain, self.drain_s = engine, model_name, drain, drain_s
         self.tok = engine.tokenizer
         self.max_len = engine.max_len
-        self.vocab = int(getattr(engine.model.config, "vocab_size", 0) or len(self.tok))
+        self.vocab = engine.vocab_size
         try:
             self.fmt: ChatFormat | None = ChatFormat(self.tok, tool_format=tool_format)
         except ValueError:  # a base model's tokenizer without a chat template: completions only
@@ -392,7 +402,7 @@ async def _gone(_: Request, e: Exception) -> JSONResponse:
                                     "server_error"), status_code=503)
 
 
-def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str | None = None,
+def create_app(engine: ServedEngine, model_name: str = "looprl", *, api_key: str | None = None,
                drain_s: float = 30.0, tool_format: str | None = None) -> FastAPI:
     """The FastAPI app (serve it with ``looprl.asgi.run(app, ..., drain=app.state.drain)``).
     ``api_key``: the bearer key every route but ``/health`` needs (None: open).
@@ -402,7 +412,7 @@ def create_app(engine: TorchEngine, model_name: str = "looprl", *, api_key: str 
     drain = app.state.drain = Drain()
     server = _Server(engine, model_name, drain, drain_s, tool_format)
     app.state.tool_format = server.fmt.tool_format if server.fmt is not None else None
-    weights_limit = _weights_limit(engine)
+    weights_limit = engine.weights_bytes + (1 << 20)
     app.add_middleware(
         Guard, authorized=bearer(api_key) if api_key else None, open_paths={"/health"},
         max_body=lambda path: weights_limit if path == "/looprl/update_weights" else MAX_BODY,

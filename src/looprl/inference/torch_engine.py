@@ -192,6 +192,16 @@ class TorchEngine:
         return self._version
 
     @property
+    def vocab_size(self) -> int:
+        return int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of a safetensors file that holds every weight (tensors and a header bound)."""
+        tensors = self.model.state_dict()
+        return sum(t.numel() * t.element_size() for t in tensors.values()) + 256 * len(tensors)
+
+    @property
     def num_slots(self) -> int:
         return self.fwd.num_slots
 

@@ -95,7 +95,7 @@ class VLLMEngine:
                  kv_cache_gib: float = 1.0, threads: int = 1, stop_on_eos: bool = True,
                  startup_timeout_s: float = 600.0,
                  **engine_kwargs: Any) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         exe = find_vllm_python(python)
         if exe is None:
@@ -104,6 +104,9 @@ class VLLMEngine:
                               "LOOPRL_VLLM_PYTHON to a python that has vllm installed")
         path = Path(model_path).expanduser()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.vocab_size = int(AutoConfig.from_pretrained(path).vocab_size)
+        self.weights_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        """Bytes of the model's safetensors files: the size of a full weight update."""
         self.eos_ids = sorted(_eos_ids(self.tokenizer, path)) if stop_on_eos else []
         self.max_len = max_model_len
         self.stats = VLLMStats()
