@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `looprl train` end to end (tiny model, the example tasks, SFT 10 steps, RL 3 steps) with its
+# `looprl train -c configs/smoke.toml` (tiny model, the example tasks, SFT 10 steps, RL 3 steps) with its
 # weight store on moto's S3 server on loopback (fleet.experimental.weights_url/weights_options),
 # then lists what the store holds. Needs the test extra (moto[server], s3fs).
 # Usage: bash scripts/s3_train_e2e.sh   (PY=path/to/python to use another venv)
@@ -14,49 +14,15 @@ $PY -c "$SERVE" > $W/port 2>/dev/null &
 SERVER=$!
 for i in $(seq 50); do [ -s $W/port ] && break; sleep 0.2; done
 PORT=$(cat $W/port); echo "moto S3 on 127.0.0.1:$PORT (pid $SERVER)"
-TASKS=$PWD/examples/extending/tasks.jsonl
-cat > $W/s3.toml <<TOML
-name = "s3e2e"
-[tasks]
-train_file = "$TASKS"
-[model]
-size = "tiny"
-[model.experimental]
-threads = 1
-[demos]
-oracle = true
-[demos.experimental]
-validation = 0
-[sft]
-lr = 3e-3
-[sft.experimental]
-max_steps = 10
-[grpo]
-lr = 1e-3
-[loop]
-groups_per_step = 1
-max_steps = 3
-[rollout]
-group_size = 2
-max_in_flight = 2
-[rollout.agent]
-max_turns = 2
-max_new_tokens = 64
-max_total_new_tokens = 128
-context_window = 4096
-[eval]
-k = 1
-[eval.agent]
-max_turns = 2
-max_new_tokens = 64
-max_total_new_tokens = 128
-context_window = 4096
+# configs/smoke.toml (the smallest end-to-end run) with its weight store on the S3 server
+{ cat configs/smoke.toml; cat <<TOML
 [fleet.experimental]
 weights_url = "s3://looprl-e2e/run"
 weights_options = {endpoint_url = "http://127.0.0.1:$PORT", key = "test", secret = "test"}
 TOML
+} > $W/s3.toml
 rm -rf $W/runs
-OMP_NUM_THREADS=1 PYTHONPATH=$PWD/src timeout 900 $PY -m looprl.cli train -c $W/s3.toml --runs $W/runs
+OMP_NUM_THREADS=1 PYTHONPATH=$PWD/src timeout 900 $PY -m looprl.cli train -c $W/s3.toml --runs $W/runs -o name=s3e2e
 echo "train rc=$?"
 PORT=$PORT $PY - <<'PYEOF'
 import json, os, s3fs

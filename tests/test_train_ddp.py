@@ -22,48 +22,17 @@ import torch
 from looprl.models.loading import load_model
 from looprl.trainer.checkpoint import load_checkpoint
 
+SMOKE = Path(__file__).parent.parent / "configs" / "smoke.toml"
 TASKS = Path(__file__).parent.parent / "examples" / "extending" / "tasks.jsonl"
-CONFIG = f"""
-name = "ranks"
-[tasks]
-train_file = "{TASKS}"
-[model]
-size = "tiny"
-[model.experimental]
-threads = 1
-[demos]
-oracle = true
-[demos.experimental]
-validation = 0
-[sft]
-lr = 3e-3
-[sft.experimental]
-max_steps = 10
-[grpo]
-lr = 1e-3
+# configs/smoke.toml, trained by two FSDP ranks that checkpoint every step
+RANKS = """
 [grpo.experimental]
 parallel = "fsdp"
-[loop]
-groups_per_step = 2
-max_steps = 2
 [loop.experimental]
 checkpoint_every = 1
-[rollout]
-group_size = 2
-max_in_flight = 4
-[rollout.agent]
-max_turns = 2
-max_new_tokens = 64
-max_total_new_tokens = 128
-context_window = 4096
-[eval]
-k = 1
-[eval.agent]
-max_turns = 2
-max_new_tokens = 64
-max_total_new_tokens = 128
-context_window = 4096
 """
+OVERRIDES = ["-o", "name=ranks", "-o", f"tasks.train_file={TASKS}", "-o", "loop.groups_per_step=2",
+             "-o", "loop.max_steps=2", "-o", "rollout.max_in_flight=4"]
 
 
 def running(cfg: Path) -> list[int]:
@@ -82,9 +51,9 @@ def running(cfg: Path) -> list[int]:
 @pytest.mark.needs_bwrap
 def test_two_ranks_train_and_resume_after_kill(tmp_path):
     cfg = tmp_path / "ranks.toml"
-    cfg.write_text(CONFIG)
+    cfg.write_text(SMOKE.read_text() + RANKS)
     cmd = [str(Path(sys.executable).parent / "looprl"), "train", "-c", str(cfg), "--runs",
-           str(tmp_path), "--nproc", "2"]
+           str(tmp_path), "--nproc", "2", *OVERRIDES]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = tmp_path / "ranks"
     log = (tmp_path / "first.log").open("w")
