@@ -462,7 +462,7 @@ async def _grade_fresh(task: Task, diff: str) -> GradeResult:
     from looprl.sandbox import create_sandbox
 
     try:
-        sb = await create_sandbox(task.repo, venv=task.venv)
+        sb = await create_sandbox(task.repo, venv=task.venv, image=task.image)
     except SandboxError as e:
         raise RewardError(f"could not start a grading sandbox for {task.id}: {e}") from e
     try:
@@ -497,7 +497,8 @@ async def _grade_by_verifier(task: Task, diff: str) -> GradeResult:
     with verifier_logs() as logs:
         try:
             sb = await create_sandbox(task.repo, venv=v.venv or task.venv,
-                                      workdir=v.workdir or None, mounts=verifier_mounts(v, logs))
+                                      workdir=v.workdir or None, mounts=verifier_mounts(v, logs),
+                                      image=task.image)
         except SandboxError as e:
             raise RewardError(f"could not start a grading sandbox for {task.id}: {e}") from e
         try:
@@ -545,7 +546,7 @@ async def _grade_by_eval(task: Task, diff: str) -> GradeResult:
     with eval_dirs(e.script) as (script_dir, log_dir):
         try:
             sb = await create_sandbox(task.repo, venv=task.venv, workdir=e.workdir or None,
-                                      mounts=eval_mounts(script_dir, log_dir))
+                                      mounts=eval_mounts(script_dir, log_dir), image=task.image)
         except SandboxError as err:
             raise RewardError(f"could not start a grading sandbox for {task.id}: {err}") from err
         try:
