@@ -301,9 +301,11 @@ def assertion_message(output: str, limit: int = 240) -> str:
 
 async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
     await sb.write(_PATCH_FILE, diff.encode())
+    # git, else GNU patch, else (an image with busybox's patch: no --version, no --batch) plain -p1
     r = await sb.exec(f"git apply --whitespace=nowarn {_PATCH_FILE} || "
-                      f"patch -p1 --batch --forward -s -i {_PATCH_FILE}; s=$?; rm -f {_PATCH_FILE};"
-                      " exit $s", timeout_s=60)
+                      f"patch -p1 --batch --forward -s -i {_PATCH_FILE} || "
+                      f"{{ ! patch --version >/dev/null 2>&1 && patch -p1 -i {_PATCH_FILE}; }}; "
+                      f"s=$?; rm -f {_PATCH_FILE}; exit $s", timeout_s=60)
     if not r.ok:
         raise RewardError(f"the {what} does not apply to the task base (the grader cannot run): "
                           f"{(r.stderr or r.stdout)[-600:]}")
