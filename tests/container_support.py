@@ -21,14 +21,27 @@ HARBOR_IMAGE = "localhost/looprl-test:harbor-line-stats"
 """The image of tests/tasks/harbor_image_tasks/image-line-stats (its ``docker_image``)."""
 NOTES = "the quick brown fox\n\njumps over\nthe lazy dog, twice over\n"
 """/app/notes.txt in ``HARBOR_IMAGE``."""
+SWEBENCH_IMAGE = "localhost/looprl-test:swebench-shcalc"
+"""A SWE-bench v5 row's image: the repo at /testbed (``SWEBENCH_FILES``), no Python."""
+BUGGY_CALC = """#!/bin/sh
+# calc.sh OP A B: min or max of two integers
+case "$1" in
+  min) if [ "$2" -lt "$3" ]; then echo "$2"; else echo "$3"; fi ;;
+  max) if [ "$2" -lt "$3" ]; then echo "$2"; else echo "$3"; fi ;;
+esac
+"""
+SWEBENCH_FILES = {"/testbed/calc.sh": BUGGY_CALC, "/testbed/README": "min and max in sh\n",
+                  # SWE-bench's harness runs `bash eval.sh`: here bash is busybox's sh
+                  "/bin/bash": '#!/bin/sh\nexec /bin/sh "$@"\n'}
 _APPLETS = ("sh ls ln cat echo mkdir rm sleep grep test wc tr head tail id ps touch printf "
             "true false patch diff awk sort uniq cut sed cp mv chmod env cmp dirname basename "
             "find xargs expr").split()
 
 
 def build_image(tag: str, files: dict[str, str] | None = None, workdir: str = "") -> str | None:
-    """Import a busybox root filesystem (plus ``files``: absolute path -> text; a world-writable
-    /var/state) as ``tag`` with each engine here, its WORKDIR ``workdir``; why not, or None."""
+    """Import a busybox root filesystem (plus ``files``: absolute path -> text, those in /bin
+    executable; a world-writable /var/state) as ``tag`` with each engine here, its WORKDIR
+    ``workdir``; why not, or None."""
     from looprl.sandbox.container import _engines
 
     busybox = shutil.which("busybox")
@@ -48,6 +61,8 @@ def build_image(tag: str, files: dict[str, str] | None = None, workdir: str = ""
             p = root / path.lstrip("/")
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
+            if path.startswith("/bin/"):
+                p.chmod(0o755)
         tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True,
                              check=True).stdout
         change = ["--change", f"WORKDIR {workdir}"] if workdir else []
@@ -72,7 +87,8 @@ def engine_for(tag: str, files: dict[str, str] | None = None, workdir: str = "")
 
 def build_all() -> None:
     for tag, files, workdir in ((BUSYBOX_IMAGE, None, ""),
-                                (HARBOR_IMAGE, {"/app/notes.txt": NOTES}, "/app")):
+                                (HARBOR_IMAGE, {"/app/notes.txt": NOTES}, "/app"),
+                                (SWEBENCH_IMAGE, SWEBENCH_FILES, "/testbed")):
         why = build_image(tag, files, workdir)
         print(f"{tag}: {why or 'built'}")
 
