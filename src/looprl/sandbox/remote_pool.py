@@ -54,8 +54,14 @@ class RemotePool:
 
 
 def task_roots(tasks: Iterable[Task]) -> tuple[str, ...]:
-    """The directories ``tasks`` need served: their repositories and venvs."""
+    """The directories ``tasks`` need served: their repositories and venvs.
+    ``SandboxUnavailableError`` for a task in an image (served sandboxes are bubblewrap's)."""
     tasks = list(tasks)
+    for t in tasks:
+        if t.image is not None:
+            raise SandboxUnavailableError(f"task {t.id} runs in image {t.image.name}: environment "
+                                          "servers serve bubblewrap sandboxes only; lease its "
+                                          "sandboxes in process (fleet.experimental.sandboxes)")
     return tuple(sorted({t.repo for t in tasks} | {t.venv for t in tasks if t.venv}))
 
 
