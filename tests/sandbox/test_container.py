@@ -162,3 +162,25 @@ def test_an_image_task_where_no_engine_is_installed_is_refused_naming_it(monkeyp
                        match=r"^cannot run containers of x:1: no container engine installed "
                              r"\(docker or podman\)$"):
         run(create_sandbox(repo, image=Image("x:1", "/app")))
+
+
+@pytest.mark.slow
+def test_the_pool_reuses_a_returned_container_reset_for_the_same_image(engine, repo):
+    from looprl.sandbox.pool import SandboxPool
+
+    async def body():
+        pool = SandboxPool(max_running=1, warm=0)
+        try:
+            async with pool.lease(repo, image=Image(IMAGE, "/app")) as sb:
+                first = sb.inner
+                assert isinstance(first, ContainerSandbox)
+                assert (await sb.exec("echo x > src/left.txt; echo y > /var/state/left")).ok
+            async with pool.lease(repo, image=Image(IMAGE, "/app")) as sb:
+                assert sb.inner is first and pool.metrics().warm_hits_total == 1
+                r = await sb.exec("ls src /var/state")
+                assert r.stdout.split() == ["/var/state:", "src:", "a.txt"], r.stdout
+        finally:
+            await pool.close()
+        assert first.workspace.closed
+
+    run(body())
