@@ -133,6 +133,23 @@ class EvalScript(_Record):
 
 
 @dataclass(frozen=True)
+class Image(_Record):
+    """A container image a task runs in whole, agent and grading alike, on the container
+    backend (``looprl.sandbox.container``): an image in the engine's local store (never pulled),
+    the workspace bind-mounted at ``workdir`` over the task's repo (the image's WORKDIR, copied
+    out at import)."""
+
+    name: str
+    """The image reference, e.g. ``localhost/acme:1`` or ``python:3.12-slim``."""
+    workdir: str
+    """Where the workspace sits in the container (absolute)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Image:
+        return cls(name=str(d["name"]), workdir=str(d["workdir"]))
+
+
+@dataclass(frozen=True)
 class Grader(_Record):
     """How a task is graded: its own test suite, run in a fresh sandbox over the agent's diff."""
 
@@ -185,6 +202,9 @@ class Task(_Record):
     """A unified diff that solves the task (proves it solvable; source of SFT data)."""
     metadata: Metadata = field(default_factory=dict)
     """package, version, source kind, mutation kind, lines changed, split, prompt style, ..."""
+    image: Image | None = None
+    """Set: the task's environment is this container image (no ``venv``): its sandboxes, the
+    agent's and the grader's, are containers of it; None: bubblewrap over the host."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Task:
@@ -196,6 +216,7 @@ class Task(_Record):
             venv=d.get("venv"),
             gold_patch=d.get("gold_patch"),
             metadata=dict(d.get("metadata") or {}),
+            image=Image.from_dict(d["image"]) if d.get("image") else None,
         )
 
 

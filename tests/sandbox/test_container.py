@@ -4,51 +4,24 @@ with ``<engine> import``; nothing is pulled). Skipped, with the exact reason, wh
 can run it."""
 
 import asyncio
-import shutil
 import subprocess
+import time
 
 import pytest
 
 from looprl.errors import PathEscapeError, SandboxUnavailableError, ToolError
-from looprl.sandbox.container import ContainerSandbox, _engines, check_engine
+from looprl.sandbox import create_sandbox
+from looprl.sandbox.container import ContainerSandbox, check_engine
 from looprl.sandbox.mounts import Mount
+from looprl.types import Image
+from tests.container_support import BUSYBOX_IMAGE, engine_for
 
-IMAGE = "localhost/looprl-test:busybox"
-_APPLETS = ("sh ls ln cat echo mkdir rm sleep grep test wc tr head tail id ps touch printf "
-            "true false").split()
-
-
-def _build_image() -> str | None:
-    """Import a busybox root filesystem as ``IMAGE`` with each engine there; why not, or None."""
-    busybox = shutil.which("busybox")
-    if busybox is None:
-        return "no busybox on this host to build a test image from (apt-get install busybox-static)"
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        root = f"{d}/rootfs"
-        subprocess.run(["mkdir", "-p", f"{root}/bin", f"{root}/tmp"], check=True)
-        shutil.copy(busybox, f"{root}/bin/busybox")
-        for a in _APPLETS:
-            subprocess.run(["ln", "-s", "busybox", f"{root}/bin/{a}"], check=True)
-        tar = subprocess.run(["tar", "-C", root, "-c", "."], capture_output=True, check=True).stdout
-        for engine in _engines():
-            subprocess.run([*engine, "import", "-", IMAGE], input=tar, capture_output=True,
-                           timeout=120)
-    return None
+IMAGE = BUSYBOX_IMAGE
 
 
 @pytest.fixture(scope="module")
 def engine():
-    if not _engines():
-        pytest.skip("no container engine installed (docker or podman)")
-    why = _build_image()
-    if why:
-        pytest.skip(why)
-    try:
-        return check_engine(IMAGE)
-    except SandboxUnavailableError as e:
-        pytest.skip(str(e))
+    return engine_for(IMAGE)
 
 
 @pytest.fixture
@@ -130,3 +103,84 @@ def test_a_command_over_its_time_limit_takes_all_it_started_with_it(engine, repo
 def test_an_image_no_engine_has_is_unavailable_with_the_reason(engine):
     with pytest.raises(SandboxUnavailableError, match="not in its local store"):
         check_engine("localhost/looprl-no-such-image:0")
+
+
+def _images(engine):
+    out = subprocess.run([*engine, "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                         capture_output=True, text=True).stdout
+    return {line for line in out.split() if "looprl-snap" in line}
+
+
+@pytest.mark.slow
+def test_fork_starts_each_child_at_the_state_workspace_and_root_filesystem(engine, repo):
+    """What a command changed in the workspace and outside it (the container's own root
+    filesystem) is in every fork; each fork's changes are its own; the committed image goes
+    once the last fork closes."""
+    before = _images(engine)
+
+    async def body():
+        sb = await create_sandbox(repo, image=Image(IMAGE, "/app"))
+        try:
+            assert isinstance(sb, ContainerSandbox)
+            r = await sb.exec("echo ws > src/w.txt && echo root > /var/state/r.txt")
+            assert r.exit_code == 0, r.stderr
+            t0 = time.perf_counter()
+            kids = await sb.fork(2)
+            fork_s = time.perf_counter() - t0
+            try:
+                for i, kid in enumerate(kids):
+                    r = await kid.exec(f"cat src/w.txt /var/state/r.txt; echo {i} > src/k.txt; "
+                                       f"echo {i} > /var/state/k.txt")
+                    assert r.stdout == "ws\nroot\n", r.stderr
+                for i, kid in enumerate(kids):
+                    r = await kid.exec("cat src/k.txt /var/state/k.txt")
+                    assert r.stdout == f"{i}\n{i}\n"
+                assert (await sb.exec("ls src /var/state")).stdout.split().count("k.txt") == 0
+                assert "+++ b/src/k.txt" in await kids[0].diff()
+                assert len(_images(engine) - before) == 1  # one commit, held by the forks
+            finally:
+                for kid in kids:
+                    await kid.close()
+            await sb.reset()  # the pool's idle reuse: the base and a fresh container
+            r = await sb.exec("ls src; ls /var/state")
+            assert r.stdout.split() == ["a.txt"], r.stdout
+        finally:
+            await sb.close()
+        return fork_s
+
+    fork_s = run(body())
+    assert fork_s < 60
+    assert _images(engine) == before  # the committed image went with its last fork
+
+
+def test_an_image_task_where_no_engine_is_installed_is_refused_naming_it(monkeypatch, repo):
+    from looprl.sandbox import container
+
+    monkeypatch.setattr(container, "_engines", lambda: [])
+    container._probe.cache_clear()
+    with pytest.raises(SandboxUnavailableError,
+                       match=r"^cannot run containers of x:1: no container engine installed "
+                             r"\(docker or podman\)$"):
+        run(create_sandbox(repo, image=Image("x:1", "/app")))
+
+
+@pytest.mark.slow
+def test_the_pool_reuses_a_returned_container_reset_for_the_same_image(engine, repo):
+    from looprl.sandbox.pool import SandboxPool
+
+    async def body():
+        pool = SandboxPool(max_running=1, warm=0)
+        try:
+            async with pool.lease(repo, image=Image(IMAGE, "/app")) as sb:
+                first = sb.inner
+                assert isinstance(first, ContainerSandbox)
+                assert (await sb.exec("echo x > src/left.txt; echo y > /var/state/left")).ok
+            async with pool.lease(repo, image=Image(IMAGE, "/app")) as sb:
+                assert sb.inner is first and pool.metrics().warm_hits_total == 1
+                r = await sb.exec("ls src /var/state")
+                assert r.stdout.split() == ["/var/state:", "src:", "a.txt"], r.stdout
+        finally:
+            await pool.close()
+        assert first.workspace.closed
+
+    run(body())

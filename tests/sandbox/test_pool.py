@@ -207,7 +207,7 @@ def test_shutdown_leaves_no_mounts_dirs_or_launchers(base_repo: Path) -> None:
         before_dirs, before_mounts = _own_dirs(), _own_mounts()
         pool = SandboxPool(max_running=2, warm=3)
         await pool.prewarm(base_repo)
-        launchers = [sb._ready for sb in pool._warm[(os.path.realpath(base_repo), None)]]
+        launchers = [sb._ready for sb in pool._warm[(os.path.realpath(base_repo), None, None)]]
         assert len(launchers) == 3 and all(p is not None for p in launchers)
         async with pool.lease(base_repo) as sb:  # starts a refill that close() interrupts
             assert (await sb.exec("echo hi")).ok
@@ -254,7 +254,7 @@ def test_only_recent_bases_are_kept_warm(base_repo: Path, tmp_path: Path) -> Non
         pool = SandboxPool(max_running=2, warm=1, warm_keys=1)
         await pool.prewarm(base_repo)
         await pool.prewarm(other)  # pushes base_repo's warm sandbox out
-        assert list(pool._warm) == [(os.path.realpath(other), None)]
+        assert list(pool._warm) == [(os.path.realpath(other), None, None)]
         await pool.close()
         assert _own_dirs() == before
     run(go())

@@ -23,3 +23,16 @@ def test_a_served_pool_reports_its_servers_leases(tmp_path):
 
     assert asyncio.run(main()) == (1, 0)
     assert RemotePool("http://127.0.0.1:9", "t").metrics() is None  # a server elsewhere
+
+
+def test_an_image_task_is_not_served_over_http_one_line_naming_it():
+    from looprl.errors import SandboxUnavailableError
+    from looprl.sandbox.remote_pool import task_roots
+    from looprl.types import Grader, Image, Task
+
+    plain = Task("a", "/r/a", "fix", Grader("pytest"))
+    assert task_roots([plain]) == ("/r/a",)
+    boxed = Task("b", "/r/b", "fix", Grader("sh t.sh"), image=Image("localhost/x:1", "/app"))
+    with pytest.raises(SandboxUnavailableError, match=r"^task b runs in image localhost/x:1: "
+                                                     r"environment servers serve bubblewrap"):
+        task_roots([plain, boxed])

@@ -78,7 +78,7 @@ async def _run_oracles(tasks: list, tokenizer_dir: Path | None) -> list:
                       max_new_tokens=1_000_000)  # the oracle's turns are whole patches
     out = []
     for task in tasks:
-        sandbox = await create_sandbox(task.repo, venv=task.venv)
+        sandbox = await create_sandbox(task.repo, venv=task.venv, image=task.image)
         try:
             tools = make_tools(test_command=task.grader.test_command)
             out.append(await run_agent(task, sandbox, OracleAgent(task, tok), fmt, tools, cfg,

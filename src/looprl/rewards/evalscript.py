@@ -4,7 +4,7 @@
 ``rewards.tests.grade`` grades a task whose ``grader.eval`` is set with the pieces here:
 
     with eval_dirs(e.script) as (script_dir, log_dir):       # eval.sh, and a fresh log dir
-        sb = await create_sandbox(task.repo, venv=..., workdir=e.workdir,
+        sb = await create_sandbox(task.repo, venv=..., workdir=e.workdir, image=task.image,
                                   mounts=eval_mounts(script_dir, log_dir))
         await sb.exec(EVAL_COMMAND, timeout_s=...)            # bash eval.sh > eval.log 2>&1
         v, tests = judge(e, read_log(log_dir), f2p, p2p)       # Verdict; LogError: graded nothing

@@ -301,9 +301,11 @@ def assertion_message(output: str, limit: int = 240) -> str:
 
 async def apply_diff(sb: Sandbox, diff: str, what: str) -> None:
     await sb.write(_PATCH_FILE, diff.encode())
+    # git, else GNU patch, else (an image with busybox's patch: no --version, no --batch) plain -p1
     r = await sb.exec(f"git apply --whitespace=nowarn {_PATCH_FILE} || "
-                      f"patch -p1 --batch --forward -s -i {_PATCH_FILE}; s=$?; rm -f {_PATCH_FILE};"
-                      " exit $s", timeout_s=60)
+                      f"patch -p1 --batch --forward -s -i {_PATCH_FILE} || "
+                      f"{{ ! patch --version >/dev/null 2>&1 && patch -p1 -i {_PATCH_FILE}; }}; "
+                      f"s=$?; rm -f {_PATCH_FILE}; exit $s", timeout_s=60)
     if not r.ok:
         raise RewardError(f"the {what} does not apply to the task base (the grader cannot run): "
                           f"{(r.stderr or r.stdout)[-600:]}")
@@ -462,7 +464,7 @@ async def _grade_fresh(task: Task, diff: str) -> GradeResult:
     from looprl.sandbox import create_sandbox
 
     try:
-        sb = await create_sandbox(task.repo, venv=task.venv)
+        sb = await create_sandbox(task.repo, venv=task.venv, image=task.image)
     except SandboxError as e:
         raise RewardError(f"could not start a grading sandbox for {task.id}: {e}") from e
     try:
@@ -497,7 +499,8 @@ async def _grade_by_verifier(task: Task, diff: str) -> GradeResult:
     with verifier_logs() as logs:
         try:
             sb = await create_sandbox(task.repo, venv=v.venv or task.venv,
-                                      workdir=v.workdir or None, mounts=verifier_mounts(v, logs))
+                                      workdir=v.workdir or None, mounts=verifier_mounts(v, logs),
+                                      image=task.image)
         except SandboxError as e:
             raise RewardError(f"could not start a grading sandbox for {task.id}: {e}") from e
         try:
@@ -545,7 +548,7 @@ async def _grade_by_eval(task: Task, diff: str) -> GradeResult:
     with eval_dirs(e.script) as (script_dir, log_dir):
         try:
             sb = await create_sandbox(task.repo, venv=task.venv, workdir=e.workdir or None,
-                                      mounts=eval_mounts(script_dir, log_dir))
+                                      mounts=eval_mounts(script_dir, log_dir), image=task.image)
         except SandboxError as err:
             raise RewardError(f"could not start a grading sandbox for {task.id}: {err}") from err
         try:

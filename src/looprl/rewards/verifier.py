@@ -7,7 +7,7 @@ fresh copy-on-write sandbox over the task's base with the agent's graded diff ap
 ``environment_mode = "separate"`` with the workspace as the artifact, whatever the task says):
 
     with verifier_logs() as logs:                         # a fresh host dir, mounted at /logs
-        sb = await create_sandbox(task.repo, venv=..., workdir=v.workdir,
+        sb = await create_sandbox(task.repo, venv=..., workdir=v.workdir, image=task.image,
                                   mounts=verifier_mounts(v, logs))   # pristine /tests, read-only
         await sb.exec(verifier_command(v), env=v.env, timeout_s=...)
         reward = read_reward(logs)          # Reward(score, metrics); RewardFileError otherwise

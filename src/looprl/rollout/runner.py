@@ -133,7 +133,7 @@ class LocalExecutor:
         tools = make_tools(list(self.cfg.tools), **{"test_command": task.grader.test_command,
                                                       **self.resources_for(task)})
         try:
-            async with self.pool.lease(task.repo, task.venv) as sandbox:
+            async with self.pool.lease(task.repo, task.venv, image=task.image) as sandbox:
                 traj = await run_agent(task, sandbox, engine, self.fmt, tools, self.cfg.agent,
                                        group_id=group_id, trajectory_id=traj_id)
         except Exception as e:  # noqa: BLE001 — not the model's: run_agent keeps its doings
@@ -148,7 +148,7 @@ class LocalExecutor:
         tools = make_tools(list(self.cfg.tools), **{"test_command": task.grader.test_command,
                                                       **self.resources_for(task)})
         try:
-            async with self.pool.lease(task.repo, task.venv) as sandbox:
+            async with self.pool.lease(task.repo, task.venv, image=task.image) as sandbox:
                 traj = await continue_with_hint(task, sandbox, engine, self.fmt, tools,
                                                 self.cfg.agent, prefix, turn=hint.turn,
                                                 text=hint.text, kind=hint.kind,

@@ -101,7 +101,7 @@ from looprl.sandbox.workspace import (
 from looprl.types import ExecResult
 
 
-class _Gate:
+class Gate:
     """Many concurrent commands, or one exclusive snapshot. Entering a free gate and leaving
     one nobody waits for touch no lock (every command passes it)."""
 
@@ -159,7 +159,7 @@ class BwrapSandbox(WorkspaceFiles):
         self.mounts = mounts
         """Extra host directories the commands see (``mounts.Mount``), e.g. a verifier's."""
         self._bwrap = check_bwrap()
-        self._gate = _Gate()
+        self._gate = Gate()
         self._root = str(workspace.path)  # real as made: under the resolved sandbox_root()
         self._ready: Prepared | None = None
         """The next command prepared ahead: its launcher, or with a root its whole bwrap."""

@@ -26,6 +26,9 @@ blocked ~1 MB launcher process). Warm and idle sandboxes run nothing and do not 
         r = await sb.exec("python -m pytest -q")
     print(pool.metrics())   # busy, idle, warm, queued, exec latency p50/p95, ...
 
+A lease with an ``image`` (a task's ``Task.image``) gets a container of it (``create_sandbox``
+decides): warm and idle ones are kept per (base, venv, image) alike; blanks are bwrap's only.
+
 ``server.py`` serves the same pool over HTTP; ``RemoteSandbox`` is its client.
 """
 
@@ -41,10 +44,16 @@ from dataclasses import dataclass
 
 from looprl import faults
 from looprl.errors import InfraKind, SandboxError
+from looprl.sandbox import create_sandbox
 from looprl.sandbox.bwrap import Blank, BwrapSandbox, can_root, make_blank, new_sandbox
 from looprl.sandbox.command import SandboxLimits, check_bwrap
+from looprl.sandbox.container import ContainerSandbox
 from looprl.sandbox.workspace import Snapshot, realpath
-from looprl.types import ExecResult, FileEntry
+from looprl.types import ExecResult, FileEntry, Image
+
+Key = tuple[str, str | None, Image | None]
+"""(base, venv, image): what a sandbox was made over; equal keys' sandboxes are alike."""
+Inner = BwrapSandbox | ContainerSandbox
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ def _percentile(xs: list[float], q: float) -> float:
 class PooledSandbox:
     """A leased sandbox: the ``Sandbox`` protocol plus lease bookkeeping and latency metrics."""
 
-    def __init__(self, pool: SandboxPool, inner: BwrapSandbox, key: tuple[str, str | None],
+    def __init__(self, pool: SandboxPool, inner: Inner, key: Key,
                  timeout_s: float):
         self.pool = pool
         self.inner = inner
@@ -179,14 +188,14 @@ class SandboxPool:
         self._blank_hits = 0
         self._blank_venv: str | None = None
         """The venv of the latest lease: new blanks have it attached already."""
-        self._warm: dict[tuple[str, str | None], list[BwrapSandbox]] = {}
+        self._warm: dict[Key, list[Inner]] = {}
         """Per (base, venv), most recently used last: sandboxes created ahead."""
-        self._fillers: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._fillers: dict[Key, asyncio.Task[None]] = {}
         self._warm_hits = 0
         self._closing: set[asyncio.Future[None]] = set()
         self._slots: asyncio.Semaphore | None = None
         self._busy: dict[str, PooledSandbox] = {}
-        self._idle: dict[tuple[str, str | None], list[BwrapSandbox]] = {}
+        self._idle: dict[Key, list[Inner]] = {}
         """Per (base, venv), most recently returned last: reset sandboxes, ``max_idle`` in all
         (each holds mounts and a tmpfs: an unbounded cache over one-off bases, as RL's single
         epoch leases them, grew the host's mount table until every mount got slow)."""
@@ -205,18 +214,19 @@ class SandboxPool:
         self._latency_s.append(wall_s)
 
     async def acquire(self, base_dir: str | os.PathLike[str], venv: str | None = None, *,
-                      snapshot: Snapshot | None = None,
-                      timeout_s: float | None = None) -> PooledSandbox:
+                      snapshot: Snapshot | None = None, timeout_s: float | None = None,
+                      image: Image | None = None) -> PooledSandbox:
         """Lease a sandbox (waits while ``max_running`` are out). Pair with ``release``."""
         if self._closed:
             raise SandboxError("sandbox pool is closed", kind=InfraKind.SANDBOX_CREATE)
-        check_bwrap()
+        if image is None:
+            check_bwrap()
         self._queued += 1
         try:
             await self._sem().acquire()
         finally:
             self._queued -= 1
-        making = asyncio.ensure_future(self._make(base_dir, venv, snapshot))
+        making = asyncio.ensure_future(self._make(base_dir, venv, snapshot, image))
         try:
             inner, key = await asyncio.shield(making)
         except asyncio.CancelledError:
@@ -237,23 +247,27 @@ class SandboxPool:
         return leased
 
     async def _make(self, base_dir: str | os.PathLike[str], venv: str | None,
-                    snapshot: Snapshot | None) -> tuple[BwrapSandbox, tuple[str, str | None]]:
+                    snapshot: Snapshot | None, image: Image | None) -> tuple[Inner, Key]:
         faults.maybe_raise(InfraKind.SANDBOX_CREATE, "SandboxPool.acquire")
-        key = (realpath(base_dir), venv)
+        key = (realpath(base_dir), venv, image)
         if snapshot is not None:
-            return await self._new((snapshot.base, venv), snapshot, self._take_blank()), ("", None)
+            return (await self._new((snapshot.base, venv, image), snapshot,
+                                    self._take_blank(image)), ("", None, None))
         self._touch(key)
         idle, warm = self._idle.get(key), self._warm.get(key)
         ready = idle.pop() if idle else warm.pop(0) if warm else None
         if ready is not None:
             self._warm_hits += 1
             return ready, key
-        return await self._new(key, None, self._take_blank()), key
+        return await self._new(key, None, self._take_blank(image)), key
 
-    async def _new(self, key: tuple[str, str | None], snapshot: Snapshot | None = None,
-                   blank: Blank | None = None) -> BwrapSandbox:
-        self._blank_venv = key[1]
+    async def _new(self, key: Key, snapshot: Snapshot | None = None,
+                   blank: Blank | None = None) -> Inner:
         try:
+            if key[2] is not None:
+                return await create_sandbox(key[0], key[1], limits=self.limits,
+                                            snapshot=snapshot, image=key[2])
+            self._blank_venv = key[1]
             return await new_sandbox(key[0], key[1], limits=self.limits, snapshot=snapshot,
                                      blank=blank, resolved=True)
         except OSError as e:
@@ -262,8 +276,9 @@ class SandboxPool:
 
     # ------------------------------------------------------------ blank sandboxes
 
-    def _take_blank(self) -> Blank | None:
-        while self._blanks:
+    def _take_blank(self, image: Image | None) -> Blank | None:
+        """A blank for a bwrap sandbox (None for a container: its engine starts it)."""
+        while self._blanks and image is None:
             b = self._blanks.pop(0)
             if b.usable():
                 self._blank_hits += 1
@@ -299,19 +314,22 @@ class SandboxPool:
 
     # ------------------------------------------------------------ warm sandboxes
 
-    async def prewarm(self, base_dir: str | os.PathLike[str], venv: str | None = None) -> None:
-        """Create the ``warm`` sandboxes of (base, venv) now and wait until they are ready."""
+    async def prewarm(self, base_dir: str | os.PathLike[str], venv: str | None = None, *,
+                      image: Image | None = None) -> None:
+        """Create the ``warm`` sandboxes of (base, venv, image) now and wait until they are
+        ready."""
         if self._closed:
             raise SandboxError("sandbox pool is closed", kind=InfraKind.SANDBOX_CREATE)
-        check_bwrap()
-        key = (realpath(base_dir), venv)
+        if image is None:
+            check_bwrap()
+        key = (realpath(base_dir), venv, image)
         self._touch(key)
         self._refill(key)
         task = self._fillers.get(key)
         if task is not None:
             await asyncio.shield(task)
 
-    def _touch(self, key: tuple[str, str | None]) -> None:
+    def _touch(self, key: Key) -> None:
         """Mark ``key`` most recently used; drain the warm sandboxes of keys beyond
         ``warm_keys``."""
         self._warm[key] = self._warm.pop(key, [])
@@ -323,7 +341,7 @@ class SandboxPool:
             for sb in self._warm.pop(old):
                 self._close_later(sb)
 
-    def _refill(self, key: tuple[str, str | None]) -> None:
+    def _refill(self, key: Key) -> None:
         self._refill_blanks()
         task = self._fillers.get(key)
         if key not in self._warm:  # a snapshot lease, or a base no longer kept warm
@@ -331,7 +349,7 @@ class SandboxPool:
         if self.warm and not self._closed and (task is None or task.done()):
             self._fillers[key] = asyncio.ensure_future(self._fill(key))
 
-    async def _fill(self, key: tuple[str, str | None]) -> None:
+    async def _fill(self, key: Key) -> None:
         """Create sandboxes for ``key``, one at a time, until idle + warm reach ``warm``."""
         while not self._closed and key in self._warm:
             have = len(self._warm[key]) + len(self._idle.get(key, []))
@@ -389,17 +407,18 @@ class SandboxPool:
             if extra <= 0:
                 return
 
-    def _close_later(self, sb: BwrapSandbox) -> None:
+    def _close_later(self, sb: Inner) -> None:
         closing = asyncio.ensure_future(sb.close())
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
 
     @contextlib.asynccontextmanager
     async def lease(self, base_dir: str | os.PathLike[str], venv: str | None = None, *,
-                    snapshot: Snapshot | None = None,
-                    timeout_s: float | None = None) -> AsyncIterator[PooledSandbox]:
+                    snapshot: Snapshot | None = None, timeout_s: float | None = None,
+                    image: Image | None = None) -> AsyncIterator[PooledSandbox]:
         """``async with pool.lease(base) as sb:`` — the sandbox goes back on exit."""
-        leased = await self.acquire(base_dir, venv, snapshot=snapshot, timeout_s=timeout_s)
+        leased = await self.acquire(base_dir, venv, snapshot=snapshot, timeout_s=timeout_s,
+                                    image=image)
         try:
             yield leased
         finally:

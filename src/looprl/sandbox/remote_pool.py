@@ -18,10 +18,11 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable, Iterator
 
+from looprl.errors import SandboxUnavailableError
 from looprl.protocols import Sandbox
 from looprl.sandbox.pool import PoolMetrics, SandboxPool
 from looprl.sandbox.server import EnvServer, EnvServerConfig, RemoteSandbox, default_token
-from looprl.types import Task
+from looprl.types import Image, Task
 
 
 class RemotePool:
@@ -37,8 +38,11 @@ class RemotePool:
         return self.served.metrics() if self.served is not None else None
 
     @contextlib.asynccontextmanager
-    async def lease(self, base_dir: str | os.PathLike[str], venv: str | None = None
-                    ) -> AsyncIterator[Sandbox]:
+    async def lease(self, base_dir: str | os.PathLike[str], venv: str | None = None, *,
+                    image: Image | None = None) -> AsyncIterator[Sandbox]:
+        if image is not None:  # (the server's pool is bwrap's: no image crosses HTTP)
+            raise SandboxUnavailableError(f"a task in image {image.name} runs on the local pool: "
+                                          "environment servers serve bubblewrap sandboxes only")
         sb = await RemoteSandbox.create(self.url, self.token, str(base_dir), venv)
         try:
             yield sb
@@ -50,8 +54,14 @@ class RemotePool:
 
 
 def task_roots(tasks: Iterable[Task]) -> tuple[str, ...]:
-    """The directories ``tasks`` need served: their repositories and venvs."""
+    """The directories ``tasks`` need served: their repositories and venvs.
+    ``SandboxUnavailableError`` for a task in an image (served sandboxes are bubblewrap's)."""
     tasks = list(tasks)
+    for t in tasks:
+        if t.image is not None:
+            raise SandboxUnavailableError(f"task {t.id} runs in image {t.image.name}: environment "
+                                          "servers serve bubblewrap sandboxes only; lease its "
+                                          "sandboxes in process (fleet.experimental.sandboxes)")
     return tuple(sorted({t.repo for t in tasks} | {t.venv for t in tasks if t.venv}))
 
 

@@ -82,7 +82,7 @@ async def oracle_demo(task: Task, files: Mapping[str, str] | None, tok: Any, fmt
     from looprl.sandbox import create_sandbox
 
     expected = expected_files(task, files)
-    sb = await create_sandbox(task.repo, venv=task.venv)
+    sb = await create_sandbox(task.repo, venv=task.venv, image=task.image)
     try:
         for path, text in (files or {}).items():
             await sb.write(path, text.encode())

@@ -13,8 +13,13 @@ WORKDIR, the venv its ``pip install``s), ``tests/test.sh`` (+ fixtures, the veri
 workspace, its diff is the task's gold patch). An imported task is written only once its gold
 patch scores 1 and the untouched workspace less (``imported.validated``).
 
-Refused with one line naming the feature (``Unsupported``): multi-step tasks (``[[steps]]``), a
-prebuilt ``docker_image``, docker-compose environments, GPUs/TPUs, MCP servers, healthchecks,
+A prebuilt ``[environment].docker_image`` makes an image task (``Task.image``): its WORKDIR
+(``[environment].workdir`` or the image's) is copied out as the task's repo, and the oracle, the
+agent and the verifier all run in containers of the image (``sandbox.container``); refused in
+one line where no engine here runs the image (none installed, the image not in its store).
+
+Refused with one line naming the feature (``Unsupported``): multi-step tasks (``[[steps]]``),
+docker-compose environments, GPUs/TPUs, MCP servers, healthchecks,
 network allowlists, Windows, environment variables taken from the host (``${VAR}``), a separate
 verifier image (``[verifier.environment]`` with an image, ``[[verifier.collect]]``), and every
 Dockerfile instruction ``dockerfile`` cannot realise. Kept with a note: artifacts (the verifier
@@ -35,7 +40,7 @@ from typing import Any
 
 import tomllib
 
-from looprl.errors import SandboxError, TaskError, ToolError
+from looprl.errors import SandboxError, SandboxUnavailableError, TaskError, ToolError
 from looprl.tasks.dockerfile import DockerEnv, Unsupported, materialise, read_dockerfile
 from looprl.tasks.envs import cached_venv, frozen_requirements, venv_python_version
 from looprl.tasks.imported import (
@@ -45,7 +50,7 @@ from looprl.tasks.imported import (
     safe_id,
     validated,
 )
-from looprl.types import Grader, Task, Verifier
+from looprl.types import Grader, Image, Task, Verifier
 
 SCHEMA_MAJOR = "1"
 _NUM = (int, float)
@@ -141,9 +146,6 @@ def refusal(cfg: dict[str, Any], task_dir: Path) -> str | None:
                 "instruction graded once: import each step as a task directory of its own")
     if str(env.get("os", "linux")).lower() != "linux":
         return f"[environment].os = {env['os']!r}: the sandbox runs Linux"
-    if env.get("docker_image"):
-        return (f"[environment].docker_image = {env['docker_image']!r}: a prebuilt image needs a "
-                "container engine; give the task an environment/Dockerfile of the Python shape")
     for key in ("gpus", "gpu_types", "tpu"):
         if env.get(key):
             return f"[environment].{key} = {env[key]!r}: the sandbox has no accelerators"
@@ -169,8 +171,12 @@ def refusal(cfg: dict[str, Any], task_dir: Path) -> str | None:
         for d in ("environment", "tests"):
             if (task_dir / d / name).is_file():
                 return f"{d}/{name}: a multi-container environment needs a container engine"
-    if not (task_dir / "environment" / "Dockerfile").is_file():
-        return "no environment/Dockerfile: looprl realises an environment from its Dockerfile"
+    if env.get("docker_image") and (task_dir / "tests" / "Dockerfile").is_file():
+        return ("tests/Dockerfile beside [environment].docker_image: the verifier of an image "
+                "task runs in the task's image")
+    if not env.get("docker_image") and not (task_dir / "environment" / "Dockerfile").is_file():
+        return ("no environment/Dockerfile and no [environment].docker_image: looprl realises an "
+                "environment from its Dockerfile or runs it in its image")
     if not (task_dir / "solution" / "solve.sh").is_file():
         return "no solution/solve.sh: looprl validates every task with its oracle solution"
     return None
@@ -237,13 +243,14 @@ def _environment(h: HarborDir) -> tuple[DockerEnv, DockerEnv | None]:
     return env, ver
 
 
-async def _gold_patch(repo: Path, venv: str, workdir: str, solution: Path, env: dict[str, str],
-                      timeout_s: float) -> tuple[str, str]:
-    """(diff, output tail) of ``solve.sh`` run once in a sandbox over ``repo``, /solution
-    mounted read-only (as Harbor's oracle agent runs it: from the WORKDIR)."""
+async def _gold_patch(repo: Path, venv: str | None, image: Image | None, workdir: str,
+                      solution: Path, env: dict[str, str], timeout_s: float) -> tuple[str, str]:
+    """(diff, output tail) of ``solve.sh`` run once in a sandbox over ``repo`` (a container of
+    ``image`` when given), /solution mounted read-only (as Harbor's oracle agent runs it: from
+    the WORKDIR)."""
     from looprl.sandbox import Mount, create_sandbox
 
-    sb = await create_sandbox(repo, venv=venv, workdir=workdir,
+    sb = await create_sandbox(repo, venv=venv, workdir=workdir, image=image,
                               mounts=(Mount(str(solution), "/solution"),))
     try:
         r = await sb.exec("/solution/solve.sh", env={"DEBIAN_FRONTEND": "noninteractive", **env},
@@ -257,12 +264,12 @@ async def _gold_patch(repo: Path, venv: str, workdir: str, solution: Path, env: 
         await sb.close()
 
 
-def _metadata(h: HarborDir, env: DockerEnv) -> dict[str, str | int | float | bool | None]:
+def _metadata(h: HarborDir, image: str, workdir: str) -> dict[str, str | int | float | bool | None]:
     meta: dict[str, str | int | float | bool | None] = {
         "package": h.name.split("/")[0] if "/" in h.name else "harbor",
         "source_kind": "harbor", "harbor_name": h.name,
         "description": str(h.config.get("task", {}).get("description", ""))[:500],
-        "harbor_image": env.image, "harbor_workdir": env.workdir,
+        "harbor_image": image, "harbor_workdir": workdir,
         "harbor_schema": str(h.config.get("schema_version", h.config.get("version", "1.0")))}
     agent_timeout = h.config.get("agent", {}).get("timeout_sec")
     if agent_timeout:
@@ -293,23 +300,60 @@ async def import_dir(h: HarborDir, store: Path) -> tuple[Task, list[str]]:
         raise
 
 
+async def _image(h: HarborDir, name: str, repo: Path) -> Image:
+    """The task's prebuilt image, its WORKDIR copied out to ``repo`` (the task's workspace);
+    ``Unsupported`` (one line) when no engine here runs it."""
+    from looprl.sandbox.container import check_engine, copy_out, image_workdir
+
+    where = f"[environment].docker_image = {name!r}"
+    try:
+        engine = await asyncio.to_thread(check_engine, name)
+        workdir = (h.config.get("environment", {}).get("workdir")
+                   or await asyncio.to_thread(image_workdir, engine, name))
+        if not workdir.startswith("/") or workdir.rstrip("/") == "":
+            raise Unsupported(f"{where}: the image sets no WORKDIR below / and "
+                              "[environment].workdir is unset: the workspace must be one directory")
+        await asyncio.to_thread(copy_out, engine, name, workdir, repo)
+    except SandboxUnavailableError as e:
+        raise Unsupported(f"{where}: {e}") from None
+    except SandboxError as e:
+        raise TaskError(f"{where}: {e}") from None
+    return Image(name, workdir.rstrip("/"))
+
+
 async def _import_dir(h: HarborDir, dest: Path) -> tuple[Task, list[str]]:
     tid = dest.name
-    env, ver = _environment(h)
-    venv = str(await asyncio.to_thread(cached_venv, env.python, env.requirements))
-    verifier_venv = (str(await asyncio.to_thread(cached_venv, ver.python, ver.requirements))
-                     if ver is not None else None)
+    cfg = h.config
     if dest.exists():
         shutil.rmtree(dest)
-    materialise(env, h.path / "environment", dest / "repo")
+    image: Image | None = None
+    notes = list(h.notes)
+    if cfg.get("environment", {}).get("docker_image"):
+        image = await _image(h, cfg["environment"]["docker_image"], dest / "repo")
+        venv = verifier_venv = None
+        workdir, base_env, ver_env = image.workdir, {}, {}
+        meta = _metadata(h, image.name, image.workdir)
+        if (h.path / "environment" / "Dockerfile").is_file():
+            notes.append("environment/Dockerfile is not built: the task runs in its docker_image")
+    else:
+        env, ver = _environment(h)
+        venv = str(await asyncio.to_thread(cached_venv, env.python, env.requirements))
+        verifier_venv = (str(await asyncio.to_thread(cached_venv, ver.python, ver.requirements))
+                         if ver is not None else None)
+        materialise(env, h.path / "environment", dest / "repo")
+        workdir, base_env, ver_env = env.workdir, env.env, (ver.env if ver else {})
+        meta = _metadata(h, env.image, env.workdir)
+        notes += [*env.notes, *(f"tests/Dockerfile: {n}" for n in (ver.notes if ver else ()))]
+        if env.env:
+            notes.append(f"ENV {', '.join(env.env)} reach the verifier and the oracle, not the "
+                         "agent's commands")
     _copy_tree(h.path / "tests", dest / "tests", executable="test.sh")
     _copy_tree(h.path / "solution", dest / "solution", executable="solve.sh")
-    cfg = h.config
-    verifier_env = {**env.env, **(ver.env if ver else {}), **cfg.get("verifier", {}).get("env", {})}
-    solve_env = {**env.env, **cfg.get("solution", {}).get("env", {})}
+    verifier_env = {**base_env, **ver_env, **cfg.get("verifier", {}).get("env", {})}
+    solve_env = {**base_env, **cfg.get("solution", {}).get("env", {})}
     timeout = float(cfg.get("agent", {}).get("timeout_sec") or 600.0)
     try:
-        gold, tail = await _gold_patch(dest / "repo", venv, env.workdir, dest / "solution",
+        gold, tail = await _gold_patch(dest / "repo", venv, image, workdir, dest / "solution",
                                        solve_env, timeout)
     except SandboxError as e:
         raise TaskError(f"the sandbox failed running solution/solve.sh: {e}") from None
@@ -320,16 +364,12 @@ async def _import_dir(h: HarborDir, dest: Path) -> tuple[Task, list[str]]:
         id=tid, repo=str(dest / "repo"), prompt=h.instruction,
         grader=Grader(test_command="/tests/test.sh",
                       timeout_s=float(cfg.get("verifier", {}).get("timeout_sec", 600.0)),
-                      verifier=Verifier(tests_dir=str(dest / "tests"), workdir=env.workdir,
+                      verifier=Verifier(tests_dir=str(dest / "tests"), workdir=workdir,
                                         venv=verifier_venv, env=verifier_env)),
-        venv=venv, gold_patch=gold, metadata={**_metadata(h, env), **patch_metadata(gold)})
+        venv=venv, gold_patch=gold, metadata={**meta, **patch_metadata(gold)}, image=image)
     task = await validated(task)
-    notes = [*h.notes, *env.notes, *(f"tests/Dockerfile: {n}" for n in (ver.notes if ver else ()))]
-    if env.env:
-        notes.append(f"ENV {', '.join(env.env)} reach the verifier and the oracle, not the "
-                     "agent's commands")
-    if re.search(rf"(?<![\w/]){re.escape(env.workdir)}\b", h.instruction):
-        notes.append(f"the instruction names {env.workdir}: looprl's agent works in the workspace "
+    if image is None and re.search(rf"(?<![\w/]){re.escape(workdir)}\b", h.instruction):
+        notes.append(f"the instruction names {workdir}: looprl's agent works in the workspace "
                      "at its own path (the verifier sees it at the WORKDIR)")
     return task, notes
 

@@ -22,7 +22,9 @@ column (``grade_by`` chooses); exported rows carry both. A SWE-bench task repo (
 ``tasks/<id>/``) reads as rows (``read_task_repo``).
 
 Offline, a repository comes from a directory of git clones (``repos``); a row whose repository
-or commit is not there is skipped with one line (as is one that names only a Docker image). The
+or commit is not there is skipped with one line, unless it is graded by its ``eval_script`` and
+names an ``image`` an engine here runs: then its ``/testbed`` is copied out of the image and the
+task runs whole in containers of it (``Task.image``, ``sandbox.container``). The
 environment: the row's ``looprl`` column when it has one (rows this module exported: Python
 version, pinned requirements, test command), else the repository's own metadata
 (``sources.infer_dependencies``, pytest, the package importable from the workspace through
@@ -48,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.diffs import blob_diff, touched_paths
-from looprl.errors import TaskError
+from looprl.errors import SandboxError, TaskError
 from looprl.rewards.evalscript import write_eval_script
 from looprl.rewards.logparse import LogError, parser_name
 from looprl.sandbox.beneath import Root
@@ -61,7 +63,7 @@ from looprl.tasks.imported import (
     validated,
 )
 from looprl.tasks.sources import find_layout, infer_dependencies
-from looprl.types import EvalScript, Grader, JSONScalar, Task
+from looprl.types import EvalScript, Grader, Image, JSONScalar, Task
 
 FLAVOURS = ("swebench", "swegym", "swesmith", "r2egym")
 GRADE_BY = ("auto", "eval_script", "tests")
@@ -387,15 +389,17 @@ async def _import_row(row: Row, dest: Path, repos: Path | None, grade_by: str
                         "repository has its own test runner; looprl's grader runs pytest")
     where = f"{row.repo}@{row.base_commit[:12]}"
     clone = find_clone(repos, row.repo) if repos else None
+    if dest.exists():
+        shutil.rmtree(dest)
+    if clone is None and row.image and by_script:
+        return await _import_image_row(row, dest)
     if clone is None:
         owner, name = row.repo.split("/", 1)
         hint = f"pass --repos DIR holding a clone at DIR/{owner}__{name}"
         raise TaskError(f"repository {where} is not available offline ({hint}"
-                        + (f"; or run its image {row.image} with a container engine" if row.image
-                           else "") + ")")
+                        + (f"; or run its image {row.image} with a container engine, graded by "
+                           "an eval_script" if row.image else "") + ")")
     tid = dest.name
-    if dest.exists():
-        shutil.rmtree(dest)
     await asyncio.to_thread(checkout, clone, row.base_commit, dest / "repo")
     gold = row.patch
     if row.flavour == "swesmith":  # the row's patch makes the bug: the clean tree is the gold
@@ -424,16 +428,55 @@ async def _import_row(row: Row, dest: Path, repos: Path | None, grade_by: str
     grader = Grader(command, f2p, p2p, test_files, timeout,
                     row.test_patch if row.flavour != "swesmith" else "")
     if by_script:  # the script applies the hidden tests itself
-        contract = ("swesmith" if row.flavour == "swesmith" else
-                    "swebench_fail_only" if row.eval_type == "fail_only" else "swebench")
-        ev = EvalScript(row.eval_script, parser_name(row.log_parser, row.repo), contract,
-                        EVAL_WORKDIR)
+        ev = _eval(row)
         grader = dataclasses.replace(grader, test_patch="", eval=ev)
-        metadata["grading"] = f"eval_script/{ev.log_parser}/{contract}"
+        metadata["grading"] = f"eval_script/{ev.log_parser}/{ev.contract}"
     task = Task(id=tid, repo=str(dest / "repo"), prompt=row.problem_statement, grader=grader,
                 venv=str(venv), gold_patch=gold, metadata=metadata)
     task = await validated(task)
     return task, [note] if note else []
+
+
+def _eval(row: Row) -> EvalScript:
+    contract = ("swesmith" if row.flavour == "swesmith" else
+                "swebench_fail_only" if row.eval_type == "fail_only" else "swebench")
+    return EvalScript(row.eval_script, parser_name(row.log_parser, row.repo), contract,
+                      EVAL_WORKDIR)
+
+
+async def _import_image_row(row: Row, dest: Path) -> tuple[Task, list[str]]:
+    """A v5 row whose repository is its image's alone: the image's ``/testbed`` copied out as
+    the task repo, the agent and the eval script in containers of the image (``Task.image``);
+    ``TaskError`` (one line) where no engine here runs it."""
+    from looprl.rewards.tests import pytest_command
+    from looprl.sandbox.container import check_engine, copy_out
+
+    try:
+        engine = await asyncio.to_thread(check_engine, row.image)
+        await asyncio.to_thread(copy_out, engine, row.image, EVAL_WORKDIR, dest / "repo")
+        if row.flavour == "swesmith":  # the row's patch makes the bug in the image's clean tree
+            await asyncio.to_thread(copy_out, engine, row.image, EVAL_WORKDIR, dest / "clean")
+    except SandboxError as e:
+        raise TaskError(f"repository {row.repo} is only in image {row.image}, which cannot run "
+                        f"here: {e}") from None
+    gold = row.patch
+    if row.flavour == "swesmith":
+        await asyncio.to_thread(_apply, dest / "repo", row.patch)
+        gold = _diff_between(dest / "repo", dest / "clean", touched_paths(row.patch))
+        shutil.rmtree(dest / "clean")
+    pythonpath, _targets, test_files, _sources = find_layout(dest / "repo")
+    ev = _eval(row)
+    metadata: dict[str, JSONScalar] = {
+        **patch_metadata(gold), "source_kind": row.flavour, "instance_id": row.instance_id,
+        "package": row.repo.split("/", 1)[-1], "version": row.version,
+        "base_commit": row.base_commit, "grading": f"eval_script/{ev.log_parser}/{ev.contract}"}
+    grader = Grader(pytest_command(pythonpath), row.fail_to_pass, row.pass_to_pass, test_files,
+                    300.0, "", eval=ev)
+    task = Task(id=dest.name, repo=str(dest / "repo"), prompt=row.problem_statement,
+                grader=grader, gold_patch=gold, metadata=metadata,
+                image=Image(row.image, EVAL_WORKDIR))
+    task = await validated(task)
+    return task, [f"runs in image {row.image}: the agent and the eval script in its containers"]
 
 
 async def import_swebench(path: Path, store: Path, *, repos: Path | None = None,

@@ -34,7 +34,7 @@ async def oracle_solves(task: Task) -> bool:
     tok = build_tokenizer(None)  # bytes only: the oracle needs no model; no context limit either
     cfg = AgentConfig(context_window=1 << 24, max_total_new_tokens=1 << 22,
                       max_new_tokens=1 << 20, experimental=AgentExperimental(wall_time_s=600))
-    sb = await create_sandbox(task.repo, venv=task.venv)
+    sb = await create_sandbox(task.repo, venv=task.venv, image=task.image)
     try:
         traj = await run_agent(task, sb, OracleAgent(task, tok), ChatFormat(tok),
                                make_tools(test_command=task.grader.test_command), cfg,
