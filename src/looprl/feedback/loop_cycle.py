@@ -180,21 +180,21 @@ class Loop:
         """The cycle's steps; returns its row and the sessions it trained on (id -> reward)."""
         cur = read_policy(self.policies)
         row = CycleRow(n, cur.version, injected=n == self.cfg.inject_bad_cycle)
-        collected = self._collect(row, cur)
+        collected = self.collect(row, cur)
         if collected is None:
             return row, {}
         trajs, groups = collected
         trained = {x.id: x.reward.total for x in trajs if x.reward is not None}
         fb = self.cfg.grpo.experimental.feedback
         if fb.follow_ups and fb.coef > 0:
-            groups = self._follow_ups(row, cur, trajs, groups)
+            groups = self.follow_ups(row, cur, trajs, groups)
         cand = self._train(row, cur, groups, len(trajs))
         if cand is None or not self._gate(row, cur, cand):
             return row, trained
         self._ab(row, cur, cand)
         return row, trained
 
-    def _collect(self, row: CycleRow, cur: PolicyRef
+    def collect(self, row: CycleRow, cur: PolicyRef
                  ) -> tuple[list[Trajectory], list[Group]] | None:
         """Wait for the window, then its trajectories and groups; None when it did not fill."""
         cfg, n, t = self.cfg, row.cycle, time.monotonic()
@@ -219,7 +219,7 @@ class Loop:
         row.minutes["window"] = (time.monotonic() - t) / 60
         return trajs, groups
 
-    def _follow_ups(self, row: CycleRow, cur: PolicyRef, trajs: list[Trajectory],
+    def follow_ups(self, row: CycleRow, cur: PolicyRef, trajs: list[Trajectory],
                     groups: list[Group]) -> list[Group]:
         """The window's dissatisfied follow-ups as hints (``feedback.follow_ups``): each hinted
         session continued by the serving policy, at most ``feedback.max_per_group`` a group,
