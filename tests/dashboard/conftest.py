@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -183,7 +184,8 @@ def hinted_trajectory(prefix: Trajectory, repo: Path) -> Trajectory:
         finally:
             await sb.close()
 
-    return asyncio.run(go())
+    with ThreadPoolExecutor(1) as pool:  # its own event loop: Playwright's runs in this thread
+        return pool.submit(asyncio.run, go()).result()
 
 
 @pytest.fixture
