@@ -32,9 +32,13 @@ arm B on the same groups carrying the follow-ups' hinted continuations (distille
 arm whose steps applied no update serves the start policy. The last line:
 
     arm=follow_up_hints window=… hints=… hinted=… updates_a=… updates_b=… hint_kl=… scored_a=…
-    scored_b=… kept_a=… kept_b=… kept_delta=… kept_ci_low=… kept_ci_high=…
+    scored_b=… kept_a=… kept_b=… edited_a=… edited_b=… reward_delta=… reward_ci_low=…
+    reward_ci_high=… dissatisfied_delta=… dissatisfied_ci_low=… dissatisfied_ci_high=…
+    kept_delta=… kept_ci_low=… kept_ci_high=…
 
-``kept_delta`` is B's kept rate minus A's with its 95% bootstrap interval (``feedback.ab``).
+``kept_delta`` is B's kept rate minus A's with its 95% bootstrap interval (``feedback.ab``); kept
+is over the sessions with an edit (``edited_*``), so it is nan when an arm edited nothing, and the
+reward and the share of dissatisfied follow-ups (defined either way) come beside it.
 """
 
 from __future__ import annotations
@@ -100,13 +104,17 @@ def follow_up_hint_arms(cfg: RealtimeConfig, runs: str) -> str:
         loop.prod.stop()
     (run / "arms.json").write_text(json.dumps({"window": row.window, "A": ma, "B": mb,
                                                "ab": rep.to_dict()}, indent=1))
-    kept = rep.diffs["kept"]
+    kept, reward, dis = (rep.diffs[k] for k in ("kept", "reward", "dissatisfied"))
     return (f"arm=follow_up_hints window={row.window['sessions']} "
             f"hints={row.window['follow_up_hints']} hinted={row.window['hinted']} "
             f"updates_a={ma['updates']:.0f} updates_b={mb['updates']:.0f} "
             f"hint_kl={mb['hint_kl']:.4f} scored_a={rep.arms['A'].scored} "
             f"scored_b={rep.arms['B'].scored} kept_a={_fmt(rep.arms['A'].kept)} "
-            f"kept_b={_fmt(rep.arms['B'].kept)} kept_delta={_fmt(kept.diff)} "
+            f"kept_b={_fmt(rep.arms['B'].kept)} edited_a={_fmt(rep.arms['A'].edited)} "
+            f"edited_b={_fmt(rep.arms['B'].edited)} reward_delta={_fmt(reward.diff)} "
+            f"reward_ci_low={_fmt(reward.lo)} reward_ci_high={_fmt(reward.hi)} "
+            f"dissatisfied_delta={_fmt(dis.diff)} dissatisfied_ci_low={_fmt(dis.lo)} "
+            f"dissatisfied_ci_high={_fmt(dis.hi)} kept_delta={_fmt(kept.diff)} "
             f"kept_ci_low={_fmt(kept.lo)} kept_ci_high={_fmt(kept.hi)}")
 
 

@@ -25,7 +25,7 @@ from looprl.harness.agent import run_agent
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 from looprl.models.tokenizer import build_tokenizer
-from looprl.types import Grader, Group, Task
+from looprl.types import Grader, Group, Task, Trajectory
 from tests.bwrap_support import needs_bwrap
 from tests.harness.conftest import CALC, TEST_CALC, agent_config, call
 from tests.harness.dir_sandbox import DirSandbox
@@ -123,6 +123,23 @@ def test_the_continuation_sits_after_the_answered_turn_and_the_follow_up_is_neve
     assert teacher.metadata["hinted_from"] == "s1" and teacher.reward is None  # no test to run
 
 
+def test_a_session_that_cannot_be_continued_is_left_out(repo, fmt):
+    task = Task("serve-s1", str(repo), "fix add", Grader("python -m pytest"))
+    traj = served(task, fmt)
+    seg = traj.segments[0]
+    broken = dataclasses.replace(traj, segments=(dataclasses.replace(  # no run of model tokens
+        seg, loss_mask_T=(0,) * len(seg.loss_mask_T)),))
+    hints = follow_up_hints([broken], {"s1": [event(1, COMPLAINT, "dissatisfied", 1.0)]},
+                            {"s1": None})
+
+    async def dir_sandbox(repo: str, venv: str | None):
+        return DirSandbox(repo)
+
+    assert asyncio.run(continue_follow_ups(
+        ScriptedPolicy(fmt.tokenizer, CONTINUATION), fmt, [broken], hints, {"s1": task},
+        agent_config(context_window=100_000), sandbox_factory=dir_sandbox)) == []
+
+
 @needs_bwrap[0]
 def test_a_known_tasks_continuation_is_graded_by_its_hidden_tests(repo, fmt):
     task = Task("calc", str(repo), "fix add", venv=sys.prefix, gold_patch=GOLD, grader=Grader(
@@ -149,3 +166,80 @@ def test_follow_ups_without_a_distillation_weight_are_refused():
         load_config(RealtimeConfig, None, base)
     cfg = load_config(RealtimeConfig, None, [*base, "grpo.experimental.feedback.coef=0.5"])
     assert cfg.grpo.experimental.feedback.follow_ups
+
+
+@pytest.mark.slow
+@needs_bwrap[0]
+def test_the_benchmark_arm_distils_follow_ups_after_the_turn_they_answer(tmp_path):
+    """``benchmarks/realtime.py --arm follow-up-hints`` as a user runs it: simulated users over
+    ``looprl serve`` on a tiny model; arm B's window carries the follow-ups' continuations (A's
+    does not), each inserted after its session's last turn, and the last line reports both."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from looprl.feedback.store import FeedbackStore
+    from looprl.models.tiny import init_default_model
+    from looprl.tasks.taskset import write_tasks
+    from tests.example_package import write_example_package
+
+    from .test_loop import CMD
+
+    model = init_default_model(tmp_path / "m", size="tiny", corpus_chars=50_000, vocab_size=512)
+    repo = write_example_package(tmp_path / "repos" / "minicalc")
+    users = write_tasks([Task(f"minicalc-mean-{i}", str(repo), f"mean is wrong ({i})",
+                              venv=sys.prefix, grader=Grader(
+                                  CMD, ("tests/test_core.py::test_mean",), (),
+                                  ("tests/test_core.py",)))
+                         for i in range(3)], tmp_path / "users.jsonl")
+    cfg = tmp_path / "arm.toml"
+    cfg.write_text(f"""
+name = "arm"
+model = "{model}"
+window = 4
+steps = 1
+window_timeout_min = 5
+[grpo.experimental.credit]
+skip_groups_without_pass = false
+[grpo.experimental.feedback]
+coef = 0.5
+follow_ups = true
+[users]
+tasks = "{users}"
+rate_per_min = 60.0
+silent = 0.0
+complain = 1.0
+[serve]
+max_concurrent = 2
+max_turns = 1
+max_new_tokens = 8
+[ab]
+timeout_min = 5
+final_sessions = 2
+""")
+    root = Path(__file__).parents[2]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "realtime.py"), "-c", str(cfg),
+                        "--runs", str(tmp_path / "runs"), "--arm", "follow-up-hints"],
+                       capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = dict(kv.split("=") for kv in r.stdout.strip().splitlines()[-1].split())
+    assert line["arm"] == "follow_up_hints" and int(line["hints"]) >= 1
+    assert int(line["hinted"]) == int(line["hints"]) and int(line["updates_b"]) >= 1
+    assert "kept_ci_low" in line and float(line["hint_kl"]) > 0
+    run = tmp_path / "runs" / "arm"
+    store = FeedbackStore(run / "feedback.db")
+    hinted = [Trajectory.from_json(x) for x in (run / "trajectories" / "hinted.jsonl").read_text()
+              .splitlines()]
+    assert len(hinted) == int(line["hinted"])
+    for h in hinted:
+        session = store.session(str(h.metadata["hinted_from"]))
+        assert session.trajectory is not None and h.hint is not None
+        n = len(session.trajectory.messages)
+        assert h.hint.turn == sum(m["role"] == "assistant" for m in session.trajectory.messages)
+        assert h.messages[:n] == session.trajectory.messages  # after the turn it answers
+        assert h.messages[n]["role"] == "user" and h.messages[n]["content"] == h.hint.text
+        assert not any(h.segments[0].loss_mask_T[:h.hint.end])  # the follow-up: context only
+    arms = json.loads((run / "arms.json").read_text())
+    assert arms["A"]["hints"] == 0 and arms["B"]["hints"] == int(line["hinted"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from looprl.chat import ChatFormat
@@ -44,6 +45,7 @@ SERVE_TEST_COMMAND = "python -m pytest -q"
 """What the ``run_tests`` tool runs in a served session (``serve.api.ServeConfig``), so in its
 continuation too."""
 SandboxFactory = Callable[[str, str | None], Awaitable[Sandbox]]
+log = logging.getLogger(__name__)
 
 
 async def _bwrap_sandbox(repo: str, venv: str | None) -> Sandbox:
@@ -129,16 +131,21 @@ async def continue_follow_ups(engine: Engine, fmt: ChatFormat, trajs: Sequence[T
                               ) -> list[Trajectory]:
     """``continue_follow_up`` for every hinted session of ``trajs`` (``tasks``: session id ->
     the task it asked for), ``concurrency`` at once; infrastructure failures left out (the
-    trainer would drop them)."""
+    trainer would drop them), and so are sessions whose record cannot be continued (its turns
+    and its runs of model tokens disagree: logged, the window trains on without it)."""
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(t: Trajectory) -> Trajectory:
+    async def one(t: Trajectory) -> Trajectory | None:
         async with slots:
-            return await continue_follow_up(engine, fmt, t, hints[t.id], tasks[t.id], agent,
-                                            sandbox_factory)
+            try:
+                return await continue_follow_up(engine, fmt, t, hints[t.id], tasks[t.id], agent,
+                                                sandbox_factory)
+            except ValueError as e:
+                log.warning("session %s: its follow-up is not used as a hint: %s", t.id, e)
+                return None
 
     done = await asyncio.gather(*(one(t) for t in trajs if t.id in hints))
-    return [t for t in done if not t.is_infra_error]
+    return [t for t in done if t is not None and not t.is_infra_error]
 
 
 def attach_hinted(groups: Sequence[Group], hinted: Sequence[Trajectory], per_group: int
