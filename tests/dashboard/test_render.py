@@ -145,3 +145,14 @@ def test_hint_metrics_are_charted_once_a_step_distilled_one(grpo_run: Path, hint
     assert data["hinted continuations' pass rate"]["unit"] is True
     assert data["hinted continuations distilled"]["series"][0]["values"][0] == 0.0
     assert '<div class="k">hints</div><div class="v">2</div>' in html
+
+
+def test_a_cycle_with_follow_up_hints_says_what_they_gave():
+    from looprl.dashboard.loop_view import cycles_table
+
+    plain = {"cycle": 1, "policy_version": 0, "status": "promoted", "window": {"sessions": 32}}
+    hinted = {**plain, "window": {"sessions": 32, "follow_up_hints": 9, "hinted": 8},
+              "train": {"hints": 8.0, "hint_kl": 0.0123}}
+    assert "follow-ups as hints" not in cycles_table([plain])
+    html = cycles_table([hinted])
+    assert "9 follow-ups as hints · 8 continued · 8 distilled, hint KL 0.012" in html

@@ -188,6 +188,8 @@ def test_the_benchmark_arm_distils_follow_ups_after_the_turn_they_answer(tmp_pat
 
     model = init_default_model(tmp_path / "m", size="tiny", corpus_chars=50_000, vocab_size=512)
     repo = write_example_package(tmp_path / "repos" / "minicalc")
+    core = repo / "src" / "minicalc" / "core.py"  # a bug the users see: they complain
+    core.write_text(core.read_text().replace("total / len(values)", "total / (len(values) + 1)"))
     users = write_tasks([Task(f"minicalc-mean-{i}", str(repo), f"mean is wrong ({i})",
                               venv=sys.prefix, grader=Grader(
                                   CMD, ("tests/test_core.py::test_mean",), (),
@@ -204,6 +206,7 @@ window_timeout_min = 5
 skip_groups_without_pass = false
 [grpo.experimental.feedback]
 coef = 0.5
+max_per_group = 4
 follow_ups = true
 [users]
 tasks = "{users}"
