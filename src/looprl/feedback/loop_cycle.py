@@ -43,7 +43,7 @@ from looprl.feedback.window import (
     window_groups,
 )
 from looprl.rundir import RunDir
-from looprl.types import Group, JSONScalar, Task, Trajectory
+from looprl.types import Grader, Group, JSONScalar, Task, Trajectory
 
 
 @dataclass
@@ -195,7 +195,7 @@ class Loop:
         return row, trained
 
     def collect(self, row: CycleRow, cur: PolicyRef
-                 ) -> tuple[list[Trajectory], list[Group]] | None:
+                ) -> tuple[list[Trajectory], list[Group]] | None:
         """Wait for the window, then its trajectories and groups; None when it did not fill."""
         cfg, n, t = self.cfg, row.cycle, time.monotonic()
 
@@ -220,7 +220,7 @@ class Loop:
         return trajs, groups
 
     def follow_ups(self, row: CycleRow, cur: PolicyRef, trajs: list[Trajectory],
-                    groups: list[Group]) -> list[Group]:
+                   groups: list[Group]) -> list[Group]:
         """The window's dissatisfied follow-ups as hints (``feedback.follow_ups``): each hinted
         session continued by the serving policy, at most ``feedback.max_per_group`` a group,
         saved to ``RUN/trajectories/hinted.jsonl``; the groups carry them (``Group.hinted``)."""
@@ -235,7 +235,6 @@ class Loop:
         )
         from looprl.harness.run_state import AgentConfig
         from looprl.inference.torch_engine import TorchEngine
-        from looprl.types import Grader
 
         t = time.monotonic()
         known = {f"{Path(k.repo).resolve()}\0{k.prompt}": k for k in self.users_tasks}
@@ -245,6 +244,9 @@ class Loop:
             for sid, s in sessions.items()}
         hints = follow_up_hints(trajs, self.store.events_by_session(),
                                 {sid: task.gold_patch for sid, task in tasks.items()})
+        row.window |= {"follow_up_hints": len(hints), "hinted": 0}
+        if not hints:
+            return groups
         s = self.cfg.serve
         agent = AgentConfig(max_turns=s.max_turns, max_new_tokens=s.max_new_tokens,
                             context_window=s.context_window)  # what the sessions were served with
@@ -261,7 +263,7 @@ class Loop:
             fh.writelines(dataclasses.replace(h, metadata={**h.metadata, "cycle": row.cycle})
                           .to_json() + "\n" for h in hinted)
         per_group = self.cfg.grpo.experimental.feedback.max_per_group
-        row.window |= {"follow_up_hints": len(hints), "hinted": len(hinted)}
+        row.window["hinted"] = len(hinted)
         row.minutes["follow_ups"] = (time.monotonic() - t) / 60
         self.say(f"  {len(hints)} dissatisfied follow-ups as hints: {len(hinted)} continued")
         return attach_hinted(groups, hinted, per_group)
