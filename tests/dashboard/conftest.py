@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from looprl.feedback.loop_cycle import CycleRow
 from looprl.feedback.realtime_config import RealtimeConfig
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig, run_agent
+from looprl.harness.hinted import continue_with_hint
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 from looprl.models.tokenizer import build_tokenizer
@@ -158,6 +160,49 @@ def agent_trajectory(root: Path) -> Trajectory:
         return dataclasses.replace(t, reward=await make_scorer()(task, t))
 
     return asyncio.run(go())
+
+
+HINT = "Turn 3: this call is malformed: arguments are not a JSON object"
+
+
+def hinted_trajectory(prefix: Trajectory, repo: Path) -> Trajectory:
+    """``prefix`` (``agent_trajectory``'s) continued after its broken turn 3 with ``HINT``
+    through the real ``harness.hinted``, as targeted feedback records it in ``hinted.jsonl``."""
+    tok = build_tokenizer(None)
+    turns = [call("edit_file", path="pkg/calc.py", old_string="def add(a, b):\n    return a - b",
+                  new_string="def add(a, b):\n    return a + b"), call("finish", summary="fixed")]
+    task = Task(id=prefix.task_id, repo=str(repo), prompt="add() subtracts; make it add.",
+                grader=Grader("python -m pytest"))
+
+    async def go() -> Trajectory:
+        sb = DirSandbox(repo)
+        try:
+            return await continue_with_hint(
+                task, sb, ScriptedPolicy(tok, turns), ChatFormat(tok), make_tools(),
+                AgentConfig(max_turns=8), prefix, turn=3, text=HINT, kind="broken_call",
+                group_id=prefix.group_id, trajectory_id=f"{prefix.id}+hint")
+        finally:
+            await sb.close()
+
+    with ThreadPoolExecutor(1) as pool:  # its own event loop: Playwright's runs in this thread
+        return pool.submit(asyncio.run, go()).result()
+
+
+@pytest.fixture
+def hinted_run(grpo_run: Path, run_copy: Path) -> Path:
+    """The run with ``trajectories/hinted.jsonl`` (one hinted continuation of its evaluated
+    trajectory) and hint metrics on its steps after the first."""
+    from looprl.dashboard.data import TrajectoryIndex
+
+    prefix = TrajectoryIndex(run_copy / "trajectories" / "eval_rl.jsonl").read(0)
+    t = hinted_trajectory(prefix, grpo_run.parent / "calc")
+    (run_copy / "trajectories" / "hinted.jsonl").write_text(t.to_json() + "\n")
+    metrics = rows(run_copy)
+    for r in metrics:
+        on = r["step"] > 1
+        r |= {"train/hints": 2.0 * on, "train/hint_kl": 0.05 * on, "train/hint_pass_rate": 0.5 * on}
+    (run_copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    return run_copy
 
 
 @pytest.fixture(scope="session")

@@ -160,6 +160,34 @@ def test_trajectory_viewer(browser: Browser, grpo_run: Path, shots: Path):
         tab.page.close()
 
 
+def test_a_hinted_continuation_and_the_hint_charts(browser: Browser, hinted_run: Path,
+                                                  shots: Path):
+    from .conftest import HINT
+
+    for base in serve(create_app(DashboardConfig(runs=(hinted_run,), refresh_s=0))):
+        tab = Tab(browser)
+        page = tab.open(base + "/runs/alpha/trajectories/hinted/0")
+        hint = page.locator(".msg.hint")
+        assert hint.count() == 1 and HINT in hint.inner_text()
+        assert hint.locator(".role").inner_text().lower() == "hint"
+        # in place: after turn 3's tool result, before the continuation's first turn
+        roles = page.evaluate("() => [...document.querySelectorAll('.msg')].map(e => e.className)")
+        at = roles.index("msg hint")
+        assert roles[at - 1] == "msg tool" and roles[at + 1] == "msg assistant"
+        style = page.evaluate("""() => [...document.querySelectorAll('.msg.hint, .msg.user')]
+            .map(e => getComputedStyle(e).borderLeftColor + getComputedStyle(e).backgroundColor)""")
+        assert len(set(style)) == 2  # drawn apart from the user's prompt
+        assert page.locator(".tokens .tok.hint").count() > 0
+        hint.scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / "hint.png"), full_page=True)
+        page = tab.open(base + "/runs/alpha")
+        assert _figure(page, "hint KL (teacher with hint || student without)").count() == 1
+        assert _hover_step(page, "hint KL (teacher with hint || student without)", 1)[1] == "—"
+        page.screenshot(path=str(shots / "run_hints.png"), full_page=True)
+        assert tab.errors == [] and tab.dialogs == []
+        tab.page.close()
+
+
 def test_live_page_updates_in_place(browser: Browser, run_copy: Path):
     for base in serve(create_app(DashboardConfig(runs=(run_copy,), refresh_s=1))):
         tab = Tab(browser)

@@ -108,3 +108,51 @@ def test_a_moe_run_charts_router_disagreement_per_layer():
                                 "train/router_disagree_l1"]
     assert moe.series["train/router_disagree_l0"] == [0.02, 0.04]
     assert "train-inference KL (engine || trainer)" in charts
+
+
+def test_a_hinted_continuation_shows_its_hint_where_it_was_inserted(hinted_run: Path):
+    from looprl.dashboard.data import TrajectoryIndex
+    from looprl.harness.hinted import turn_messages
+
+    from .conftest import HINT
+
+    t = TrajectoryIndex(hinted_run / "trajectories" / "hinted.jsonl").read(0)
+    assert t.hint is not None
+    html = trajview.trajectory_view(t, None, title="x", prev_href=None, next_href=None,
+                                    list_href="/l")
+    # one block per message; the hint's is labelled a hint, not a user or model turn
+    assert html.count('class="msg ') == len(t.messages)
+    (block,) = re.findall(r'<div class="msg hint" id="m(\d+)">(.*?)</div></div>', html, re.S)
+    at = turn_messages(t.messages)[2][1]  # right after turn 3's tool results
+    assert int(block[0]) == at and t.messages[at]["content"] == HINT
+    assert '<span class="role">hint</span> · broken call · inserted after turn 3' in block[1]
+    assert HINT in block[1]
+    order = [int(i) for i in re.findall(r'<div class="msg [a-z]+" id="m(\d+)">', html)]
+    assert order == list(range(len(t.messages)))  # in place, not appended
+    assert html.index(f'id="m{at - 1}"') < html.index(f'id="m{at}"') < html.index(f'id="m{at + 1}"')
+    assert f'<div class="msg user" id="m{at}">' not in html
+    # the hinted observation's tokens are marked, and none of them is drawn as a sampled token
+    assert html.count('class="tok ctx hint"') == t.hint.end - t.hint.start + 1  # + the legend
+    assert "hinted from" in html
+
+
+def test_hint_metrics_are_charted_once_a_step_distilled_one(grpo_run: Path, hinted_run: Path):
+    assert "targeted feedback" not in render.run_section(load_run(grpo_run), "r0")  # all 0
+    html = render.run_section(load_run(hinted_run), "r0")
+    data = {d["title"]: d for d in _chart_data(html)}
+    kl = data["hint KL (teacher with hint || student without)"]
+    assert [s["values"] for s in kl["series"]] == [[None] + [0.05] * (STEPS - 1)]  # a gap at 1
+    assert data["hinted continuations' pass rate"]["unit"] is True
+    assert data["hinted continuations distilled"]["series"][0]["values"][0] == 0.0
+    assert '<div class="k">hints</div><div class="v">2</div>' in html
+
+
+def test_a_cycle_with_follow_up_hints_says_what_they_gave():
+    from looprl.dashboard.loop_view import cycles_table
+
+    plain = {"cycle": 1, "policy_version": 0, "status": "promoted", "window": {"sessions": 32}}
+    hinted = {**plain, "window": {"sessions": 32, "follow_up_hints": 9, "hinted": 8},
+              "train": {"hints": 8.0, "hint_kl": 0.0123}}
+    assert "follow-ups as hints" not in cycles_table([plain])
+    html = cycles_table([hinted])
+    assert "9 follow-ups as hints · 8 continued · 8 distilled, hint KL 0.012" in html

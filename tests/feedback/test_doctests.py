@@ -4,10 +4,10 @@ import doctest
 
 import pytest
 
-from looprl.feedback import ab, sentiment, signals, store
+from looprl.feedback import ab, follow_ups, sentiment, signals, store
 
 
-@pytest.mark.parametrize("module", [ab, sentiment, signals, store])
+@pytest.mark.parametrize("module", [ab, follow_ups, sentiment, signals, store])
 def test_doctests(module):
     res = doctest.testmod(module)
     assert res.attempted > 0 and res.failed == 0

@@ -43,6 +43,15 @@ def _f3(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
 
 
+def _hints_note(window: dict[str, Any], train: dict[str, Any]) -> str:
+    """What a window's follow-ups gave as hints (``feedback.follow_ups``), when they were on."""
+    if "follow_up_hints" not in window:
+        return ""
+    return (f'<div class="muted hints">{esc(fmt(window["follow_up_hints"]))} follow-ups as hints'
+            f' · {esc(fmt(window.get("hinted")))} continued · {esc(fmt(train.get("hints")))}'
+            f' distilled, hint KL {esc(_f3(train.get("hint_kl")))}</div>')
+
+
 def cycles_table(cycles: Sequence[dict[str, Any]]) -> str:
     """One row per finished cycle, from ``cycles.jsonl`` as the loop wrote it."""
     rows = []
@@ -66,7 +75,8 @@ def cycles_table(cycles: Sequence[dict[str, Any]]) -> str:
             + ("—" if cand is None else f"v{esc(str(cand))}"),
             f'{status_badge(str(c.get("status", "")))}<div class="reason">'
             f'{esc(str(c.get("reason", "")))}</div>',
-            esc(fmt(w.get("sessions"))), esc(_f3(w.get("mean_reward"))), gate,
+            esc(fmt(w.get("sessions"))) + _hints_note(w, c.get("train") or {}),
+            esc(_f3(w.get("mean_reward"))), gate,
             esc(interval(d.get("diff"), d.get("lo"), d.get("hi"))), esc(kept)])
     return table(["cycle", "current → candidate", "status", "window sessions",
                   "window mean reward", "gate pass@1 current → candidate",

@@ -66,6 +66,14 @@ TRAINING_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("train/router_disagree", "train/router_disagree_l*")),
     ("MoE load-balancing loss", ("train/moe_aux_loss",)),
 )
+HINT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("hinted continuations distilled", ("train/hints",)),
+    ("hint KL (teacher with hint || student without)", ("train/hint_kl",)),
+    ("hinted continuations' pass rate", ("train/hint_pass_rate",)),
+)
+"""Targeted textual feedback (``grpo.experimental.feedback``): drawn once a step distilled one."""
+HINT_CARDS = (("hints", "train/hints"), ("hint KL", "train/hint_kl"),
+              ("hint pass rate", "train/hint_pass_rate"))
 THROUGHPUT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("throughput (tokens/s)", ("rollout/tokens_per_s", "train/tokens_per_s")),
     ("trainer idle fraction", ("loop/trainer_idle_fraction",)),
@@ -119,6 +127,7 @@ class Chart:
 
 
 RATES = frozenset({"rollout/pass_rate", "broken_call_rate", "loop/trainer_idle_fraction",
+                   "train/hint_pass_rate",
                    "train/clip_fraction", "trajectories_with_broken_calls"})
 
 
@@ -329,6 +338,18 @@ def runs_table(runs: Sequence[RunData], href: Callable[[RunData], str] | None,
     return f'<section id="runs" data-live><h2>runs</h2>{body}</section>'
 
 
+def hint_section(run: RunData, prefix: str) -> str:
+    """The targeted-feedback charts and cards, once a step distilled a hinted continuation
+    (every step logs ``train/hints``, 0 while the term is off)."""
+    if not any(metric_value(r, "train/hints") for r in run.rows):
+        return ""
+    unmeasured = ("train/hint_kl", "train/hint_pass_rate")  # 0 on a step without hints: a gap
+    rows = [r if metric_value(r, "train/hints") else {k: v for k, v in r.items()
+                                                      if k not in unmeasured} for r in run.rows]
+    return ("<h3>targeted feedback: hinted continuations</h3>" + cards(run.last, HINT_CARDS)
+            + charts_grid(run_charts(rows, HINT_PANELS), prefix + "-h"))
+
+
 def run_section(run: RunData, prefix: str, *, title_href: str | None = None) -> str:
     """Cards, skipped-step note, problems and every training and throughput chart of a run."""
     title = link(title_href, run.name) if title_href else esc(run.name)
@@ -338,6 +359,7 @@ def run_section(run: RunData, prefix: str, *, title_href: str | None = None) -> 
             f" · {train_status(run)} · updated {esc(ago(run.mtime))}</div>"
             f'<div data-live>{problems(run.problems)}</div>{run_cards(run)}{skipped_note(run)}'
             + charts_grid(run_charts(run.rows, TRAINING_PANELS), prefix + "-t")
+            + hint_section(run, prefix)
             + "<h3>rollout and trainer throughput</h3>" + cards(run.last, THROUGHPUT_CARDS)
             + charts_grid(run_charts(run.rows, THROUGHPUT_PANELS), prefix + "-p") + "</section>")
 

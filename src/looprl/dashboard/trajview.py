@@ -20,7 +20,8 @@ from typing import Any
 
 from looprl.dashboard.data import TrajSummary, fmt
 from looprl.dashboard.render import esc, link, problems, table
-from looprl.types import Message, Segment, Trajectory
+from looprl.harness.hinted import turn_messages
+from looprl.types import HintSpan, Message, Segment, Trajectory
 
 PAGE_SIZE = 100
 MAX_TOKENS = 40_000
@@ -110,6 +111,26 @@ def _arguments(raw: str) -> tuple[str, bool]:
     return json.dumps(obj, indent=2, ensure_ascii=False), isinstance(obj, dict)
 
 
+def hint_html(i: int, h: HintSpan) -> str:
+    """The hint a hinted continuation inserted (``harness.hinted``): not a model turn, and not
+    the task's prompt either: where it sits, what kind, and that it is context only."""
+    kind = f" · {esc(h.kind.replace('_', ' '))}" if h.kind else ""
+    return (f'<div class="msg hint" id="m{i}"><div class="head"><span class="role">hint</span>'
+            f"{kind} · inserted after turn {h.turn} · context, never trained</div>"
+            f"{_text_block(h.text)}</div>")
+
+
+def hint_index(t: Trajectory) -> int | None:
+    """Where ``t``'s hint message is: right after turn ``hint.turn``'s tool results."""
+    h = t.hint
+    turns = turn_messages(t.messages)
+    if h is None or not 1 <= h.turn <= len(turns):
+        return None
+    i = turns[h.turn - 1][1]
+    m = t.messages[i] if i < len(t.messages) else {}
+    return i if m.get("role") == "user" and m.get("content") == h.text else None
+
+
 def message_html(i: int, m: Message) -> str:
     role = str(m.get("role", "?"))
     parts = [f'<div class="msg {esc(role)}" id="m{i}"><div class="head"><span class="role">{esc(role)}</span>']
@@ -172,24 +193,31 @@ def _fold(context: list[str]) -> str:
 
 
 def _segment_spans(s: Segment, budget: int, tokenizer: Any, cache: dict[int, str],
-                   color: dict[int, str]) -> str:
+                   color: dict[int, str], hint: range = range(0)) -> str:
+    """The tokens; those in ``hint`` (the hinted observation's span) are marked as the hint's."""
     out: list[str] = []
     context: list[str] = []
-    for tid, lp, m, v in zip(s.token_ids_T[:budget], s.logprobs_T, s.loss_mask_T,
-                             s.policy_version_T, strict=False):
+    for i, (tid, lp, m, v) in enumerate(zip(s.token_ids_T[:budget], s.logprobs_T, s.loss_mask_T,
+                                            s.policy_version_T, strict=False)):
         piece = esc(_piece(tokenizer, cache, tid))
         if m:
             out.append(_fold(context))
             context = []
             out.append(f'<span class="tok" style="--v:{color[v]}" title="id {tid} · v{v} · '
                        f'logprob {lp:.3f}">{piece}</span>')
+        elif i in hint:  # never folded: the hint is what this trajectory is about
+            if i == hint.start:
+                out.append(_fold(context))
+                context = []
+            out.append(f'<span class="tok ctx hint" title="id {tid} · hint">{piece}</span>')
         else:
             context.append(f'<span class="tok ctx" title="id {tid}">{piece}</span>')
     return "".join(out) + _fold(context)
 
 
-def tokens_html(segments: Sequence[Segment], tokenizer: Any) -> str:
-    """Every token of every segment, coloured by loss mask and policy version."""
+def tokens_html(segments: Sequence[Segment], tokenizer: Any, hint: HintSpan | None = None) -> str:
+    """Every token of every segment, coloured by loss mask and policy version; a hinted
+    continuation's hint span (its one segment) marked apart."""
     versions = sorted({v for s in segments for v, m in zip(s.policy_version_T, s.loss_mask_T,
                                                           strict=True) if m})
     color = {v: VERSION_COLORS[i % len(VERSION_COLORS)] for i, v in enumerate(versions)}
@@ -197,6 +225,8 @@ def tokens_html(segments: Sequence[Segment], tokenizer: Any) -> str:
                                                          strict=True) if m and x == v)
               for v in versions}
     legend = ('<div class="legend"><span class="tok ctx">prompt / tool output (not trained)</span>'
+              + ('<span class="tok ctx hint">tool output + hint (inserted, not trained)</span>'
+                 if hint is not None else "")
               + "".join(f'<span class="tok" style="--v:{color[v]}">sampled by policy v{v} · '
                         f"{counts[v]} tokens</span>" for v in versions) + "</div>")
     cache: dict[int, str] = {}
@@ -209,7 +239,8 @@ def tokens_html(segments: Sequence[Segment], tokenizer: Any) -> str:
         n = len(s.token_ids_T)
         out.append(f"<h4>segment {k + 1} of {len(segments)} · {n:,} tokens · "
                    f"{s.num_model_tokens:,} sampled</h4>")
-        spans = _segment_spans(s, budget, tokenizer, cache, color)
+        span = range(hint.start, hint.end) if hint is not None and k == 0 else range(0)
+        spans = _segment_spans(s, budget, tokenizer, cache, color, span)
         out.append(f'<div class="tokens">{spans}</div>')
         if n > budget:
             out.append(problems([f"{n - budget:,} more tokens of this segment not drawn"]))
@@ -225,15 +256,18 @@ def trajectory_view(t: Trajectory, tokenizer: Any, *, title: str,
                                  link(next_href, "next →") if next_href else "") if x)
     step = t.metadata.get("train_step")
     facts = [("task", t.task_id), ("trajectory", t.id), ("group", t.group_id),
-             ("train step", step), ("stop", t.stop_reason.value), ("wall s", round(t.wall_s, 2))]
+             ("train step", step), ("hinted from", t.metadata.get("hinted_from")),
+             ("stop", t.stop_reason.value), ("wall s", round(t.wall_s, 2))]
     head = " · ".join(f"{k} <strong>{esc(fmt(v))}</strong>" for k, v in facts if v not in (None, ""))
     counters = "".join(f'<div class="card"><div class="k">{esc(k.replace("_", " "))}</div>'
                        f'<div class="v">{v}</div></div>' for k, v in c.to_dict().items())
     err = problems([t.error], "error") if t.error else ""
-    msgs = "".join(message_html(i, m) for i, m in enumerate(t.messages))
+    at = hint_index(t)
+    msgs = "".join(hint_html(i, t.hint) if i == at and t.hint is not None else message_html(i, m)
+                   for i, m in enumerate(t.messages))
     return (f'<section class="traj"><h2>{esc(title)}</h2><p>{nav}</p><p>{head}</p>{err}'
             f'<div class="cards">{counters}</div></section>'
             f'<div class="split"><section><h2>messages ({len(t.messages)})</h2>{msgs}</section>'
             f"<div><section><h2>reward</h2>{reward_html(t)}</section>"
             f"<section><h2>diff</h2>{diff_html(t.diff)}</section></div></div>"
-            f"<section><h2>tokens</h2>{tokens_html(t.segments, tokenizer)}</section>")
+            f"<section><h2>tokens</h2>{tokens_html(t.segments, tokenizer, t.hint)}</section>")

@@ -3,6 +3,8 @@
 - ``store``: ``FeedbackStore`` — served sessions (token-exact trajectories) and append-only
   feedback events (kept / reverted / partially_kept / follow_up) in SQLite.
 - ``signals``: events -> ``RewardBreakdown`` (``SIGNALS``); ``sentiment``: the follow-up classifier.
+- ``follow_ups``: dissatisfied follow-ups as hints, continued by the serving policy and distilled
+  in the window's training (``grpo.experimental.feedback.follow_ups``).
 - ``ab``: ``assign_arm``, per-arm metrics with bootstrap CIs, promote / keep / rollback.
 - The real-time cycle, one part per job: ``window`` (scored sessions -> trajectories -> groups),
   ``update`` (GRPO steps -> a saved candidate, continuing Adam), ``gate`` (bench gate, A/B

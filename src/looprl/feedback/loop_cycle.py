@@ -12,6 +12,7 @@ pointers the server follows).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from looprl.feedback.policies import (
     withdraw_candidate,
 )
 from looprl.feedback.production import Production
-from looprl.feedback.realtime_config import RealtimeConfig, gate_tasks
+from looprl.feedback.realtime_config import RealtimeConfig, gate_tasks, users_tasks
 from looprl.feedback.store import FeedbackStore, SessionRecord
 from looprl.feedback.update import make_candidate, window_optimizer
 from looprl.feedback.window import (
@@ -42,7 +43,7 @@ from looprl.feedback.window import (
     window_groups,
 )
 from looprl.rundir import RunDir
-from looprl.types import Group, JSONScalar, Trajectory
+from looprl.types import Grader, Group, JSONScalar, Task, Trajectory
 
 
 @dataclass
@@ -73,6 +74,8 @@ class Loop:
         self.store = FeedbackStore(RunDir(run).feedback_db)
         self.t0 = time.monotonic()
         self.gate_tasks = gate_tasks(cfg)
+        self.users_tasks = users_tasks(cfg) if cfg.users.tasks else []
+        """The tasks simulated users send (their gold patches redact follow-up hints)."""
         self.prod: Production | None = None
         self.phase = "the start"
         """What the run is doing (a stop says where it stopped)."""
@@ -177,19 +180,22 @@ class Loop:
         """The cycle's steps; returns its row and the sessions it trained on (id -> reward)."""
         cur = read_policy(self.policies)
         row = CycleRow(n, cur.version, injected=n == self.cfg.inject_bad_cycle)
-        collected = self._collect(row, cur)
+        collected = self.collect(row, cur)
         if collected is None:
             return row, {}
         trajs, groups = collected
         trained = {x.id: x.reward.total for x in trajs if x.reward is not None}
+        fb = self.cfg.grpo.experimental.feedback
+        if fb.follow_ups and fb.coef > 0:
+            groups = self.follow_ups(row, cur, trajs, groups)
         cand = self._train(row, cur, groups, len(trajs))
         if cand is None or not self._gate(row, cur, cand):
             return row, trained
         self._ab(row, cur, cand)
         return row, trained
 
-    def _collect(self, row: CycleRow, cur: PolicyRef
-                 ) -> tuple[list[Trajectory], list[Group]] | None:
+    def collect(self, row: CycleRow, cur: PolicyRef
+                ) -> tuple[list[Trajectory], list[Group]] | None:
         """Wait for the window, then its trajectories and groups; None when it did not fill."""
         cfg, n, t = self.cfg, row.cycle, time.monotonic()
 
@@ -212,6 +218,55 @@ class Loop:
                       "singletons": sum(len(g.trajectories) == 1 for g in groups)}
         row.minutes["window"] = (time.monotonic() - t) / 60
         return trajs, groups
+
+    def follow_ups(self, row: CycleRow, cur: PolicyRef, trajs: list[Trajectory],
+                   groups: list[Group]) -> list[Group]:
+        """The window's dissatisfied follow-ups as hints (``feedback.follow_ups``): each hinted
+        session continued by the serving policy, at most ``feedback.max_per_group`` a group,
+        saved to ``RUN/trajectories/hinted.jsonl``; the groups carry them (``Group.hinted``)."""
+        import asyncio
+
+        from looprl.chat import ChatFormat
+        from looprl.feedback.follow_ups import (
+            SERVE_TEST_COMMAND,
+            attach_hinted,
+            continue_follow_ups,
+            follow_up_hints,
+        )
+        from looprl.harness.run_state import AgentConfig
+        from looprl.inference.torch_engine import TorchEngine
+
+        t = time.monotonic()
+        known = {f"{Path(k.repo).resolve()}\0{k.prompt}": k for k in self.users_tasks}
+        sessions = {x.id: self.store.session(x.id, with_trajectory=False) for x in trajs}
+        tasks = {sid: known.get(request_key(s)) or Task(  # a real user's: no hidden tests
+            id=f"serve-{sid}", repo=s.repo, prompt=s.prompt, grader=Grader(SERVE_TEST_COMMAND))
+            for sid, s in sessions.items()}
+        hints = follow_up_hints(trajs, self.store.events_by_session(),
+                                {sid: task.gold_patch for sid, task in tasks.items()})
+        row.window |= {"follow_up_hints": len(hints), "hinted": 0}
+        if not hints:
+            return groups
+        s = self.cfg.serve
+        agent = AgentConfig(max_turns=s.max_turns, max_new_tokens=s.max_new_tokens,
+                            context_window=s.context_window)  # what the sessions were served with
+        engine = TorchEngine.from_path(cur.path)
+        try:
+            hinted = asyncio.run(continue_follow_ups(engine, ChatFormat(engine.tokenizer), trajs,
+                                                     hints, tasks, agent,
+                                                     concurrency=s.max_concurrent))
+        finally:
+            engine.close()
+        traj_dir = RunDir(self.run).trajectories
+        traj_dir.mkdir(parents=True, exist_ok=True)
+        with open(traj_dir / "hinted.jsonl", "a", encoding="utf-8") as fh:
+            fh.writelines(dataclasses.replace(h, metadata={**h.metadata, "cycle": row.cycle})
+                          .to_json() + "\n" for h in hinted)
+        per_group = self.cfg.grpo.experimental.feedback.max_per_group
+        row.window["hinted"] = len(hinted)
+        row.minutes["follow_ups"] = (time.monotonic() - t) / 60
+        self.say(f"  {len(hints)} dissatisfied follow-ups as hints: {len(hinted)} continued")
+        return attach_hinted(groups, hinted, per_group)
 
     def _train(self, row: CycleRow, cur: PolicyRef, groups: list[Group], sessions: int
                ) -> PolicyRef | None:

@@ -153,6 +153,11 @@ class RealtimeConfig:
         if self.users.simulate and not self.users.tasks:
             raise FieldError("users.tasks", "simulated users need tasks to ask for: a task JSONL "
                                             "(e.g. runs/quickstart/tasks/heldout.jsonl)")
+        fb = self.grpo.experimental.feedback
+        if fb.follow_ups and not fb.coef > 0:
+            raise FieldError("grpo.experimental.feedback.coef", "follow-ups as hints are "
+                             "distilled with this weight: set it > 0 (e.g. 0.5), or follow_ups "
+                             "false")
         if self.grpo.experimental.credit.skip_groups_without_pass:
             raise FieldError("grpo.experimental.credit.skip_groups_without_pass",
                              "users' rewards carry no test result: set it false")

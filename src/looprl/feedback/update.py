@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from looprl.feedback.realtime_config import RealtimeConfig
 
 COUNTS = frozenset({"tokens", "sequences", "micro_batches", "updates", "skipped_updates",
-                    "zero_variance_groups", "dropped_infra", "no_pass_groups", "silent_rows",
+                    "hints", "zero_variance_groups", "dropped_infra", "no_pass_groups", "silent_rows",
                     "wall_s"})
 """``StepMetrics`` fields a cycle's steps add up; the others are averaged over its steps."""
 

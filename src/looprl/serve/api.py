@@ -86,6 +86,7 @@ from looprl.chat import ChatFormat
 from looprl.diffs import changed_files
 from looprl.errors import ConfigError, LooprlError, PolicyError, SandboxError
 from looprl.feedback.ab import ab_report, assign_arm
+from looprl.feedback.follow_ups import SERVE_TEST_COMMAND
 from looprl.feedback.signals import session_reward
 from looprl.feedback.store import (
     EventConflictError,
@@ -126,7 +127,7 @@ class ServeConfig:
     """Reward signal (``feedback.signals.SIGNALS``) for responses and /v1/ab."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     tools: tuple[str, ...] = DEFAULT_TOOLS
-    test_command: str = "python -m pytest -q"
+    test_command: str = SERVE_TEST_COMMAND
     """What the run_tests tool runs in the user's repo."""
     venv: str | None = None
     """Python environment made visible in sandboxes (None: the system's)."""

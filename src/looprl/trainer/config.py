@@ -94,6 +94,11 @@ class FeedbackDistill:
     max_per_group: Annotated[int, Range(0, 4096)] = 1
     """Hinted continuations per group, at most (each costs a rollout from the hinted turn and
     a grading)."""
+    follow_ups: bool = False
+    """The real-time loop (``looprl feedback loop``): users' dissatisfied follow-ups are the
+    hints, each after the turn it answers (``feedback.follow_ups``), continued by the serving
+    policy and distilled in the window's training (needs ``coef > 0``). ``looprl train`` has
+    no users: its hints come from the environment whatever this says."""
 
     @property
     def hints_per_group(self) -> int:

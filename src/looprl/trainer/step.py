@@ -110,7 +110,8 @@ class StepMetrics:
     hint_kl: float = 0.0
     """Mean KL(teacher || student) over their continuation tokens, before the update."""
     hint_pass_rate: float = 0.0
-    """Share of this step's hinted continuations that passed."""
+    """Share of this step's graded hinted continuations that passed (a real user's follow-up
+    continuation has no hidden test: not graded, not counted)."""
 
     def to_dict(self) -> dict[str, float]:
         moe = ("router_disagree_L", "router_disagree", "moe_aux_loss")
@@ -371,6 +372,7 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
     if pairs and x.feedback.coef > 0 and not minis:  # all groups skipped: the hints still teach
         minis, seqs = [[]], [0]
     hint_kl = 0.0
+    graded = [t for t in hinted if t.reward is not None]  # a real user's continuation has no test
     aux_coef = aux_loss_coef(model)
     for j, (mini, n_seq) in enumerate(zip(minis, seqs, strict=True)):
         optimizer.zero_grad(set_to_none=True)
@@ -431,7 +433,7 @@ def train_step(model: nn.Module, ref_model: nn.Module | None, optimizer: torch.o
         router_disagree=sum(acc.disagree_L) / max(acc.decisions * len(acc.disagree_L), 1),
         router_disagree_L=tuple(d / max(acc.decisions, 1) for d in acc.disagree_L),
         moe_aux_loss=acc.aux / max(acc.aux_n, 1), hints=len(pairs), hint_kl=hint_kl,
-        hint_pass_rate=sum(t.passed for t in hinted) / len(hinted) if hinted else 0.0)
+        hint_pass_rate=sum(t.passed for t in graded) / len(graded) if graded else 0.0)
 
 
 @dataclass(frozen=True)
