@@ -116,7 +116,7 @@ def serve(
                                         model=engine_model, api_key=engine_api_key)
     else:
         specs, chat_tok = _local_specs(engine, refs, _engine_options(engine_option),
-                                       tokenizer_dir, candidate_b)
+                                       tokenizer_dir, candidate_b, context_window)
     cfg = ServeConfig(token=tok, experiment=experiment, split_b=split_b,
                       agent=AgentConfig(max_turns=max_turns, max_new_tokens=max_new_tokens,
                                         context_window=context_window),
@@ -194,18 +194,32 @@ def _remote_specs(refs: dict[str, Any], options: dict[str, Any], tokenizer_dir: 
 
 
 def _local_specs(engine: str, refs: dict[str, Any], options: dict[str, Any],
-                 tokenizer_dir: Path | None, candidate_b: bool
+                 tokenizer_dir: Path | None, candidate_b: bool, context_window: int
                  ) -> tuple[dict[str, dict[str, Any]], Any]:
-    """Each arm's in-process engine options, and the tokenizer when the engine has none."""
+    """Each arm's in-process engine options, and the tokenizer when the engine has none. A
+    built-in engine starts labelled with its policy's version (its tokens carry it); vLLM
+    reserves a context of ``--context-window`` tokens (at most the model's positions) unless
+    ``-E max_model_len=N`` says otherwise."""
     if "A" not in refs:
         raise typer.BadParameter(f"--engine {engine} runs a model in this process: pass "
                                  "--model DIR", param_hint="--model")
     key = {"torch": "path", "vllm": "model_path"}.get(engine, "path")
     specs = {arm: {key: str(ref.path), **options} for arm, ref in refs.items()}
+    if engine in ("torch", "vllm"):
+        for arm, spec in specs.items():
+            spec.setdefault("policy_version", refs[arm].version)
+            if engine == "vllm":
+                spec.setdefault("max_model_len", min(context_window, _max_positions(refs[arm].path)))
     if candidate_b:
         specs["B"] = dict(specs["A"])  # A's weights; no traffic until a candidate is offered
     # a torch engine has the model's own tokenizer; others may not expose one
     return specs, None if engine == "torch" else _tokenizer(tokenizer_dir)  # type: ignore[arg-type]
+
+
+def _max_positions(model: Path) -> int:
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 4096))
 
 
 def _tokenizer(path: Path) -> Any:
