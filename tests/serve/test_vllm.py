@@ -164,6 +164,6 @@ def test_a_vllm_option_vllm_refuses_is_one_line_naming_it(tmp_path):
                   hidden=64, heads=2)
     r = CliRunner().invoke(app, ["serve", "--engine", "vllm", "--model", str(model),
                                  "--store", str(tmp_path / "fb.db"), "-E", "bogus_option=1"])
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output
     [line] = r.output.strip().splitlines()
     assert "vLLM refused its engine arguments" in line and "'bogus_option'" in line, line
