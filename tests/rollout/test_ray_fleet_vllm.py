@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -50,16 +51,25 @@ LOGPROB_ATOL = 1e-4
 @pytest.fixture(scope="module")
 def cluster():
     require_vllm()
-    temp = tempfile.mkdtemp(prefix="rayv-", dir="/tmp")  # short: Ray's socket paths live here
+    # Ray's files (sessions, sockets: a short path) and the address file a Cluster writes for
+    # `ray.init()` to find go under a dir of this module's own, not the machine's /tmp/ray
+    temp = tempfile.mkdtemp(prefix="rayv-", dir="/tmp")
+    os.makedirs(os.path.join(temp, "ray"))
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
     c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "node_ip_address": IP, "include_dashboard": False, "port": free_port(),
-        "temp_dir": temp})
+        "num_cpus": 0, "node_ip_address": IP, "include_dashboard": False,
+        "gcs_server_port": free_port()})
     try:
-        c.add_node(num_cpus=1, node_ip_address=IP, temp_dir=temp)
+        c.add_node(num_cpus=1, node_ip_address=IP)
         yield c
     finally:
         ray.shutdown()
         c.shutdown()
+        if before is None:
+            os.environ.pop("RAY_TMPDIR")
+        else:
+            os.environ["RAY_TMPDIR"] = before
 
 
 def _logprobs(model: LlamaForCausalLM, traj: Trajectory) -> tuple[list[float], list[float]]:
