@@ -25,7 +25,10 @@ in one line and retried at the next tick.
 process in `make vllm`'s venv), ``openai`` (any OpenAI-compatible server, e.g. ``looprl model serve`` or vLLM's:
 ``--engine-url`` per arm, token ids in and out through ``/v1/completions``), or a plugin's name.
 ``-E KEY=VALUE`` passes more keyword arguments to the engine (values read as JSON when they
-parse). A remote engine serves what it serves: ``--model`` then only names the policy whose
+parse; with ``vllm``, ``VLLMEngine``'s or vLLM's own engine arguments, which vLLM checks at
+start-up). A local engine's tokens carry its policy's version; ``vllm`` reserves a context of
+``--context-window`` tokens (at most the model's positions; ``-E max_model_len=N`` says
+otherwise) and takes promotions in flight, as torch does. A remote engine serves what it serves: ``--model`` then only names the policy whose
 version labels the sessions and whose promotions ``/v1/reload`` pushes to the engine; the harness
 renders its format with ``--tokenizer`` (default: the ``--model`` directory).
 """

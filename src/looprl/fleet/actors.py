@@ -80,11 +80,13 @@ class EngineReplica:
 
     def __init__(self, model_dir: str, engine: str, weights_url: str, threads: int,
                  cuda: bool = False, faults_cfg: FaultsConfig | None = None,
-                 weights_options: dict[str, Any] | None = None) -> None:
+                 weights_options: dict[str, Any] | None = None,
+                 engine_options: dict[str, Any] | None = None) -> None:
         torch.set_num_threads(threads)  # this process's decode; the trainer's process keeps its own
         _install(faults_cfg, REPLICA_FAULTS, "replica")
         self.model_dir, self.engine_name, self.cuda, self.threads = model_dir, engine, cuda, threads
         self.weights_url, self.weights_options = weights_url, weights_options or {}
+        self.engine_options = engine_options or {}
         self.store: Any = None
         self.engine: Any = None
         self.in_flight = 0
@@ -110,7 +112,8 @@ class EngineReplica:
             # load samples are answered meanwhile
             kwargs = {"threads": self.threads} if self.engine_name == "vllm" else {}
             self.engine = await asyncio.to_thread(make_engine, self.engine_name,
-                                                  model_path=self.model_dir, **kwargs)
+                                                  model_path=self.model_dir,
+                                                  **{**kwargs, **self.engine_options})
         return await self.pull(version) if version > 0 else Pulled(0)
 
     async def pull(self, version: int) -> Pulled:
