@@ -7,7 +7,6 @@ Where that venv is missing these tests skip, except under CI (``LOOPRL_REQUIRE_S
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
@@ -16,8 +15,9 @@ import pytest
 import torch
 
 from looprl.inference import vllm_rpc
-from looprl.inference.vllm_engine import VLLMEngine, find_vllm_python
+from looprl.inference.vllm_engine import VLLMEngine
 from looprl.types import SamplingParams
+from tests.vllm_support import require_vllm
 
 LOGPROB_ATOL = 1e-4
 """vLLM's CPU kernels vs PyTorch's, both fp32: measured max |diff| 3e-6 after a weight update,
@@ -50,11 +50,7 @@ def test_missing_venv_says_how_to_fix(tmp_path):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    if find_vllm_python() is None:
-        why = "no .venv-vllm: run `make vllm`"
-        if os.environ.get("LOOPRL_REQUIRE_SANDBOX") == "1" or os.environ.get("CI"):
-            pytest.fail(f"{why} (CI runs the vLLM tests; `make test` builds it)")
-        pytest.skip(why)
+    require_vllm()
     from looprl.models.tiny import init_default_model
     return init_default_model(tmp_path_factory.mktemp("m"), size="small", corpus_chars=200_000)
 

@@ -23,8 +23,8 @@ import pytest
 
 from looprl.chat import ChatFormat
 from looprl.inference.openai_chat import conversation_ids
-from looprl.inference.vllm_engine import find_vllm_python
 from looprl.models.tokenizer import build_tokenizer
+from tests.vllm_support import require_vllm
 
 from .taught import teach
 from .test_openai_client import ANSWER, ASK, CALL, README, TOOLS, answered
@@ -40,11 +40,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    if find_vllm_python() is None:
-        why = "no .venv-vllm: run `make vllm`"
-        if os.environ.get("LOOPRL_REQUIRE_SANDBOX") == "1" or os.environ.get("CI"):
-            pytest.fail(f"{why} (CI runs the vLLM tests; `make test` builds it)")
-        pytest.skip(why)
+    require_vllm()
     tok = build_tokenizer(None)
     fmt = ChatFormat(tok)
     model = teach(tok, [(conversation_ids(fmt, ASK, TOOLS), tok.encode(CALL) + [fmt.eot_id]),

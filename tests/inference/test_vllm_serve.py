@@ -19,6 +19,7 @@ import pytest
 from looprl.inference.openai_engine import OpenAIEngine
 from looprl.inference.vllm_engine import find_vllm_python
 from looprl.types import SamplingParams
+from tests.vllm_support import require_vllm
 
 
 def _free_port() -> int:
@@ -29,12 +30,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    require_vllm()
     py = find_vllm_python()
-    if py is None:
-        why = "no .venv-vllm: run `make vllm`"
-        if os.environ.get("LOOPRL_REQUIRE_SANDBOX") == "1" or os.environ.get("CI"):
-            pytest.fail(f"{why} (CI runs the vLLM tests; `make test` builds it)")
-        pytest.skip(why)
     from looprl.models.tiny import init_default_model
     model = init_default_model(tmp_path_factory.mktemp("m"), size="small", corpus_chars=200_000)
     port = _free_port()

@@ -25,7 +25,10 @@ in one line and retried at the next tick.
 process in `make vllm`'s venv), ``openai`` (any OpenAI-compatible server, e.g. ``looprl model serve`` or vLLM's:
 ``--engine-url`` per arm, token ids in and out through ``/v1/completions``), or a plugin's name.
 ``-E KEY=VALUE`` passes more keyword arguments to the engine (values read as JSON when they
-parse). A remote engine serves what it serves: ``--model`` then only names the policy whose
+parse; with ``vllm``, ``VLLMEngine``'s or vLLM's own engine arguments, which vLLM checks at
+start-up). A local engine's tokens carry its policy's version; ``vllm`` reserves a context of
+``--context-window`` tokens (at most the model's positions; ``-E max_model_len=N`` says
+otherwise) and takes promotions in flight, as torch does. A remote engine serves what it serves: ``--model`` then only names the policy whose
 version labels the sessions and whose promotions ``/v1/reload`` pushes to the engine; the harness
 renders its format with ``--tokenizer`` (default: the ``--model`` directory).
 """
@@ -116,7 +119,7 @@ def serve(
                                         model=engine_model, api_key=engine_api_key)
     else:
         specs, chat_tok = _local_specs(engine, refs, _engine_options(engine_option),
-                                       tokenizer_dir, candidate_b)
+                                       tokenizer_dir, candidate_b, context_window)
     cfg = ServeConfig(token=tok, experiment=experiment, split_b=split_b,
                       agent=AgentConfig(max_turns=max_turns, max_new_tokens=max_new_tokens,
                                         context_window=context_window),
@@ -194,18 +197,32 @@ def _remote_specs(refs: dict[str, Any], options: dict[str, Any], tokenizer_dir: 
 
 
 def _local_specs(engine: str, refs: dict[str, Any], options: dict[str, Any],
-                 tokenizer_dir: Path | None, candidate_b: bool
+                 tokenizer_dir: Path | None, candidate_b: bool, context_window: int
                  ) -> tuple[dict[str, dict[str, Any]], Any]:
-    """Each arm's in-process engine options, and the tokenizer when the engine has none."""
+    """Each arm's in-process engine options, and the tokenizer when the engine has none. A
+    built-in engine starts labelled with its policy's version (its tokens carry it); vLLM
+    reserves a context of ``--context-window`` tokens (at most the model's positions) unless
+    ``-E max_model_len=N`` says otherwise."""
     if "A" not in refs:
         raise typer.BadParameter(f"--engine {engine} runs a model in this process: pass "
                                  "--model DIR", param_hint="--model")
     key = {"torch": "path", "vllm": "model_path"}.get(engine, "path")
     specs = {arm: {key: str(ref.path), **options} for arm, ref in refs.items()}
+    if engine in ("torch", "vllm"):
+        for arm, spec in specs.items():
+            spec.setdefault("policy_version", refs[arm].version)
+            if engine == "vllm":
+                spec.setdefault("max_model_len", min(context_window, _max_positions(refs[arm].path)))
     if candidate_b:
         specs["B"] = dict(specs["A"])  # A's weights; no traffic until a candidate is offered
     # a torch engine has the model's own tokenizer; others may not expose one
     return specs, None if engine == "torch" else _tokenizer(tokenizer_dir)  # type: ignore[arg-type]
+
+
+def _max_positions(model: Path) -> int:
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 4096))
 
 
 def _tokenizer(path: Path) -> Any:

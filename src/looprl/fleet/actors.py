@@ -80,11 +80,13 @@ class EngineReplica:
 
     def __init__(self, model_dir: str, engine: str, weights_url: str, threads: int,
                  cuda: bool = False, faults_cfg: FaultsConfig | None = None,
-                 weights_options: dict[str, Any] | None = None) -> None:
+                 weights_options: dict[str, Any] | None = None,
+                 engine_options: dict[str, Any] | None = None) -> None:
         torch.set_num_threads(threads)  # this process's decode; the trainer's process keeps its own
         _install(faults_cfg, REPLICA_FAULTS, "replica")
-        self.model_dir, self.engine_name, self.cuda = model_dir, engine, cuda
+        self.model_dir, self.engine_name, self.cuda, self.threads = model_dir, engine, cuda, threads
         self.weights_url, self.weights_options = weights_url, weights_options or {}
+        self.engine_options = engine_options or {}
         self.store: Any = None
         self.engine: Any = None
         self.in_flight = 0
@@ -105,7 +107,13 @@ class EngineReplica:
         else:  # vLLM or a plugin loads the checkpoint itself, as ``looprl train`` builds it
             from looprl.inference import make_engine
 
-            self.engine = make_engine(self.engine_name, model_path=self.model_dir)
+            # vLLM's worker process (`make vllm`'s venv) runs ``threads`` OpenMP threads; its
+            # start-up takes minutes on a small CPU node: off the actor's loop, so the driver's
+            # load samples are answered meanwhile
+            kwargs = {"threads": self.threads} if self.engine_name == "vllm" else {}
+            self.engine = await asyncio.to_thread(make_engine, self.engine_name,
+                                                  model_path=self.model_dir,
+                                                  **{**kwargs, **self.engine_options})
         return await self.pull(version) if version > 0 else Pulled(0)
 
     async def pull(self, version: int) -> Pulled:
@@ -150,7 +158,13 @@ class EngineReplica:
                 "generated_tokens": self.generated_tokens, "requests": self.requests,
                 "reused_group_tokens": getattr(reuse, "reused_group_tokens", 0),
                 "policy_version": self.engine.policy_version if self.engine else -1,
-                "time": time.time()}
+                "time": time.time(), **self._engine_metrics()}
+
+    def _engine_metrics(self) -> dict[str, float]:
+        """The engine's own counters (``engine/...``: ``TorchEngine.metrics``,
+        ``VLLMEngine.metrics``), for the driver's view."""
+        metrics = getattr(self.engine, "metrics", None)
+        return metrics() if callable(metrics) else {}
 
 
 class ReplicaClient:

@@ -87,7 +87,11 @@ class MemberSpec:
     rollout: RolloutConfig
     reward: RewardConfig
     engine: str = "torch"
-    """``looprl.inference`` engine name (torch; vllm on GPU nodes)."""
+    """``looprl.inference`` engine name: torch, vllm (its worker from `make vllm`'s venv on each
+    node, vLLM's CPU build on CPU nodes) or a plugin."""
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of a non-torch engine (``model.engine_options``), e.g. vLLM's
+    ``gpu_memory_utilization`` or ``kv_cache_gib``."""
     weights_options: dict[str, Any] = field(default_factory=dict)
     """fsspec storage options of ``weights_url`` (``fleet.experimental.weights_options``)."""
     faults: FaultsConfig | None = None
@@ -419,7 +423,7 @@ class RayFleet:
         replica = ray.remote(EngineReplica).options(
             num_cpus=c.cpus_per_engine, num_gpus=c.gpus_per_engine, scheduling_strategy=on_node)
         replicas = [replica.remote(s.model_dir, s.engine, s.weights_url, c.engine_threads,
-                                   c.gpus_per_engine > 0, fc, s.weights_options)
+                                   c.gpus_per_engine > 0, fc, s.weights_options, s.engine_options)
                     for _ in range(c.engines_per_node)]
         env = ray.remote(EnvServer).options(num_cpus=0, scheduling_strategy=on_node).remote(
             replicas, self._tokenizer_ref, s.rollout, s.reward, c.sandboxes_per_node,

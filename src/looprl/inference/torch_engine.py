@@ -134,7 +134,9 @@ class TorchEngine:
     def __init__(self, model, tokenizer, *, max_len: int | None = None, max_batch: int = 64,
                  kv_budget_mb: float = 2048.0, seed: int = 0, stop_on_eos: bool = True,
                  num_threads: int | None = None, max_slots: int = 256, cascade: bool = True,
-                 speculative: str = "auto", lookup: int = 0) -> None:
+                 speculative: str = "auto", lookup: int = 0, policy_version: int = 0) -> None:
+        """``policy_version``: the version of ``model``'s weights (a served policy's), which its
+        tokens carry until ``update_weights`` brings another."""
         # torch's intra-op thread count is per OS thread and a new thread takes the count last
         # set anywhere in the process at its first op: the decode thread sets its own (in _run),
         # or it would run with whatever the trainer set meanwhile
@@ -158,7 +160,7 @@ class TorchEngine:
         self.drafter = Drafter(model, heads, lookup) if heads is not None or lookup else None
         # speculative: "auto" drafts when it pays per batch size, "on" always, "off" never
         self.spec = SpecController(speculative, self.drafter.max_draft if self.drafter else 0)
-        self._version = 0
+        self._version = policy_version
         self._gen = torch.Generator().manual_seed(seed)
         self._commands: queue.Queue = queue.Queue()
         self._waiting: list[_Request] = []

@@ -93,8 +93,11 @@ class VLLMEngine:
     def __init__(self, model_path: str, *, dtype: str | None = None, max_model_len: int = 4096,
                  gpu_memory_utilization: float | None = None, seed: int = 0, python: str | None = None,
                  kv_cache_gib: float = 1.0, threads: int = 1, stop_on_eos: bool = True,
-                 startup_timeout_s: float = 600.0,
+                 startup_timeout_s: float = 600.0, policy_version: int = 0,
                  **engine_kwargs: Any) -> None:
+        """``policy_version``: the version of the weights at ``model_path`` (a served policy's),
+        which its tokens carry until ``update_weights`` brings another; ``engine_kwargs`` go to
+        vLLM's ``AsyncEngineArgs``."""
         from transformers import AutoConfig, AutoTokenizer
 
         exe = find_vllm_python(python)
@@ -110,7 +113,7 @@ class VLLMEngine:
         self.eos_ids = sorted(_eos_ids(self.tokenizer, path)) if stop_on_eos else []
         self.max_len = max_model_len
         self.stats = VLLMStats()
-        self._version = 0
+        self._version = policy_version
         self._ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self._calls: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
@@ -132,18 +135,23 @@ class VLLMEngine:
         config = {"model": str(path), "dtype": dtype or ("auto" if gpu else "float32"),
                   "max_model_len": max_model_len,
                   "gpu_memory_utilization": gpu_memory_utilization or (0.8 if gpu else 0.1), "seed": seed,
-                  "threads": threads, **engine_kwargs}
+                  "threads": threads, "policy_version": policy_version, **engine_kwargs}
         self._proc = subprocess.Popen([str(exe), str(WORKER), str(theirs.fileno()), json.dumps(config)],
                                       pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT)
         theirs.close()
         self._ready = threading.Event()
         self._error: str | None = None
+        self._bad_arguments = False
+        """vLLM refused the engine arguments (the worker said so before loading anything)."""
         self._reader = threading.Thread(target=self._read_loop, name="looprl-vllm-reader", daemon=True)
         self._reader.start()
         if not self._ready.wait(startup_timeout_s) or self._error:
             why = self._error or f"not ready after {startup_timeout_s:.0f} s"
             self.close()
+            if self._bad_arguments:
+                raise ConfigError(f"vLLM refused its engine arguments: {why}; fix or drop the "
+                                  "engine option (looprl serve -E KEY=VALUE, VLLMEngine keyword)")
             raise PolicyError(f"the vLLM worker failed to start: {why} (its log: {self._log.name})")
 
     # -- Engine protocol -----------------------------------------------------------------------
@@ -259,7 +267,7 @@ class VLLMEngine:
         if kind == "ready":
             self._ready.set()
         elif kind == "fatal":
-            self._error = msg["error"]
+            self._error, self._bad_arguments = msg["error"], bool(msg.get("bad_arguments"))
             self._ready.set()
         elif kind == "reply":
             loop, fut = self._calls.get(msg["cid"], (None, None))

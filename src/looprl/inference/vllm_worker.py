@@ -129,6 +129,10 @@ def _take_routes(worker: Any, rid: str) -> tuple[bytes, int]:
     return rows.tobytes(), len(rows)
 
 
+class BadArguments(Exception):
+    """vLLM refused the engine arguments it was started with."""
+
+
 class Worker:
     def __init__(self, sock: socket.socket, config: dict[str, Any]) -> None:
         import torch
@@ -138,18 +142,22 @@ class Worker:
         torch.set_num_threads(int(config.pop("threads", 1)))
         self.sock = sock
         self.lock = threading.Lock()
-        self.version = 0
+        self.version = int(config.pop("policy_version", 0))
         self.route_shape: list[int] = []
         """``[layers, top_k]`` of a MoE model (routes recorded: ``_tap_routes``), else empty."""
         # vLLM 0.32's CPU runner crashes the engine when a seeded request's partial prefill
         # discards its sampled token ("CPU Generator does not use offset", gpu_model_runner
         # _bookkeeping_sync): on CPU requests sample from the engine's seeded generator instead
         self.request_seeds = torch.cuda.is_available()
-        args = AsyncEngineArgs(skip_tokenizer_init=True, enable_prefix_caching=True,
-                               logprobs_mode="processed_logprobs", enforce_eager=True,
-                               disable_log_stats=False, **{"distributed_executor_backend": "uni",
-                                                           **config})
-        self.llm = AsyncLLM.from_engine_args(args)
+        try:  # vLLM refusing an argument (a name it lacks, a bad value) is the caller's to fix
+            args = AsyncEngineArgs(skip_tokenizer_init=True, enable_prefix_caching=True,
+                                   logprobs_mode="processed_logprobs", enforce_eager=True,
+                                   disable_log_stats=False,
+                                   **{"distributed_executor_backend": "uni", **config})
+            vllm_config = args.create_engine_config()
+        except (TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            raise BadArguments(f"{type(e).__name__}: {e}") from e
+        self.llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False)
 
     def send(self, msg: dict[str, Any]) -> None:
         with self.lock:
@@ -232,7 +240,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
         threading.Thread(target=self._read, args=(loop, inbox), daemon=True).start()
-        await self.llm.update_weight_version("0")
+        await self.llm.update_weight_version(str(self.version))
         self.route_shape = (await self.llm.collective_rpc(_tap_routes))[0]
         self.send({"kind": "ready", "route_shape": self.route_shape})
         tasks: dict[str, asyncio.Task] = {}
@@ -282,7 +290,8 @@ def main() -> None:
         worker = Worker(sock, json.loads(sys.argv[2]))
     except Exception as e:
         traceback.print_exc()
-        rpc.send(sock, {"kind": "fatal", "error": f"{type(e).__name__}: {e}"})
+        error = str(e) if isinstance(e, BadArguments) else f"{type(e).__name__}: {e}"
+        rpc.send(sock, {"kind": "fatal", "error": error, "bad_arguments": isinstance(e, BadArguments)})
         raise SystemExit(1) from e
     asyncio.run(worker.serve())
 

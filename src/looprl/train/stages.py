@@ -481,6 +481,7 @@ async def _rollouts(cfg: TrainConfig, engine: Any, tok: Any, start_dir: Path, ru
         injector = faults.active()
         fleet = await RayFleet.start(cfg.fleet, MemberSpec(
             str(Path(start_dir).absolute()), tok, weights_url, cfg.rollout, cfg.reward, cfg.model.engine,
+            engine_options=dict(cfg.model.engine_options),
             weights_options=dict(cfg.fleet.experimental.weights_options),
             faults=injector.cfg if injector is not None else None,
             http_roots=task_roots(tasks) if cfg.fleet.experimental.sandboxes == "http" else None),
