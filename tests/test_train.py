@@ -9,9 +9,10 @@ import os
 
 import pytest
 
+from looprl.config import load_config
 from looprl.errors import ConfigError
 from looprl.harness.oracle import oracle_turns
-from looprl.train import plots, stages
+from looprl.train import plots, report, stages
 from looprl.train import tasks as train_tasks
 from looprl.train.config import TasksExperimental, TasksSection, TrainConfig
 from looprl.train.report import loss_ends
@@ -35,6 +36,26 @@ def test_the_reward_curve_draws_the_loops_rows_with_their_trend(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     res = doctest.testmod(plots)  # rolling_mean skips the steps that logged none
     assert res.attempted > 0 and res.failed == 0
+
+
+def test_the_report_sums_up_the_train_inference_gap_of_the_steps_that_trained():
+    """The per-step engine KL, mismatch share and IS ratio (``engine_line``'s doctest: a skipped
+    step's zeros are left out); a run whose every step was skipped says so."""
+    res = doctest.testmod(report)
+    assert res.attempted > 0 and res.failed == 0
+    assert report.engine_line([{"step": 1, "train/tokens": 0}]) == \
+        "No step trained: no train–inference measures."
+
+
+def test_rollouts_and_the_trainer_must_share_one_temperature():
+    """Rollouts at 0.5 scored by a trainer at 1.0 would give IS ratios and an engine KL of two
+    different distributions: refused at load, in one line; equal temperatures load."""
+    with pytest.raises(ConfigError, match=r"^grpo.experimental.temperature is 1 but rollouts "
+                       r"sample at rollout.agent.experimental.temperature = 0.5"):
+        load_config(TrainConfig, overrides=["rollout.agent.experimental.temperature=0.5"])
+    cfg = load_config(TrainConfig, overrides=["rollout.agent.experimental.temperature=0.5",
+                                              "grpo.experimental.temperature=0.5"])
+    assert cfg.grpo.experimental.temperature == cfg.rollout.agent.experimental.temperature == 0.5
 
 
 def test_select_code_appends_the_buggy_code_never_the_fix(tmp_path):

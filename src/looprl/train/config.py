@@ -321,6 +321,12 @@ class TrainConfig:
             raise FieldError("model.experimental.lookup", "drafts in this process's torch "
                              "engine; a Ray fleet's replicas decode without it: set "
                              "model.experimental.lookup = 0")
+        sampled, scored = self.rollout.agent.experimental.temperature, self.grpo.experimental.temperature
+        if sampled != scored:  # else every IS ratio and engine KL compares two distributions
+            raise FieldError("grpo.experimental.temperature", f"is {scored:g} but rollouts sample "
+                             f"at rollout.agent.experimental.temperature = {sampled:g}: the trainer "
+                             "divides the logits by it to score the engine's tokens; set both to "
+                             "the same value")
         fmt = self.model.experimental.tool_format
         if fmt not in ("", "hermes") and (self.demos.oracle or self.demos.synthetic):
             raise FieldError("model.experimental.tool_format", f"{fmt!r}: the SFT demos "

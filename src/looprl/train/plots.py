@@ -1,5 +1,6 @@
-"""The charts of a ``looprl train`` run's report: ``reward_curve.png`` (mean reward, pass rate and
-the trainer/engine IS ratio per GRPO step), drawn from the loop's metrics rows when RL ends.
+"""The charts of a ``looprl train`` run's report: ``reward_curve.png`` (mean reward, pass rate, the
+trainer/engine IS ratio and the engine KL per GRPO step), drawn from the loop's metrics rows when
+RL ends.
 
     plot_curves(stats.history, RunDir(run_dir).reward_curve)   # GRPOLoop.run's LoopStats
 
@@ -28,19 +29,20 @@ def rolling_mean(ys: Sequence[float], w: int) -> list[float]:
 
 
 def plot_curves(history: list[dict[str, float]], path: Path) -> Path:
-    """Reward, pass rate and IS ratio per step in one PNG at ``path``."""
+    """Reward, pass rate, IS ratio and engine KL per step in one PNG at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = [h["step"] for h in history]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
     for ax, key, title in ((axes[0], "reward/total_mean", "mean reward"),
                            (axes[1], "rollout/pass_rate", "pass rate (hidden tests)"),
-                           (axes[2], "train/is_ratio_mean", "IS ratio trainer/engine (mean)")):
+                           (axes[2], "train/is_ratio_mean", "IS ratio trainer/engine (mean)"),
+                           (axes[3], "train/engine_kl", "engine KL (engine - trainer logprob)")):
         ys = [scalars(h).get(key, float("nan")) for h in history]  # a skipped step: a gap
-        trend = key != "train/is_ratio_mean" and len(ys) >= 20
+        trend = key.startswith(("reward/", "rollout/")) and len(ys) >= 20
         ax.plot(steps, ys, marker="o", ms=3, lw=0.8, alpha=0.4 if trend else 1.0, label="per step")
         if trend:  # one step's 4 groups swing widely: the trend is what tells whether RL learns
             w = len(ys) // 10

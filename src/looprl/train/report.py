@@ -23,6 +23,7 @@ from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
 from looprl.train.stages import RLSummary
 from looprl.train.tasks import TaskSets
+from looprl.trainer.loggers import scalars
 
 console = Console()
 
@@ -62,6 +63,37 @@ def loss_ends(losses: list[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     n = max(1, len(losses) // 10)
     return sum(losses[:n]) / n, sum(losses[-n:]) / n
+
+
+ENGINE_KEYS = (("train/engine_kl", "engine KL (engine − trainer logprob)", ".2e"),
+               ("train/engine_mismatch_frac", "tokens > 0.1 nat apart", ".4f"),
+               ("train/is_ratio_mean", "IS ratio trainer/engine", ".4f"))
+"""The per-step train–inference measures the report sums up (``GRPOStepStats``)."""
+
+
+def engine_line(hist: list[dict[str, Any]]) -> str:
+    """The train–inference gap over the steps that trained: each measure's first → last value
+    and its mean (skipped steps log none: ``loggers.scalars``).
+
+    >>> engine_line([{"step": 1, "train/tokens": 10, "train/engine_kl": 1e-8,
+    ...               "train/engine_mismatch_frac": 0.0, "train/is_ratio_mean": 1.0},
+    ...              {"step": 2, "train/tokens": 0, "train/engine_kl": 0.0},
+    ...              {"step": 3, "train/tokens": 9, "train/engine_kl": 3e-3,
+    ...               "train/engine_mismatch_frac": 0.02, "train/is_ratio_mean": 0.99}])
+    'Train–inference, per trained step (2 of 3; `metrics.jsonl`): engine KL (engine − trainer logprob) 1.00e-08 → 3.00e-03 (mean 1.50e-03); tokens > 0.1 nat apart 0.0000 → 0.0200 (mean 0.0100); IS ratio trainer/engine 1.0000 → 0.9900 (mean 0.9950).'
+    """
+    rows = [scalars(h) for h in hist]
+    parts = []
+    trained = 0
+    for key, name, fmt in ENGINE_KEYS:
+        ys = [r[key] for r in rows if key in r]
+        trained = max(trained, len(ys))
+        if ys:
+            parts.append(f"{name} {ys[0]:{fmt}} → {ys[-1]:{fmt}} (mean {sum(ys) / len(ys):{fmt}})")
+    if not parts:
+        return "No step trained: no train–inference measures."
+    return (f"Train–inference, per trained step ({trained} of {len(hist)}; `metrics.jsonl`): "
+            + "; ".join(parts) + ".")
 
 
 def turns_markdown(turns: dict[str, TurnAccuracy]) -> list[str]:
@@ -151,7 +183,8 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
               *turns_markdown(turns),
               "## Training", "", "![reward curve](reward_curve.png)", "",
               f"First step reward {hist[0].get('reward/total_mean', 0):+.3f} → last "
-              f"{hist[-1].get('reward/total_mean', 0):+.3f}." if hist else "No RL step ran.", ""]
+              f"{hist[-1].get('reward/total_mean', 0):+.3f}." if hist else "No RL step ran.", "",
+              *([engine_line(hist), ""] if hist else [])]
     p1 = gate.diffs[0]
     summary = (f"heldout_pass1_sft={p1.a:.4f} heldout_pass1_rl={p1.b:.4f} delta_ci_low={p1.lo:.4f} "
             f"delta_ci_high={p1.hi:.4f} rl_minutes={rl.minutes:.2f}")
