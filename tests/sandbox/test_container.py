@@ -184,3 +184,19 @@ def test_the_pool_reuses_a_returned_container_reset_for_the_same_image(engine, r
         assert first.workspace.closed
 
     run(body())
+
+
+@pytest.mark.slow
+def test_the_harness_programs_are_bound_at_tools_dir_read_only(engine, repo):
+    from looprl.sandbox.mounts import harness_tools
+
+    async def body():
+        sb = await create_sandbox(repo, image=Image(IMAGE, "/app"))
+        try:
+            r = await sb.exec(f"ls {sb.tools_dir}; touch {sb.tools_dir}/pytest_runner.py")
+            return r.stdout.split(), r.exit_code
+        finally:
+            await sb.close()
+
+    names, code = run(body())
+    assert names == sorted(name for name, _ in harness_tools()) and code != 0
