@@ -141,6 +141,10 @@ def test_fork_starts_each_child_at_the_state_workspace_and_root_filesystem(engin
             finally:
                 for kid in kids:
                     await kid.close()
+            snap = await sb.snapshot()
+            with pytest.raises(ValueError, match="is a container's: fork it with its task's image"):
+                await create_sandbox(repo, snapshot=snap)  # never bubblewrap over its layer
+            snap.release()
             await sb.reset()  # the pool's idle reuse: the base and a fresh container
             r = await sb.exec("ls src; ls /var/state")
             assert r.stdout.split() == ["a.txt"], r.stdout
