@@ -86,11 +86,11 @@ class FlakyPool:
     def __init__(self, inner: SandboxPool, failures: int):
         self.inner, self.failures = inner, failures
 
-    def lease(self, base, venv=None):
+    def lease(self, base, venv=None, image=None):
         if self.failures > 0:
             self.failures -= 1
             raise SandboxError("sandbox host crashed (injected)")
-        return self.inner.lease(base, venv)
+        return self.inner.lease(base, venv, image=image)
 
 
 def test_infra_failures_are_retried_then_dropped_never_scored(task, tok):
@@ -118,8 +118,8 @@ def test_groups_overlap_under_one_bound(task, tok):
     in_flight = []
 
     class CountingPool(FlakyPool):
-        def lease(self, base, venv=None):
-            cm = self.inner.lease(base, venv)
+        def lease(self, base, venv=None, image=None):
+            cm = self.inner.lease(base, venv, image=image)
             outer = self
 
             class _CM:

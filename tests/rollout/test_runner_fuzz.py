@@ -23,7 +23,7 @@ from looprl.harness.tools import make_tools, tool_schemas
 from looprl.models.tokenizer import build_tokenizer
 from looprl.rollout.config import RolloutConfig
 from looprl.rollout.runner import RolloutRunner
-from looprl.types import Grader, RewardBreakdown, StopReason, Task, Trajectory
+from looprl.types import Grader, Image, RewardBreakdown, StopReason, Task, Trajectory
 from tests.harness.conftest import CALC, WindowedPolicy, call
 from tests.harness.dir_sandbox import DirSandbox
 from tests.harness.turn_fuzz import AGENT_TOOLS, check_trajectory, fuzz_turn
@@ -33,7 +33,8 @@ class DirPool:
     """``SandboxPool`` test double: every lease is a fresh DirSandbox over the task's repo."""
 
     @contextlib.asynccontextmanager
-    async def lease(self, base: str, venv: str | None = None) -> AsyncIterator[DirSandbox]:
+    async def lease(self, base: str, venv: str | None = None, *,
+                    image: Image | None = None) -> AsyncIterator[DirSandbox]:
         sb = DirSandbox(base)
         try:
             yield sb

@@ -141,6 +141,10 @@ def test_fork_starts_each_child_at_the_state_workspace_and_root_filesystem(engin
             finally:
                 for kid in kids:
                     await kid.close()
+            snap = await sb.snapshot()
+            with pytest.raises(ValueError, match="is a container's: fork it with its task's image"):
+                await create_sandbox(repo, snapshot=snap)  # never bubblewrap over its layer
+            snap.release()
             await sb.reset()  # the pool's idle reuse: the base and a fresh container
             r = await sb.exec("ls src; ls /var/state")
             assert r.stdout.split() == ["a.txt"], r.stdout
@@ -184,3 +188,19 @@ def test_the_pool_reuses_a_returned_container_reset_for_the_same_image(engine, r
         assert first.workspace.closed
 
     run(body())
+
+
+@pytest.mark.slow
+def test_the_harness_programs_are_bound_at_tools_dir_read_only(engine, repo):
+    from looprl.sandbox.mounts import harness_tools
+
+    async def body():
+        sb = await create_sandbox(repo, image=Image(IMAGE, "/app"))
+        try:
+            r = await sb.exec(f"ls {sb.tools_dir}; touch {sb.tools_dir}/pytest_runner.py")
+            return r.stdout.split(), r.exit_code
+        finally:
+            await sb.close()
+
+    names, code = run(body())
+    assert names == sorted(name for name, _ in harness_tools()) and code != 0

@@ -59,9 +59,12 @@ async def create_sandbox(base_dir: str | os.PathLike[str], venv: str | None = No
     Raises ``SandboxUnavailableError`` (with the fix) when bubblewrap cannot run here, or for an
     image, when no engine can run it (none installed, the image not in its local store).
     """
+    from looprl.sandbox.container import ContainerSandbox, ContainerSnapshot
+
+    if image is None and isinstance(snapshot, ContainerSnapshot):
+        raise ValueError(f"snapshot {snapshot.id} is a container's: fork it with its task's image")
     if image is not None:
         from looprl.sandbox.command import SandboxLimits
-        from looprl.sandbox.container import ContainerSandbox
 
         if venv is not None:
             raise ValueError(f"a task in image {image.name} has no venv (got {venv}): its "

@@ -59,7 +59,7 @@ from looprl.sandbox.bwrap import Gate
 from looprl.sandbox.files import WorkspaceFiles
 from looprl.sandbox.idmap import UID_POOL
 from looprl.sandbox.launch import Capped
-from looprl.sandbox.mounts import Mount
+from looprl.sandbox.mounts import TOOLS_DIR, Mount, harness_tools
 from looprl.sandbox.workspace import Snapshot, Workspace, create_workspace
 from looprl.types import ExecResult
 
@@ -207,8 +207,9 @@ class ContainerSnapshot(Snapshot):
 class ContainerSandbox(WorkspaceFiles):
     """``looprl.protocols.Sandbox`` over a copy-on-write workspace, commands in a container."""
 
-    tools_dir = "/.looprl/bin"
-    """(Empty in a container: the harness's programs are the host's, not the image's.)"""
+    tools_dir = TOOLS_DIR
+    """The harness's programs (``mounts.harness_tools``: the host's ruff), bound read-only, as
+    bwrap binds them; a dynamically linked one runs only in an image with a compatible libc."""
 
     def __init__(self, engine: tuple[str, ...], image: str, workspace: Workspace, workdir: str,
                  mounts: tuple[Mount, ...], memory_mb: int, output_bytes: int) -> None:
@@ -257,6 +258,8 @@ class ContainerSandbox(WorkspaceFiles):
         uid = self.workspace.uid
         user = ["--user", f"{uid}:{uid}"] if uid is not None else []
         binds = ["-v", f"{self.workspace.path}:{self.workdir}:rw"]
+        for name, host in harness_tools():
+            binds += ["-v", f"{host}:{TOOLS_DIR}/{name}:ro"]
         for m in self.mounts:
             binds += ["-v", f"{m.source}:{m.target}:{'ro' if m.readonly else 'rw'}"]
         return [*self.engine, "run", "-d", "--pull", "never", "--name", self.name,

@@ -47,7 +47,7 @@ from looprl.errors import InfraKind, SandboxError
 from looprl.sandbox import create_sandbox
 from looprl.sandbox.bwrap import Blank, BwrapSandbox, can_root, make_blank, new_sandbox
 from looprl.sandbox.command import SandboxLimits, check_bwrap
-from looprl.sandbox.container import ContainerSandbox
+from looprl.sandbox.container import ContainerSandbox, ContainerSnapshot
 from looprl.sandbox.workspace import Snapshot, realpath
 from looprl.types import ExecResult, FileEntry, Image
 
@@ -189,14 +189,14 @@ class SandboxPool:
         self._blank_venv: str | None = None
         """The venv of the latest lease: new blanks have it attached already."""
         self._warm: dict[Key, list[Inner]] = {}
-        """Per (base, venv), most recently used last: sandboxes created ahead."""
+        """Per (base, venv, image), most recently used last: sandboxes created ahead."""
         self._fillers: dict[Key, asyncio.Task[None]] = {}
         self._warm_hits = 0
         self._closing: set[asyncio.Future[None]] = set()
         self._slots: asyncio.Semaphore | None = None
         self._busy: dict[str, PooledSandbox] = {}
         self._idle: dict[Key, list[Inner]] = {}
-        """Per (base, venv), most recently returned last: reset sandboxes, ``max_idle`` in all
+        """Per (base, venv, image), most recently returned last: reset sandboxes, ``max_idle`` in all
         (each holds mounts and a tmpfs: an unbounded cache over one-off bases, as RL's single
         epoch leases them, grew the host's mount table until every mount got slow)."""
         self._queued = 0
@@ -264,7 +264,7 @@ class SandboxPool:
     async def _new(self, key: Key, snapshot: Snapshot | None = None,
                    blank: Blank | None = None) -> Inner:
         try:
-            if key[2] is not None:
+            if key[2] is not None or isinstance(snapshot, ContainerSnapshot):
                 return await create_sandbox(key[0], key[1], limits=self.limits,
                                             snapshot=snapshot, image=key[2])
             self._blank_venv = key[1]
