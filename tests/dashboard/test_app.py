@@ -3,6 +3,7 @@ fleet from a real env server, the A/B view from a real FeedbackStore; auth; brok
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -282,3 +283,22 @@ def test_sigterm_stops_the_dashboard_process(tmp_path: Path):
         raise AssertionError("the dashboard did not exit within 10 s of SIGTERM") from None
     finally:
         stop_process(proc)
+
+
+def test_a_loop_runs_hinted_continuations_decode_with_its_start_models_tokenizer(loop_run: Path):
+    """A real-time loop's config names its start policy as ``model`` (a path, not a section):
+    the viewer of its ``hinted.jsonl`` decodes tokens with that model's tokenizer."""
+    from looprl.models.tokenizer import build_tokenizer
+    from tests.feedback.conftest import make_traj
+
+    tok = build_tokenizer(None)
+    tok.save_pretrained(loop_run.parent / "start")
+    cfg = json.loads((loop_run / "config.json").read_text())
+    (loop_run / "config.json").write_text(json.dumps({**cfg, "model": str(loop_run.parent / "start")}))
+    (loop_run / "trajectories").mkdir(exist_ok=True)
+    (loop_run / "trajectories" / "hinted.jsonl").write_text(make_traj().to_json() + "\n")
+    r = TestClient(create_app(DashboardConfig(runs=(loop_run,)))).get(
+        "/runs/rt-test/trajectories/hinted/0")
+    assert r.status_code == 200, r.text[-500:]
+    assert "no tokenizer found" not in r.text and "[5]" not in r.text
+    assert html.escape(tok.decode([7])) in r.text

@@ -459,11 +459,13 @@ def load_tokenizer(run: RunData) -> Any:
     """The run's tokenizer (``tokenizers.Tokenizer``) for showing token ids as text, or None.
 
     Looked for in the models the run saved (``model_rl``, ``model_start``, ...), then at the
-    configured ``model.path``."""
+    configured model: a training run's ``model.path``, a real-time loop's ``model`` (its start
+    policy, whose tokenizer every version keeps)."""
     from tokenizers import Tokenizer
 
     dirs = list(RunDir(run.path).saved_models)
-    model_path = ((run.config or {}).get("model") or {}).get("path")
+    model = (run.config or {}).get("model")
+    model_path = model.get("path") if isinstance(model, dict) else model
     if isinstance(model_path, str) and model_path:
         dirs.append(Path(model_path))
     for d in dirs:
