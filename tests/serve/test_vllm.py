@@ -7,7 +7,8 @@ turn a session takes here: on the server's own prompt (the harness's system prom
 user's request) v1 fixes calc.py with one ``edit_file`` call and v2 with another. Their leads are
 large enough that sampling at the server's temperature 1 gives exactly the taught tokens — what
 greedy decoding in PyTorch gives — so the diff a session returns says whose weights vLLM sampled
-from, and the stored tokens carry that version.
+from, and the stored tokens carry that version. The vLLM tests skip without `make vllm`'s venv
+(and fail under CI: ``tests/vllm_support.py``); the last test, of the engine specs, needs none.
 """
 
 from __future__ import annotations
