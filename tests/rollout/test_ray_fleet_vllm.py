@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -70,6 +71,7 @@ def cluster():
             os.environ.pop("RAY_TMPDIR")
         else:
             os.environ["RAY_TMPDIR"] = before
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _logprobs(model: LlamaForCausalLM, traj: Trajectory) -> tuple[list[float], list[float]]:

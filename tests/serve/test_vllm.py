@@ -7,7 +7,8 @@ turn a session takes here: on the server's own prompt (the harness's system prom
 user's request) v1 fixes calc.py with one ``edit_file`` call and v2 with another. Their leads are
 large enough that sampling at the server's temperature 1 gives exactly the taught tokens — what
 greedy decoding in PyTorch gives — so the diff a session returns says whose weights vLLM sampled
-from, and the stored tokens carry that version.
+from, and the stored tokens carry that version. The vLLM tests skip without `make vllm`'s venv
+(and fail under CI: ``tests/vllm_support.py``); the last test, of the engine specs, needs none.
 """
 
 from __future__ import annotations
@@ -167,3 +168,22 @@ def test_a_vllm_option_vllm_refuses_is_one_line_naming_it(tmp_path):
     assert r.exit_code == 2, r.output
     [line] = r.output.strip().splitlines()
     assert "vLLM refused its engine arguments" in line and "'bogus_option'" in line, line
+
+
+def test_local_engines_start_on_their_policys_version_and_vllm_on_the_served_context(tmp_path):
+    """What ``looprl serve`` builds each arm's engine from: a built-in engine starts labelled with
+    the version it serves (its tokens carry it), and vLLM reserves ``--context-window`` tokens,
+    no more than the model has positions, unless ``-E max_model_len`` says otherwise."""
+    from looprl.commands.serve import _local_specs
+    from looprl.feedback.policies import PolicyRef
+    from tests.feedback.test_cycle import save_tiny
+
+    model = save_tiny(tmp_path / "m", max_positions=2048)
+    refs = {"A": PolicyRef(model, 3)}
+    specs, _ = _local_specs("vllm", refs, {}, model, False, 8192)
+    assert specs["A"] == {"model_path": str(model), "policy_version": 3, "max_model_len": 2048}
+    specs, _ = _local_specs("vllm", refs, {"max_model_len": 1024}, model, False, 512)
+    assert specs["A"]["max_model_len"] == 1024
+    assert _local_specs("vllm", refs, {}, model, False, 512)[0]["A"]["max_model_len"] == 512
+    specs, _ = _local_specs("torch", refs, {}, model, True, 8192)
+    assert specs == {arm: {"path": str(model), "policy_version": 3} for arm in ("A", "B")}

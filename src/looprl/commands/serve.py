@@ -28,9 +28,10 @@ process in `make vllm`'s venv), ``openai`` (any OpenAI-compatible server, e.g. `
 parse; with ``vllm``, ``VLLMEngine``'s or vLLM's own engine arguments, which vLLM checks at
 start-up). A local engine's tokens carry its policy's version; ``vllm`` reserves a context of
 ``--context-window`` tokens (at most the model's positions; ``-E max_model_len=N`` says
-otherwise) and takes promotions in flight, as torch does. A remote engine serves what it serves: ``--model`` then only names the policy whose
-version labels the sessions and whose promotions ``/v1/reload`` pushes to the engine; the harness
-renders its format with ``--tokenizer`` (default: the ``--model`` directory).
+otherwise) and takes promotions in flight, as torch does. A remote engine serves what it
+serves: ``--model`` then only names the policy whose version labels the sessions and whose
+promotions ``/v1/reload`` pushes to the engine; the harness renders its format with
+``--tokenizer`` (default: the ``--model`` directory).
 """
 
 from __future__ import annotations

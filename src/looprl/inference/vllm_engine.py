@@ -151,7 +151,7 @@ class VLLMEngine:
             self.close()
             if self._bad_arguments:
                 raise ConfigError(f"vLLM refused its engine arguments: {why}; fix or drop the "
-                                  "engine option (looprl serve -E KEY=VALUE, VLLMEngine keyword)")
+                                  "engine option (looprl serve -E KEY=VALUE, model.engine_options)")
             raise PolicyError(f"the vLLM worker failed to start: {why} (its log: {self._log.name})")
 
     # -- Engine protocol -----------------------------------------------------------------------
