@@ -1,6 +1,6 @@
 """Rollout-engine benchmark: TorchEngine vs HF ``generate`` and vLLM on the same model, seed and workload.
 
-    .venv/bin/python benchmarks/engine.py                 # default model, ~5 minutes
+    .venv/bin/python benchmarks/engine.py                 # default model, several minutes on 2 cores
     .venv/bin/python benchmarks/engine.py --size medium --threads 1
     .venv/bin/python benchmarks/engine.py --vllm --threads 2   # vLLM (`make vllm`) as two more baselines
 
@@ -24,7 +24,8 @@ Workload (an agent group): G=8 rollouts of one ~1,000-token prompt, 3 turns of 2
   prefix caching standing for the engine's group and session reuse, and the same full weight
   update mid-decoding (after which vLLM, as RL needs, reuses no KV the old weights computed).
 - vLLM per rollout: the same engine given one rollout at a time, turn by turn (flattering, as
-  HF per rollout is: it leaves vLLM's continuous batching nothing to batch).
+  HF per rollout is: it leaves vLLM's continuous batching nothing to batch; it may find the
+  repetition's prompt in vLLM's prefix cache, left there by vLLM batched at the same version).
 vLLM's CPU time is its worker processes', so only wall-clock rates are compared with it.
 
 Fair timing: every contestant first runs one untimed warm-up round (all turns of a workload of
