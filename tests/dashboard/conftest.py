@@ -47,6 +47,7 @@ from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOStep
 from looprl.types import Grader, Task, Trajectory
 from tests.feedback.conftest import make_traj
+from tests.harness.conftest import calc_repo, call
 from tests.harness.dir_sandbox import DirSandbox
 from tests.trainer.helpers import group, segment, tiny_llama, trajectory
 
@@ -106,15 +107,6 @@ def write_grpo_run(run_dir: Path, steps: int = STEPS, cfg: LoopConfig | None = N
     return run_dir
 
 
-CALC = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
-TEST_CALC = ("from pkg.calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
-             "def test_sub():\n    assert sub(3, 2) == 1\n")
-
-
-def call(name: str, **arguments: object) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
-
-
 class UpdatedMidRollout(ScriptedPolicy):
     """The scripted engine double, given new weights (v1 -> v2) after its third turn, as the
     async loop does to a trajectory in flight."""
@@ -129,12 +121,7 @@ class UpdatedMidRollout(ScriptedPolicy):
 def agent_trajectory(root: Path) -> Trajectory:
     """The real agent loop fixing a real repo (a broken call on the way), graded by the real
     scorer (hidden tests in a bubblewrap sandbox)."""
-    repo = root / "calc"
-    (repo / "pkg").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "pkg" / "__init__.py").write_text("")
-    (repo / "pkg" / "calc.py").write_text(CALC)
-    (repo / "tests" / "test_calc.py").write_text(TEST_CALC)
+    repo = calc_repo(root / "calc")
     task = Task(id="calc-1", repo=str(repo), prompt="add() subtracts; make it add.", venv=sys.prefix,
                 grader=Grader("python -m pytest", fail_to_pass=("tests/test_calc.py::test_add",),
                               pass_to_pass=("tests/test_calc.py::test_sub",),

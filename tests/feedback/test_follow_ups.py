@@ -27,7 +27,7 @@ from looprl.harness.tools import make_tools
 from looprl.models.tokenizer import build_tokenizer
 from looprl.types import Grader, Group, Task, Trajectory
 from tests.bwrap_support import needs_bwrap
-from tests.harness.conftest import CALC, TEST_CALC, agent_config, call
+from tests.harness.conftest import agent_config, calc_repo, call
 from tests.harness.dir_sandbox import DirSandbox
 
 GOLD = ("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
@@ -47,13 +47,7 @@ def event(i: int, text: str, sentiment: str, at: float) -> Event:
 
 @pytest.fixture
 def repo(tmp_path):
-    root = tmp_path / "repo"
-    (root / "pkg").mkdir(parents=True)
-    (root / "tests").mkdir()
-    (root / "pkg" / "__init__.py").write_text("")
-    (root / "pkg" / "calc.py").write_text(CALC)
-    (root / "tests" / "test_calc.py").write_text(TEST_CALC)
-    return root
+    return calc_repo(tmp_path / "repo")
 
 
 @pytest.fixture

@@ -28,6 +28,16 @@ TEST_CALC = ("from pkg.calc import add, sub\n\n\ndef test_add():\n    assert add
              "def test_sub():\n    assert sub(3, 2) == 1\n")
 
 
+def calc_repo(root: Path) -> Path:
+    """A two-function package whose ``add`` subtracts, with its tests, at ``root``."""
+    (root / "pkg").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "calc.py").write_text(CALC)
+    (root / "tests" / "test_calc.py").write_text(TEST_CALC)
+    return root
+
+
 def call(name: str, **arguments: object) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
@@ -66,12 +76,7 @@ def fmt(tok):
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    (root / "pkg").mkdir(parents=True)
-    (root / "tests").mkdir()
-    (root / "pkg" / "__init__.py").write_text("")
-    (root / "pkg" / "calc.py").write_text(CALC)
-    (root / "tests" / "test_calc.py").write_text(TEST_CALC)
+    root = calc_repo(tmp_path / "repo")
     (root / "README.md").write_text("# calc\n\nA tiny calculator.\n")
     return root
 

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -24,18 +20,12 @@ import pytest
 from looprl.chat import ChatFormat
 from looprl.inference.openai_chat import conversation_ids
 from looprl.models.tokenizer import build_tokenizer
-from tests.vllm_support import require_vllm
+from tests.vllm_support import free_port, require_vllm, serving
 
 from .taught import teach
 from .test_openai_client import ANSWER, ASK, CALL, README, TOOLS, answered
 
 KEY = "test-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,34 +37,12 @@ def served(tmp_path_factory):
                         (conversation_ids(fmt, answered("x"), TOOLS),
                          tok.encode(ANSWER) + [fmt.eot_id])],
                   tmp_path_factory.mktemp("taught"), max_positions=1024, hidden=64, heads=2)
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile(prefix="looprl-model-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "looprl", "model", "serve", str(model),
-                             "--engine", "vllm", "--port", str(port), "--api-key", KEY],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"looprl model serve exited {proc.returncode}: "
-                            f"{Path(log.name).read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"not healthy in 600 s: {Path(log.name).read_text()[-3000:]}")
-            time.sleep(1)
+    with serving([sys.executable, "-m", "looprl", "model", "serve", str(model), "--engine", "vllm",
+                  "--port", str(port), "--api-key", KEY], f"{url}/health",
+                 {**os.environ, "OMP_NUM_THREADS": "1"}, "looprl model serve"):
         yield model, url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.mark.slow

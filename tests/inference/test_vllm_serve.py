@@ -7,25 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 from looprl.inference.openai_engine import OpenAIEngine
 from looprl.inference.vllm_engine import find_vllm_python
 from looprl.types import SamplingParams
-from tests.vllm_support import require_vllm
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.vllm_support import free_port, require_vllm, serving
 
 
 @pytest.fixture(scope="module")
@@ -34,39 +22,17 @@ def server(tmp_path_factory):
     py = find_vllm_python()
     from looprl.models.tiny import init_default_model
     model = init_default_model(tmp_path_factory.mktemp("m"), size="small", corpus_chars=200_000)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1",
            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "PYTHONPATH": ""}
-    log = tempfile.NamedTemporaryFile(prefix="looprl-vllm-serve-", suffix=".log", delete=False)
     # `vllm serve`'s CLI asks importlib.metadata for a "vllm" distribution, which the CPU build
     # (distribution "vllm-cpu") lacks; its API server module is the same server without that
-    proc = subprocess.Popen([str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                             "--served-model-name", "looprl",
-                             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-                             "--enforce-eager", "--max-model-len", "1024",
-                             "--gpu-memory-utilization", "0.1", "--seed", "0"],
-                            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited {proc.returncode}: "
-                            f"{Path(log.name).read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not healthy in 600 s: {Path(log.name).read_text()[-3000:]}")
-            time.sleep(1)
+    with serving([str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                  "--served-model-name", "looprl", "--host", "127.0.0.1", "--port", str(port),
+                  "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+                  "--gpu-memory-utilization", "0.1", "--seed", "0"],
+                 f"http://127.0.0.1:{port}/health", env, "vllm serve"):
         yield model, f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.mark.slow
