@@ -260,3 +260,36 @@ def test_a_run_that_failed_its_input_checks_can_be_run_again_without_fresh(tmp_p
         assert r.returncode == 2 and "nope.jsonl not found" in r.stderr, r.stderr
     state = json.loads((tmp_path / "runs" / "train_cpu" / "state.json").read_text())
     assert state["status"] == "failed" and state["stage"] == "tasks"
+
+
+def test_a_rollout_server_that_cannot_serve_is_one_line_before_the_run(tmp_path):
+    # model.engine=openai rolls out on a server the run does not start: nothing listening, or a
+    # base_url that is not its API root (404 on /models), must stop the run at once, not end in a
+    # run whose every rollout failed as an infrastructure error after SFT
+    import http.server
+    import socket
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        idle = s.getsockname()[1]
+    smoke = str(Path(__file__).parents[1] / "configs" / "smoke.toml")
+    try:
+        for base_url, needles in [(f"http://127.0.0.1:{server.server_port}", ("answered 404", "/v1")),
+                                  (f"http://127.0.0.1:{idle}/v1", ("unreachable", "model serve"))]:
+            r = looprl("train", "-c", smoke, "--runs", str(tmp_path), "-o", "model.engine=openai",
+                       "-o", f"model.engine_options.base_url={base_url}")
+            _one_error_line(r, "model.engine_options.base_url", *needles)
+            assert not list(tmp_path.glob("*/")), "a server that cannot serve must not claim a run"
+    finally:
+        server.shutdown()

@@ -63,7 +63,8 @@ def _model(tok):
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384))
 
 
-def _run(tmp_path, tok, policy, model, engine, store, sync, tasks=4, max_new_tokens=24):
+def _run(tmp_path, tok, policy, model, engine, store, sync, tasks=4, max_new_tokens=24,
+         push_start=False):
     async def main():
         pool = SandboxPool(max_running=4)
         try:
@@ -74,7 +75,8 @@ def _run(tmp_path, tok, policy, model, engine, store, sync, tasks=4, max_new_tok
             loop = GRPOLoop(step, engine, runner, TaskSampler(_tasks(tmp_path, tasks)),
                             LoopConfig(groups_per_step=2, max_steps=2,
                                        experimental=LoopExperimental(sync=sync)),
-                            store=store, run_dir=tmp_path / "run", batch_metrics=reward_metrics)
+                            store=store, run_dir=tmp_path / "run", batch_metrics=reward_metrics,
+                            push_start=push_start)
             return await loop.run()
         finally:
             await pool.close()
@@ -99,6 +101,34 @@ def test_loop_on_the_torch_engine_publishes_and_swaps_weights(tmp_path):
     # the engine's own figures: prompt lookup drafted in the steps where it found a match
     assert rows[-1]["engine/spec/on_fraction"] > 0 and rows[-1]["engine/generated_tokens"] > 0
     assert "engine/spec/acceptance" in rows[-1] and "engine/spec/tokens_per_verify" in rows[-1]
+
+
+@pytest.mark.parametrize("push_start", [True, False])
+def test_an_engine_started_apart_samples_the_first_rollout_from_the_loops_start(tmp_path,
+                                                                                push_start):
+    """A server started apart from the run (``model.engine=openai``: ``looprl model serve``)
+    holds what it was started with or last given, here another model's weights; with
+    ``push_start`` the loop sends it its start (version 0) before the first rollout."""
+    tok = build_tokenizer(None)
+    model = _model(tok)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    engine = TorchEngine(LlamaForCausalLM(model.config), tok, max_len=16384)
+    first: list[dict[str, torch.Tensor]] = []
+
+    def policy_for(task):  # what the engine holds when the first rollout starts
+        if not first:
+            first.append({k: v.clone() for k, v in engine.model.state_dict().items()})
+        return engine
+
+    try:
+        stats = _run(tmp_path, tok, policy_for, model, engine, None, sync=False,
+                     push_start=push_start)
+    finally:
+        engine.close()
+    assert stats.steps == 2 and engine.policy_version == 2
+    same = all(torch.equal(first[0][k], start[k]) for k in start)
+    assert same == push_start
 
 
 def test_lora_loop_syncs_merged_weights_to_the_engine(tmp_path):

@@ -30,6 +30,8 @@ def _run_training(config: Path, override: list[str] | None, runs: Path, resume: 
     # the config is read and checked before the composition root imports torch, so a bad key or
     # value is one line in well under a second (tests/commands/test_train_cli.py)
     cfg = load_config(TrainConfig, config, list(override or []))
+    if cfg.model.engine == "openai":
+        _check_rollout_server(cfg.model.engine_options)
     from looprl.train.run import run
 
     if fresh and os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 owns the run dir
@@ -38,6 +40,32 @@ def _run_training(config: Path, override: list[str] | None, runs: Path, resume: 
         refuse_live(runs / cfg.name)  # never delete a run another process is training
         shutil.rmtree(runs / cfg.name, ignore_errors=True)
     run(cfg, runs, resume=resume)
+
+
+def _check_rollout_server(options: dict[str, bool | int | float | str]) -> None:
+    """``model.engine=openai`` rolls out on a server this run does not start: if it cannot be
+    reached, or base_url is not its API root, that is one line now, not a run whose every rollout
+    fails as an infrastructure error after SFT."""
+    import httpx
+
+    from looprl.errors import ConfigError
+
+    url = str(options["base_url"]).rstrip("/") + "/models"
+    key = options.get("api_key")
+    try:
+        status = httpx.get(url, headers={"Authorization": f"Bearer {key}"} if key else {},
+                           timeout=10).status_code
+    except httpx.HTTPError as e:
+        raise ConfigError(f"model.engine_options.base_url: {url} unreachable ({type(e).__name__}); "
+                          "start the server first, e.g. `looprl model serve DIR --port 8000`") from None
+    if status == 404:
+        raise ConfigError(f"model.engine_options.base_url: GET {url} answered 404; give the "
+                          "server's API root, e.g. http://127.0.0.1:8000/v1")
+    if status in (401, 403):
+        raise ConfigError(f"model.engine_options.base_url: GET {url} answered {status}; set "
+                          "model.engine_options.api_key to the server's key")
+    if status != 200:
+        raise ConfigError(f"model.engine_options.base_url: GET {url} answered {status}")
 
 
 def _launch_torchrun(nproc: int, config: Path, override: list[str] | None, runs: Path,

@@ -124,11 +124,15 @@ class GRPOLoop:
     def __init__(self, step: GRPOStep, engine: WeightSink, runner: GroupSource,
                  sampler: TaskSampler, cfg: LoopConfig, *, store: WeightStore | None = None,
                  run_dir: Path | None = None, start_version: int = 0, config_to_save: Any = None,
-                 batch_metrics: BatchMetrics | None = None, infra: InfraLedger | None = None):
+                 batch_metrics: BatchMetrics | None = None, infra: InfraLedger | None = None,
+                 push_start: bool = False):
         self.step, self.engine, self.runner, self.sampler, self.cfg = step, engine, runner, sampler, cfg
         self.batch_metrics = batch_metrics
         self.infra = infra
         """The run's infrastructure failures by class (``looprl.faults``): each row logs them."""
+        self.push_start = push_start
+        """The engine did not load this loop's starting weights (a server started apart from the
+        run): they are pushed to it, as ``start_version``, before the first rollout."""
         sampler.waits = True  # every task taken comes back through _admit: none left behind
         self.store = store
         self._ckpt_root = RunDir(run_dir).ckpt if run_dir else None
@@ -226,7 +230,7 @@ class GRPOLoop:
             raise WeightStoreError(
                 f"the weight store already holds version {latest}, beyond this run's {self.version}: "
                 "resume the run that published it (loop.resume(), --resume) or use an empty store")
-        if self._resumed is not None:  # the engine samples from the resumed weights
+        if self._resumed is not None or self.push_start:  # the engine samples from these weights
             await self.engine.update_weights(self._weights(), self.version)
         if self.cfg.experimental.sync:
             await self._run_sync(progress)
