@@ -416,9 +416,10 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                                   max_screens=walk.max_screens
                                   if cfg.rollout.experimental.screen else 0)
             # a server (openai) holds whatever it was started with or last given, not this start
+            # (a Ray fleet's replicas load the start themselves)
             loop = GRPOLoop(step, sink, runner, sampler, cfg.loop, store=store, run_dir=run_dir,
                             config_to_save=cfg, batch_metrics=reward_metrics, infra=ledger,
-                            push_start=cfg.model.engine == "openai")
+                            push_start=engine is not None and cfg.model.engine == "openai")
             if resume and loop.resume() is not None:
                 console.print(f"resumed RL at step {loop.stats.steps} (weights v{loop.version})")
             kept_s = loop.kept_s  # the earlier lives' RL time, counted in RL's minutes
