@@ -186,11 +186,6 @@ def decide(arms: dict[str, ArmMetrics], diffs: dict[str, Diff], *, min_sessions:
     return Decision("keep", f"no clear difference yet: {'; '.join(d.ci() for d, _ in checks)}")
 
 
-def request_of(session: SessionRecord) -> str:
-    """The request a session answered: the same repo and prompt is the same request."""
-    return f"{session.repo}\0{session.prompt}"
-
-
 def kept_within_requests(kept_by_request: dict[str, dict[str, list[float]]], *, n_boot: int = 2000,
                          seed: int = 0) -> Diff:
     """kept(B) - kept(A) within each request that both arms edited, weighted by the request's
@@ -278,7 +273,7 @@ def arm_values(store: FeedbackStore, *, signal: str = "edit_outcome",
         v = session_values(s, events.get(s.id, []), signal)
         values.setdefault(s.arm, []).append(v)
         if "kept" in v:
-            by_request.setdefault(request_of(s), {}).setdefault(s.arm, []).append(v["kept"])
+            by_request.setdefault(s.request, {}).setdefault(s.arm, []).append(v["kept"])
     return values, served, by_request
 
 

@@ -33,11 +33,10 @@ from looprl.feedback.policies import (
 )
 from looprl.feedback.production import Production
 from looprl.feedback.realtime_config import RealtimeConfig, gate_tasks, users_tasks
-from looprl.feedback.store import FeedbackStore, SessionRecord
+from looprl.feedback.store import FeedbackStore, SessionRecord, request_key
 from looprl.feedback.update import make_candidate, window_optimizer
 from looprl.feedback.window import (
     request_history,
-    request_key,
     scored_sessions,
     window,
     window_groups,
@@ -209,7 +208,7 @@ class Loop:
             return None
         trajs = window(self.store, cur.version, cfg.signal)[:cfg.window]
         used = {x.id for x in trajs}
-        history = request_history([(request_key(s), r) for s, r in self._scored()
+        history = request_history([(s.request, r) for s, r in self._scored()
                                    if s.id not in used])
         groups = window_groups(trajs, history, f"c{n}")
         rewards = [x.reward.total for x in trajs if x.reward is not None]
@@ -237,9 +236,9 @@ class Loop:
         from looprl.inference.torch_engine import TorchEngine
 
         t = time.monotonic()
-        known = {f"{Path(k.repo).resolve()}\0{k.prompt}": k for k in self.users_tasks}
+        known = {request_key(str(Path(k.repo).resolve()), k.prompt): k for k in self.users_tasks}
         sessions = {x.id: self.store.session(x.id, with_trajectory=False) for x in trajs}
-        tasks = {sid: known.get(request_key(s)) or Task(  # a real user's: no hidden tests
+        tasks = {sid: known.get(s.request) or Task(  # a real user's: no hidden tests
             id=f"serve-{sid}", repo=s.repo, prompt=s.prompt, grader=Grader(SERVE_TEST_COMMAND))
             for sid, s in sessions.items()}
         hints = follow_up_hints(trajs, self.store.events_by_session(),

@@ -132,6 +132,16 @@ class SessionRecord:
     def is_infra_error(self) -> bool:
         return self.stop_reason == StopReason.INFRA_ERROR.value
 
+    @property
+    def request(self) -> str:
+        """What the session asked for (``request_key``): sessions of one request form a group."""
+        return request_key(self.repo, self.prompt)
+
+
+def request_key(repo: str, prompt: str) -> str:
+    """A request: the same repo and prompt is the same request."""
+    return f"{repo}\0{prompt}"
+
 
 @dataclass(frozen=True)
 class Event:

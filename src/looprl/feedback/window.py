@@ -34,11 +34,6 @@ from looprl.feedback.store import FeedbackStore, SessionRecord
 from looprl.types import Group, RewardBreakdown, Trajectory
 
 
-def request_key(session: SessionRecord) -> str:
-    """What a session asked for: its repo and prompt (sessions of one key form a group)."""
-    return f"{session.repo}\0{session.prompt}"
-
-
 def scored_sessions(store: FeedbackStore, signal: str, *, version: int | None = None,
                     untrained: bool = False, with_trajectory: bool = False
                     ) -> list[tuple[SessionRecord, RewardBreakdown]]:
@@ -67,7 +62,7 @@ def window(store: FeedbackStore, version: int, signal: str, untrained: bool = Tr
             continue
         # the request (prompt and repo) names the task a session attempted
         out.append(dataclasses.replace(s.trajectory, reward=rb, id=s.id, metadata={
-            **s.trajectory.metadata, "request": request_key(s)}))
+            **s.trajectory.metadata, "request": s.request}))
     return out
 
 
