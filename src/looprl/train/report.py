@@ -24,6 +24,7 @@ from looprl.train.config import TrainConfig
 from looprl.train.stages import RLSummary
 from looprl.train.tasks import TaskSets
 from looprl.trainer.loggers import scalars
+from looprl.trainer.step import ENGINE_MISMATCH_TOL
 
 console = Console()
 
@@ -66,7 +67,7 @@ def loss_ends(losses: list[float]) -> tuple[float, float]:
 
 
 ENGINE_KEYS = (("train/engine_kl", "engine KL (engine − trainer logprob)", ".2e"),
-               ("train/engine_mismatch_frac", "tokens > 0.1 nat apart", ".4f"),
+               ("train/engine_mismatch_frac", f"tokens > {ENGINE_MISMATCH_TOL} nat apart", ".4f"),
                ("train/is_ratio_mean", "IS ratio trainer/engine", ".4f"))
 """The per-step train–inference measures the report sums up (``GRPOStepStats``)."""
 
