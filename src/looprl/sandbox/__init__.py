@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from looprl.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from looprl.sandbox.bwrap import BwrapSandbox
+    from looprl.sandbox.bwrap import Blank, BwrapSandbox
     from looprl.sandbox.command import SandboxLimits
     from looprl.sandbox.container import ContainerSandbox
     from looprl.sandbox.mounts import Mount
@@ -47,12 +47,14 @@ __getattr__, __dir__, _exports = lazy_exports(__name__, {
 async def create_sandbox(base_dir: str | os.PathLike[str], venv: str | None = None, *,
                          limits: SandboxLimits | None = None,
                          snapshot: Snapshot | None = None, workdir: str | None = None,
-                         mounts: tuple[Mount, ...] = (), image: Image | None = None
+                         mounts: tuple[Mount, ...] = (), image: Image | None = None,
+                         blank: Blank | None = None, resolved: bool = False
                          ) -> BwrapSandbox | ContainerSandbox:
     """A fresh sandbox over ``base_dir`` (or over ``snapshot``), commands under bubblewrap;
     ``workdir``: where its commands see the workspace (default: ``base_dir``'s own path, or the
     image's workdir); ``mounts``: extra host directories they see (``Mount(source, target,
-    readonly)``). ``image`` (a task's ``Task.image``): commands in a container of it instead
+    readonly)``); ``blank``, ``resolved``: a bubblewrap sandbox's pre-started blank and an
+    already resolved ``base_dir`` (``bwrap.new_sandbox``; the pool's). ``image`` (a task's ``Task.image``): commands in a container of it instead
     (``container.py``), with no venv: the one place a task's backend is chosen, so its agent
     and its grader run in the same environment.
 
@@ -77,7 +79,7 @@ async def create_sandbox(base_dir: str | os.PathLike[str], venv: str | None = No
     from looprl.sandbox.bwrap import new_sandbox
 
     return await new_sandbox(base_dir, venv, limits=limits, snapshot=snapshot, workdir=workdir,
-                             mounts=mounts)
+                             mounts=mounts, blank=blank, resolved=resolved)
 
 
 __all__ = sorted([*_exports, "create_sandbox"])

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from looprl import faults
 from looprl.errors import InfraKind, SandboxError
 from looprl.sandbox import create_sandbox
-from looprl.sandbox.bwrap import Blank, BwrapSandbox, can_root, make_blank, new_sandbox
+from looprl.sandbox.bwrap import Blank, BwrapSandbox, can_root, make_blank
 from looprl.sandbox.command import SandboxLimits, check_bwrap
-from looprl.sandbox.container import ContainerSandbox, ContainerSnapshot
+from looprl.sandbox.container import ContainerSandbox
 from looprl.sandbox.workspace import Snapshot, realpath
 from looprl.types import ExecResult, FileEntry, Image
 
@@ -264,12 +264,10 @@ class SandboxPool:
     async def _new(self, key: Key, snapshot: Snapshot | None = None,
                    blank: Blank | None = None) -> Inner:
         try:
-            if key[2] is not None or isinstance(snapshot, ContainerSnapshot):
-                return await create_sandbox(key[0], key[1], limits=self.limits,
-                                            snapshot=snapshot, image=key[2])
-            self._blank_venv = key[1]
-            return await new_sandbox(key[0], key[1], limits=self.limits, snapshot=snapshot,
-                                     blank=blank, resolved=True)
+            if key[2] is None:
+                self._blank_venv = key[1]
+            return await create_sandbox(key[0], key[1], limits=self.limits, snapshot=snapshot,
+                                        image=key[2], blank=blank, resolved=True)
         except OSError as e:
             raise SandboxError(f"could not create a workspace over {key[0]}: {e}",
                                kind=InfraKind.SANDBOX_CREATE) from e
