@@ -22,6 +22,7 @@ from looprl.feedback.follow_ups import (
 from looprl.feedback.realtime_config import RealtimeConfig
 from looprl.feedback.store import Event
 from looprl.harness.agent import run_agent
+from looprl.harness.hinted import turn_messages
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 from looprl.models.tokenizer import build_tokenizer
@@ -353,9 +354,10 @@ def test_the_cycle_distils_a_follow_up_after_the_turn_it_answers_never_as_model_
     assert AT_TURN_2 in fmt.decode(cseg.token_ids_T[h.start:h.end])
     # the student saw what the session saw after turn 2: turn 2's tool results, then turn 3
     assert list(h.student_ids_T) == list(seg.token_ids_T[spans[1][1]:spans[2][0]])
-    n = sum(m["role"] == "assistant" for m in session.trajectory.messages[:4])
-    assert n == 2 and cont.messages[:5] == session.trajectory.messages[:5]  # up to turn 2's tool
-    assert cont.messages[5] == {"role": "user", "content": AT_TURN_2}
+    past = turn_messages(session.trajectory.messages)[1][1]  # one past turn 2's tool results
+    assert cont.messages[:past] == session.trajectory.messages[:past]
+    assert cont.messages[past] == {"role": "user", "content": AT_TURN_2}
+    assert cont.messages[past + 1]["role"] == "assistant"
     # the hint and everything before it carry no loss; the continuation alone is distilled
     model_pos = [i for i, m in enumerate(cseg.loss_mask_T) if m]
     assert model_pos and not any(cseg.loss_mask_T[:h.end]) and min(model_pos) >= h.end
