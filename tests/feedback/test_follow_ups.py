@@ -22,11 +22,12 @@ from looprl.feedback.follow_ups import (
 from looprl.feedback.realtime_config import RealtimeConfig
 from looprl.feedback.store import Event
 from looprl.harness.agent import run_agent
+from looprl.harness.hinted import turn_messages
 from looprl.harness.scripted import ScriptedPolicy
 from looprl.harness.tools import make_tools
 from looprl.models.tokenizer import build_tokenizer
 from looprl.types import Grader, Group, Task, Trajectory
-from tests.bwrap_support import needs_bwrap
+from tests.bwrap_support import needs_bwrap, skip_without_sandbox
 from tests.harness.conftest import agent_config, calc_repo, call
 from tests.harness.dir_sandbox import DirSandbox
 
@@ -240,3 +241,145 @@ final_sessions = 2
         assert not any(h.segments[0].loss_mask_T[:h.hint.end])  # the follow-up: context only
     arms = json.loads((run / "arms.json").read_text())
     assert arms["A"]["hints"] == 0 and arms["B"]["hints"] == int(line["hinted"])
+
+
+THREE_TURNS = [call("edit_file", path="pkg/calc.py", old_string="def sub(a, b):\n    return a - b",
+                    new_string="def sub(a, b):\n    return b - a"),
+               call("edit_file", path="pkg/calc.py",
+                    old_string="def add(a, b):\n    return a - b",
+                    new_string="def add(a, b):\n    return a * b"),
+               call("finish", summary="done")]
+AT_TURN_2 = "no, that is wrong: the second edit broke add, it still fails"
+
+
+def three_turns(repo, fmt: ChatFormat, sid: str) -> Trajectory:
+    """A served 3-turn session: edit sub, edit add (wrongly), finish."""
+    task = Task("serve", str(repo), "fix add", Grader("python -m pytest"))
+    sb = DirSandbox(task.repo)
+    traj = asyncio.run(run_agent(task, sb, ScriptedPolicy(fmt.tokenizer, THREE_TURNS), fmt,
+                                 make_tools(), agent_config(context_window=100_000),
+                                 group_id=sid, trajectory_id=sid))
+    asyncio.run(sb.close())
+    assert len(traj.segments[0].model_turns()) == 3
+    return traj
+
+
+def test_a_follow_up_naming_a_turn_is_the_hint_for_that_turn_and_checked_when_stored(
+        repo, fmt, tmp_path):
+    from looprl.feedback.store import FeedbackStore
+
+    traj = three_turns(repo, fmt, "s1")
+    store = FeedbackStore(tmp_path / "fb.db")
+    sid = store.add_session(user="u", arm="A", policy_version=0, prompt="fix add",
+                            repo=str(repo), trajectory=traj, latency_s=1.0)
+    for bad in (0, 4, True, "2"):
+        with pytest.raises(ConfigError, match="'turn'"):
+            store.add_event(sid, "follow_up", {"text": AT_TURN_2, "turn": bad})
+    with pytest.raises(ConfigError, match="unexpected field"):  # only a follow-up answers a turn
+        store.add_event(sid, "kept", {"turn": 2})
+    ev = store.add_event(sid, "follow_up", {"text": AT_TURN_2, "turn": 2}).event
+    assert ev.payload == {"text": AT_TURN_2, "turn": 2} and ev.sentiment == "dissatisfied"
+    hint = follow_up_hint(traj, store.events(sid))
+    assert hint is not None and (hint.turn, hint.text) == (2, AT_TURN_2)
+    last = Event(1, sid, "follow_up", {"text": AT_TURN_2}, 0.0, sentiment="dissatisfied")
+    assert follow_up_hint(traj, [last]).turn == 3  # none named: the reply the session returned
+    store.close()
+
+
+def _cycle_store(tmp_path, repo, fmt, follow_up: dict | None):
+    """A store with two served 3-turn sessions of v0: one reverted (with ``follow_up``), one
+    kept (a different request, so the rows differ)."""
+    from looprl.feedback.store import FeedbackStore
+
+    store = FeedbackStore(tmp_path / "fb.db")
+    sids = [store.add_session(user=f"u{i}", arm="A", policy_version=0, prompt=f"fix add {i}",
+                              repo=str(repo), trajectory=three_turns(repo, fmt, f"s{i}"),
+                              latency_s=1.0) for i in range(2)]
+    store.add_event(sids[0], "reverted")
+    store.add_event(sids[1], "kept")
+    if follow_up is not None:
+        store.add_event(sids[0], "follow_up", follow_up)
+    return store, sids
+
+
+def _run_cycle(tmp_path, store, follow_ups: bool, monkeypatch):
+    """``feedback.cycle.run_cycle`` as ``looprl feedback cycle --follow-ups`` runs it, on a
+    tiny random model, with the distillation term's inputs recorded."""
+    import looprl.trainer.step as step_mod
+    from looprl.feedback.cycle import CycleConfig, run_cycle
+    from looprl.harness.run_state import AgentConfig
+    from looprl.trainer.config import FeedbackDistill
+
+    from .test_cycle import save_tiny
+
+    seen = []
+    real = step_mod.hint_distillation
+
+    def spy(model, pairs, **kw):
+        out = real(model, pairs, **kw)
+        seen.append((list(pairs), out))
+        return out
+
+    monkeypatch.setattr(step_mod, "hint_distillation", spy)
+    model = save_tiny(tmp_path / "base", max_positions=16_384)
+    cfg = CycleConfig(min_sessions=2, micro_batch_tokens=32_768,
+                      feedback=FeedbackDistill(coef=0.5, max_per_group=4, follow_ups=follow_ups),
+                      agent=AgentConfig(max_turns=3, max_new_tokens=8, context_window=100_000))
+    res = run_cycle(store, model, tmp_path / "out", cfg)
+    hinted = tmp_path / "out" / "hinted.jsonl"
+    conts = ([Trajectory.from_json(x) for x in hinted.read_text().splitlines()]
+             if hinted.exists() else [])
+    return res, conts, seen
+
+
+@needs_bwrap[0]
+@skip_without_sandbox
+def test_the_cycle_distils_a_follow_up_after_the_turn_it_answers_never_as_model_tokens(
+        repo, fmt, tmp_path, monkeypatch):
+    store, (s0, s1) = _cycle_store(tmp_path, repo, fmt, {"text": AT_TURN_2, "turn": 2})
+    res, conts, seen = _run_cycle(tmp_path, store, True, monkeypatch)
+    assert res.status == "candidate" and res.step is not None
+    assert res.step["sequences"] == 2  # the sessions; the continuation is no GRPO row
+    assert res.step["hints"] == 1 and res.step["hint_kl"] > 0
+    (cont,) = conts
+    session = store.session(s0)
+    assert session.trajectory is not None
+    (seg,), (cseg,) = session.trajectory.segments, cont.segments
+    h = cont.hint
+    assert cont.metadata["hinted_from"] == s0 and cont.metadata["candidate_version"] == 1
+    assert h is not None and (h.turn, h.kind, h.text) == (2, "follow_up", AT_TURN_2)
+    spans = seg.model_turns()
+    assert h.start == spans[1][1]  # after turn 2's tokens, not after the last turn's
+    assert cseg.token_ids_T[:h.start] == seg.token_ids_T[:h.start]
+    assert AT_TURN_2 in fmt.decode(cseg.token_ids_T[h.start:h.end])
+    # the student saw what the session saw after turn 2: turn 2's tool results, then turn 3
+    assert list(h.student_ids_T) == list(seg.token_ids_T[spans[1][1]:spans[2][0]])
+    past = turn_messages(session.trajectory.messages)[1][1]  # one past turn 2's tool results
+    assert cont.messages[:past] == session.trajectory.messages[:past]
+    assert cont.messages[past] == {"role": "user", "content": AT_TURN_2}
+    assert cont.messages[past + 1]["role"] == "assistant"
+    # the hint and everything before it carry no loss; the continuation alone is distilled
+    model_pos = [i for i, m in enumerate(cseg.loss_mask_T) if m]
+    assert model_pos and not any(cseg.loss_mask_T[:h.end]) and min(model_pos) >= h.end
+    ((pair,), out), = seen
+    assert pair.teacher_ids_T.tolist() == list(cseg.token_ids_T)
+    assert pair.teacher_pos_N.tolist() == model_pos
+    shift = len(h.student_ids_T) - (h.end - h.start)
+    assert pair.student_pos_N.tolist() == [p + shift for p in model_pos]
+    assert pair.student_ids_T.tolist()[:spans[2][0]] == list(seg.token_ids_T[:spans[2][0]])
+    assert out.tokens == len(model_pos) and float(out.loss) > 0
+    store.close()
+
+
+@needs_bwrap[0]
+@skip_without_sandbox
+@pytest.mark.parametrize("follow_up, on", [({"text": "thanks, works now"}, True),
+                                           ({"text": AT_TURN_2, "turn": 2}, False)])
+def test_the_cycle_hints_nothing_without_a_dissatisfied_follow_up_or_the_switch(
+        repo, fmt, tmp_path, monkeypatch, follow_up, on):
+    store, _ = _cycle_store(tmp_path, repo, fmt, follow_up)
+    res, conts, seen = _run_cycle(tmp_path, store, on, monkeypatch)
+    assert res.status == "candidate" and res.step is not None
+    assert res.step["hints"] == 0 and res.step["hint_kl"] == 0.0 and res.step["sequences"] == 2
+    assert conts == [] and seen == []
+    store.close()

@@ -223,6 +223,13 @@ def test_sessions_feedback_and_ab_end_to_end(server, repo):
     # no change, then a complaint: the request failed as a reverted edit does (-1); the
     # complaint itself adds nothing to a failure
     assert r.json()["reward"]["total"] == pytest.approx(-1.0)
+    # a follow-up may name the agent reply it answers: one the session has
+    for eid, turn, code in (("ev-8", b["turns"] + 1, 422), ("ev-9", 1, 200)):
+        r = client.post(f"/v1/sessions/{b['session_id']}/feedback",
+                        json={"event_id": eid, "kind": "follow_up", "turn": turn,
+                              "text": "no, your first reply was already wrong"})
+        assert r.status_code == code and (code == 200 or "'turn'" in r.json()["message"])
+    assert r.json()["reward"]["total"] == pytest.approx(-1.0)  # one complaint counts, once
 
     got = client.get(f"/v1/sessions/{sid}").json()
     assert [e["kind"] for e in got["events"]] == ["partially_kept", "kept"]

@@ -41,11 +41,23 @@ def cycle_cmd(
     lr: Annotated[float, typer.Option(help="learning rate of the step")] = 1e-6,
     promote_ungated: Annotated[bool, typer.Option(help="promote without --tasks")] = False,
     limit: Annotated[int, typer.Option(help="only the first N tasks (0 = all)", min=0)] = 0,
+    follow_ups: Annotated[bool, typer.Option(
+        help="dissatisfied follow-ups as hints, distilled in the step")] = False,
+    feedback_coef: Annotated[float, typer.Option(
+        help="weight of the follow-ups' distillation term", min=0.0, max=100.0)] = 0.5,
+    max_hinted: Annotated[int, typer.Option(
+        help="follow-ups' continuations per cycle, at most", min=1)] = 8,
+    max_turns: Annotated[int, typer.Option(
+        help="agent turns per session, as served (the continuations')")] = 30,
+    max_new_tokens: Annotated[int, typer.Option(help="tokens per turn, as served")] = 1024,
+    context_window: Annotated[int, typer.Option(help="tokens per segment, as served")] = 8192,
 ) -> None:
     """One cycle: window of scored sessions -> one GRPO step -> gate -> promote or reject."""
     from looprl.feedback.cycle import CycleConfig, run_cycle
     from looprl.feedback.store import FeedbackStore
+    from looprl.harness.run_state import AgentConfig
     from looprl.tasks.taskset import load_tasks
+    from looprl.trainer.config import FeedbackDistill
 
     ts = load_tasks(tasks) if tasks else None
     if ts is not None and not ts:
@@ -53,7 +65,11 @@ def cycle_cmd(
     if ts and limit:
         ts = ts[:limit]
     cfg = CycleConfig(signal=signal, min_sessions=min_sessions, lr=lr,
-                      promote_ungated=promote_ungated)
+                      promote_ungated=promote_ungated,
+                      feedback=FeedbackDistill(coef=feedback_coef if follow_ups else 0.0,
+                                               max_per_group=max_hinted, follow_ups=follow_ups),
+                      agent=AgentConfig(max_turns=max_turns, max_new_tokens=max_new_tokens,
+                                        context_window=context_window))
     res = run_cycle(FeedbackStore(store), model, out, cfg, ts)
     typer.echo(json.dumps(res.to_dict(), indent=1))
 

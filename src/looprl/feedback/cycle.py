@@ -18,7 +18,12 @@ someone else serves from. Both are made of the same parts:
 3. Advantages: the window's sessions form ONE group and each gets ``A = r - mean(r over the
    window)``, the batch baseline (``feedback.window.window_group``; bigger windows help).
 4. One ``GRPOStep`` on the current weights (``feedback.update``); the candidate is saved as
-   ``OUT/vNNNN/`` (HF format, loadable by ``looprl serve``), with ``looprl_policy.json``.
+   ``OUT/vNNNN/`` (HF format, loadable by ``looprl serve``), with ``looprl_policy.json``. With
+   ``feedback.follow_ups`` (``--follow-ups``), users' dissatisfied follow-ups are hints first,
+   through the real-time loop's path (``follow_ups.hint_window``): each such session is
+   continued by the current policy after the turn the follow-up answers, and the step distils
+   the continuations into the policy without them (``trainer.distill``); they are appended to
+   ``OUT/hinted.jsonl`` with the candidate's version.
 5. Gate: with held-out ``tasks``, the bench gate (``feedback.gate``) decides: promoted
    (``current.json`` now names the candidate) or rejected (a bench that graded nothing is an
    infrastructure failure: the candidate is kept, ungated). Without tasks the candidate waits for
@@ -31,22 +36,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from looprl.config import Range, Share, Tokens, check_choice, check_ranges
+from looprl.config import FieldError, Range, Share, Tokens, check_choice, check_ranges
+from looprl.feedback.follow_ups import hint_window, save_hinted
 from looprl.feedback.gate import gate
 from looprl.feedback.policies import POINTER, PolicyRef, current_policy, next_version, promote
 from looprl.feedback.signals import SIGNALS
 from looprl.feedback.store import FeedbackStore
 from looprl.feedback.update import make_candidate
 from looprl.feedback.window import window, window_group
+from looprl.harness.run_state import AgentConfig
 from looprl.trainer.advantages import is_zero_variance
 from looprl.trainer.batch import Credit
-from looprl.trainer.config import GRPOConfig, GRPOExperimental
+from looprl.trainer.config import FeedbackDistill, GRPOConfig, GRPOExperimental
 from looprl.trainer.losses import LossParams
-from looprl.types import Task
+from looprl.types import Group, Task, Trajectory
 
 
 @dataclass(frozen=True)
@@ -72,10 +79,19 @@ class CycleConfig:
     max_drop: Share = 0.02
     """Gate: largest pass@1 drop tolerated at the CI's lower bound (``bench.gate.compare``)."""
     min_gain: Share = 0.0
+    feedback: FeedbackDistill = field(default_factory=FeedbackDistill)
+    """Users' dissatisfied follow-ups as hints (``follow_ups`` with ``coef`` > 0, the
+    distillation term's weight); the window is one group, so ``max_per_group`` bounds the
+    cycle's continuations."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """The budgets the sessions were served with (``looprl serve``'s): the continuations'."""
 
     def __post_init__(self) -> None:
         check_choice("signal", self.signal, SIGNALS)
         check_ranges(self)  # the CLI builds it from its flags, not through from_dict
+        if self.feedback.follow_ups and not self.feedback.coef > 0:
+            raise FieldError("feedback.coef", "follow-ups as hints are distilled with this "
+                             "weight: set it > 0 (e.g. 0.5)")
 
     def grpo(self) -> GRPOConfig:
         """The step's GRPO settings: the batch baseline, no std division."""
@@ -84,7 +100,7 @@ class CycleConfig:
                               micro_batch_tokens=self.micro_batch_tokens,
                               max_grad_norm=self.max_grad_norm,
                               objective=LossParams(norm_tokens=self.norm_tokens),
-                              credit=Credit(skip_zero_variance=True)))
+                              credit=Credit(skip_zero_variance=True), feedback=self.feedback))
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,19 @@ def _decide(out: Path, policy: PolicyRef, cand: PolicyRef, gate_res: dict[str, A
                          f"`looprl feedback promote --out {out} --version {cand.version}`")
 
 
+def _hinted(groups: list[Group], store: FeedbackStore, trajs: list[Trajectory],
+            policy: PolicyRef, out: Path, version: int, cfg: CycleConfig) -> list[Group]:
+    """``groups`` carrying the window's follow-ups' continuations when ``cfg.feedback`` asks for
+    them (module docstring, 4), saved to ``OUT/hinted.jsonl``."""
+    fb = cfg.feedback
+    if not (fb.follow_ups and fb.coef > 0):
+        return groups
+    hinted = hint_window(store, trajs, groups, policy.path, cfg.agent,
+                         per_group=fb.max_per_group)
+    save_hinted(out / "hinted.jsonl", hinted.hinted, candidate_version=version)
+    return hinted.groups
+
+
 def run_cycle(store: FeedbackStore, model: str | Path, out: str | Path,
               cfg: CycleConfig | None = None, tasks: list[Task] | None = None) -> CycleResult:
     """One cycle (module docstring); always recorded in the store, never raises for "no data"."""
@@ -158,11 +187,11 @@ def run_cycle(store: FeedbackStore, model: str | Path, out: str | Path,
                                     "no advantage signal; wait for more feedback", len(trajs))
     version = next_version(o, policy.version)
     mean_r = sum(rewards) / len(rewards)
-    cand, step = make_candidate(policy, [window_group(trajs, f"cycle-v{version}")], cfg.grpo(),
-                                o, version, {
-                                    "parent_version": policy.version,
-                                    "parent_path": str(policy.path), "sessions": len(trajs),
-                                    "mean_reward": mean_r, "signal": cfg.signal})
+    groups = _hinted([window_group(trajs, f"cycle-v{version}")], store, trajs, policy, o,
+                     version, cfg)
+    cand, step = make_candidate(policy, groups, cfg.grpo(), o, version, {
+        "parent_version": policy.version, "parent_path": str(policy.path),
+        "sessions": len(trajs), "mean_reward": mean_r, "signal": cfg.signal})
     if cand is None:
         return _skip(store, policy, "the step applied no update (non-finite gradient)", len(trajs))
     gate_res = bench_gate(policy, cand, tasks, cfg) if tasks else None

@@ -3,12 +3,17 @@ the turn it answers, and the policy's continuation with it in context is the tea
 window's training distils into the unhinted policy (``trainer.distill``), as the environment's
 hints are in ``looprl train``.
 
-    hints = follow_up_hints(trajs, store.events_by_session(), gold={sid: task.gold_patch})
-    hinted = asyncio.run(continue_follow_ups(engine, fmt, trajs, hints, tasks, agent))
-    groups = attach_hinted(groups, hinted, per_group=1)   # Group.hinted: distilled, no advantage
+    out = hint_window(store, trajs, groups, policy_path, agent, known=tasks, per_group=1)
+    out.groups    # Group.hinted: the continuations, distilled, no advantage
+    # its parts: follow_up_hints -> continue_follow_ups -> attach_hinted
 
-The turn a follow-up answers is the session's last assistant turn: it is the reply the user
-read before writing back. The follow-up's text is redacted like any hint (``rewards.hints.redact``:
+``hint_window`` is the one path both ``looprl feedback loop`` (``loop_cycle.Loop``) and
+``looprl feedback cycle`` (``cycle.run_cycle``) take from a window to its hinted groups.
+
+The turn a follow-up answers is the agent reply the user wrote back to: the one its ``turn``
+names (1-based, counted in assistant turns, as the serve API's ``turns``; checked against the
+session when stored), else the session's last one, the reply a user reads once the session
+returns. The follow-up's text is redacted like any hint (``rewards.hints.redact``:
 where the request's task is known, as for simulated users, no line of its gold patch survives;
 capped at ``MAX_HINT_CHARS``) and inserted as a user message after that turn's tool results
 (``harness.hinted``: loss mask 0, never a model token). Only the first dissatisfied follow-up of
@@ -27,17 +32,19 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from looprl.chat import ChatFormat
 from looprl.errors import SandboxError
 from looprl.feedback.signals import in_order
-from looprl.feedback.store import Event
+from looprl.feedback.store import Event, FeedbackStore, request_key
 from looprl.harness.hinted import continue_with_hint, turn_messages
 from looprl.harness.run_state import AgentConfig
 from looprl.harness.tools import make_tools
 from looprl.protocols import Engine, Sandbox
 from looprl.rewards.hints import Hint, redact
-from looprl.types import Group, Task, Trajectory
+from looprl.types import Grader, Group, Task, Trajectory
 
 FOLLOW_UP = "follow_up"
 """``Hint.kind`` of a user's follow-up."""
@@ -56,9 +63,10 @@ async def _bwrap_sandbox(repo: str, venv: str | None) -> Sandbox:
 
 def follow_up_hint(traj: Trajectory, events: Sequence[Event], gold_patch: str | None = None
                    ) -> Hint | None:
-    """The hint a session's first dissatisfied follow-up gives: after its last assistant turn,
-    the text redacted against ``gold_patch``; None without one, for a session the agent never
-    answered, or for a self-summarized one (``harness.hinted`` continues one segment only).
+    """The hint a session's first dissatisfied follow-up gives: after the turn it answers (its
+    ``turn``, else the last assistant turn), the text redacted against ``gold_patch``; None
+    without one, for a session the agent never answered, a turn the session does not have, or a
+    self-summarized session (``harness.hinted`` continues one segment only).
 
     >>> from looprl.feedback.store import Event
     >>> from looprl.types import Counters, StopReason, Trajectory
@@ -71,11 +79,14 @@ def follow_up_hint(traj: Trajectory, events: Sequence[Event], gold_patch: str | 
     if len(traj.segments) > 1 or traj.is_infra_error:
         return None
     turns = len(turn_messages(traj.messages))
-    text = next((str(e.payload.get("text", "")) for e in in_order(events)
-                 if e.kind == "follow_up" and e.sentiment == "dissatisfied"), "")
-    if not turns or not text.strip():
+    first = next((e for e in in_order(events)
+                  if e.kind == "follow_up" and e.sentiment == "dissatisfied"), None)
+    if first is None or not turns:
         return None
-    return Hint(turns, FOLLOW_UP, redact(text, gold_patch))
+    text, turn = str(first.payload.get("text", "")), int(first.payload.get("turn", turns))
+    if not text.strip() or not 1 <= turn <= turns:
+        return None
+    return Hint(turn, FOLLOW_UP, redact(text, gold_patch))
 
 
 def follow_up_hints(trajs: Sequence[Trajectory], events: Mapping[str, Sequence[Event]],
@@ -160,3 +171,63 @@ def attach_hinted(groups: Sequence[Group], hinted: Sequence[Trajectory], per_gro
         mine = [by_session[t.id] for t in g.trajectories if t.id in by_session][:per_group]
         out.append(dataclasses.replace(g, hinted=g.hinted + tuple(mine)) if mine else g)
     return out
+
+
+def session_tasks(store: FeedbackStore, trajs: Sequence[Trajectory], known: Sequence[Task]
+                  ) -> dict[str, Task]:
+    """Session id -> the task its continuation runs: the ``known`` task of the same request
+    (simulated users': its gold patch redacts, its hidden tests grade), else one over the
+    session's repo and prompt with no hidden tests (a real user's)."""
+    by_request = {request_key(str(Path(k.repo).resolve()), k.prompt): k for k in known}
+    out = {}
+    for t in trajs:
+        s = store.session(t.id, with_trajectory=False)
+        out[t.id] = by_request.get(s.request) or Task(
+            id=f"serve-{t.id}", repo=s.repo, prompt=s.prompt, grader=Grader(SERVE_TEST_COMMAND))
+    return out
+
+
+@dataclass(frozen=True)
+class WindowHints:
+    """What ``hint_window`` made of a window."""
+
+    groups: list[Group]
+    """The window's groups, each carrying its sessions' continuations (``Group.hinted``)."""
+    hints: int
+    """Sessions with a dissatisfied follow-up usable as a hint."""
+    hinted: list[Trajectory]
+    """The continuations (every one, also those past ``per_group``)."""
+
+
+def hint_window(store: FeedbackStore, trajs: Sequence[Trajectory], groups: Sequence[Group],
+                policy_path: str | Path, agent: AgentConfig, *, known: Sequence[Task] = (),
+                per_group: int, concurrency: int = 4,
+                sandbox_factory: SandboxFactory = _bwrap_sandbox) -> WindowHints:
+    """A window's dissatisfied follow-ups as hints (module docstring): each hinted session of
+    ``trajs`` (``window.window``) continued by the policy at ``policy_path`` (the one that
+    served them, with the ``agent`` budgets it served them with), at most ``per_group``
+    continuations attached to each of ``groups``."""
+    from looprl.inference.torch_engine import TorchEngine
+
+    tasks = session_tasks(store, trajs, known)
+    hints = follow_up_hints(trajs, store.events_by_session(),
+                            {sid: task.gold_patch for sid, task in tasks.items()})
+    if not hints:
+        return WindowHints(list(groups), 0, [])
+    engine = TorchEngine.from_path(policy_path)
+    try:
+        hinted = asyncio.run(continue_follow_ups(engine, ChatFormat(engine.tokenizer), trajs,
+                                                 hints, tasks, agent, concurrency=concurrency,
+                                                 sandbox_factory=sandbox_factory))
+    finally:
+        engine.close()
+    return WindowHints(attach_hinted(groups, hinted, per_group), len(hints), hinted)
+
+
+def save_hinted(path: Path, hinted: Sequence[Trajectory], **meta: int) -> None:
+    """Append the continuations to ``path`` (JSONL, the trajectory viewer's), each with
+    ``meta`` (e.g. its cycle) in its metadata."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.writelines(dataclasses.replace(h, metadata={**h.metadata, **meta}).to_json() + "\n"
+                      for h in hinted)

@@ -26,7 +26,7 @@ Each cycle:
    ``feedback.update``): the cycles are one continuing run. The candidate is saved as
    ``policies/vNNNN`` with that state. With ``grpo.experimental.feedback.follow_ups`` the
    window's dissatisfied follow-ups are hints first: each such session is continued by the
-   serving policy with the follow-up after its last turn, and the steps distil those
+   serving policy with the follow-up after the turn it answers, and the steps distil those
    continuations into the policy without it (``feedback.follow_ups``, ``trainer.distill``).
 3. **Gate**: ``looprl.bench`` runs current and candidate on ``gate.tasks`` (held-out tasks the
    users never send; ``gate.skip`` leaves out the head of a file whose first ``users.limit``

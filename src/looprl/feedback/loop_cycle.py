@@ -12,7 +12,6 @@ pointers the server follows).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from looprl.feedback.policies import (
 )
 from looprl.feedback.production import Production
 from looprl.feedback.realtime_config import RealtimeConfig, gate_tasks, users_tasks
-from looprl.feedback.store import FeedbackStore, SessionRecord, request_key
+from looprl.feedback.store import FeedbackStore, SessionRecord
 from looprl.feedback.update import make_candidate, window_optimizer
 from looprl.feedback.window import (
     request_history,
@@ -42,7 +41,7 @@ from looprl.feedback.window import (
     window_groups,
 )
 from looprl.rundir import RunDir
-from looprl.types import Grader, Group, JSONScalar, Task, Trajectory
+from looprl.types import Group, JSONScalar, Trajectory
 
 
 @dataclass
@@ -220,52 +219,25 @@ class Loop:
 
     def follow_ups(self, row: CycleRow, cur: PolicyRef, trajs: list[Trajectory],
                    groups: list[Group]) -> list[Group]:
-        """The window's dissatisfied follow-ups as hints (``feedback.follow_ups``): each hinted
-        session continued by the serving policy, at most ``feedback.max_per_group`` a group,
-        saved to ``RUN/trajectories/hinted.jsonl``; the groups carry them (``Group.hinted``)."""
-        import asyncio
-
-        from looprl.chat import ChatFormat
-        from looprl.feedback.follow_ups import (
-            SERVE_TEST_COMMAND,
-            attach_hinted,
-            continue_follow_ups,
-            follow_up_hints,
-        )
+        """The window's dissatisfied follow-ups as hints (``follow_ups.hint_window``): each
+        hinted session continued by the serving policy, at most ``feedback.max_per_group`` a
+        group, saved to ``RUN/trajectories/hinted.jsonl``; the groups carry them."""
+        from looprl.feedback.follow_ups import hint_window, save_hinted
         from looprl.harness.run_state import AgentConfig
-        from looprl.inference.torch_engine import TorchEngine
 
-        t = time.monotonic()
-        known = {request_key(str(Path(k.repo).resolve()), k.prompt): k for k in self.users_tasks}
-        sessions = {x.id: self.store.session(x.id, with_trajectory=False) for x in trajs}
-        tasks = {sid: known.get(s.request) or Task(  # a real user's: no hidden tests
-            id=f"serve-{sid}", repo=s.repo, prompt=s.prompt, grader=Grader(SERVE_TEST_COMMAND))
-            for sid, s in sessions.items()}
-        hints = follow_up_hints(trajs, self.store.events_by_session(),
-                                {sid: task.gold_patch for sid, task in tasks.items()})
-        row.window |= {"follow_up_hints": len(hints), "hinted": 0}
-        if not hints:
-            return groups
-        s = self.cfg.serve
+        t, s = time.monotonic(), self.cfg.serve
         agent = AgentConfig(max_turns=s.max_turns, max_new_tokens=s.max_new_tokens,
                             context_window=s.context_window)  # what the sessions were served with
-        engine = TorchEngine.from_path(cur.path)
-        try:
-            hinted = asyncio.run(continue_follow_ups(engine, ChatFormat(engine.tokenizer), trajs,
-                                                     hints, tasks, agent,
-                                                     concurrency=s.max_concurrent))
-        finally:
-            engine.close()
-        traj_dir = RunDir(self.run).trajectories
-        traj_dir.mkdir(parents=True, exist_ok=True)
-        with open(traj_dir / "hinted.jsonl", "a", encoding="utf-8") as fh:
-            fh.writelines(dataclasses.replace(h, metadata={**h.metadata, "cycle": row.cycle})
-                          .to_json() + "\n" for h in hinted)
-        per_group = self.cfg.grpo.experimental.feedback.max_per_group
-        row.window["hinted"] = len(hinted)
+        out = hint_window(self.store, trajs, groups, cur.path, agent, known=self.users_tasks,
+                          per_group=self.cfg.grpo.experimental.feedback.max_per_group,
+                          concurrency=s.max_concurrent)
+        row.window |= {"follow_up_hints": out.hints, "hinted": len(out.hinted)}
+        if not out.hints:
+            return out.groups
+        save_hinted(RunDir(self.run).trajectories / "hinted.jsonl", out.hinted, cycle=row.cycle)
         row.minutes["follow_ups"] = (time.monotonic() - t) / 60
-        self.say(f"  {len(hints)} dissatisfied follow-ups as hints: {len(hinted)} continued")
-        return attach_hinted(groups, hinted, per_group)
+        self.say(f"  {out.hints} dissatisfied follow-ups as hints: {len(out.hinted)} continued")
+        return out.groups
 
     def _train(self, row: CycleRow, cur: PolicyRef, groups: list[Group], sessions: int
                ) -> PolicyRef | None:

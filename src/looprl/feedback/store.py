@@ -49,6 +49,7 @@ from typing import Any
 from looprl.diffs import changed_files
 from looprl.errors import ConfigError
 from looprl.feedback.sentiment import follow_up_sentiment
+from looprl.harness.hinted import turn_messages
 from looprl.types import JSONScalar, StopReason, Trajectory
 
 SCHEMA_VERSION = 2
@@ -63,7 +64,9 @@ MAX_CLOCK_SKEW_S = 300.0
 _EVENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 EVENT_KINDS = ("kept", "reverted", "partially_kept", "follow_up")
 """kept / reverted: the user kept or reverted the session's edits (optionally naming files);
-partially_kept: ``files`` lists the kept ones; follow_up: the user's next message (``text``)."""
+partially_kept: ``files`` lists the kept ones; follow_up: the user's next message (``text``),
+optionally naming the agent reply it answers (``turn``: 1-based, in assistant turns; default
+the last)."""
 EDIT_KINDS = ("kept", "reverted", "partially_kept")
 
 _SCHEMA = """
@@ -185,8 +188,10 @@ class CycleRecord:
     session_ids: tuple[str, ...] = ()
 
 
-def validate_payload(kind: str, payload: dict[str, Any], files: tuple[str, ...]) -> dict[str, Any]:
-    """The payload of a ``kind`` event on a session that changed ``files``, checked and normalised.
+def validate_payload(kind: str, payload: dict[str, Any], files: tuple[str, ...],
+                     turns: int | None = None) -> dict[str, Any]:
+    """The payload of a ``kind`` event on a session that changed ``files`` in ``turns`` agent
+    replies (None: not known, a ``turn`` is not accepted), checked and normalised.
 
     Raises ``ConfigError`` saying what is valid.
     """
@@ -194,7 +199,7 @@ def validate_payload(kind: str, payload: dict[str, Any], files: tuple[str, ...])
         raise ConfigError(f"unknown feedback kind {kind!r}; use one of {list(EVENT_KINDS)}")
     if not isinstance(payload, dict):
         raise ConfigError(f"feedback payload must be a JSON object, got {type(payload).__name__}")
-    allowed = {"files", "text"} if kind == "follow_up" else {"files"}
+    allowed = {"files", "text", "turn"} if kind == "follow_up" else {"files"}
     extra = sorted(set(payload) - allowed)
     if extra:
         raise ConfigError(f"unexpected field(s) {extra} for {kind!r} feedback; "
@@ -210,6 +215,8 @@ def validate_payload(kind: str, payload: dict[str, Any], files: tuple[str, ...])
         if not _is_unicode(text):
             raise ConfigError("'text' holds invalid Unicode (a lone surrogate); send UTF-8 text")
         out["text"] = text
+        if payload.get("turn") is not None:
+            out["turn"] = _check_turn(payload["turn"], turns)
     elif not files:
         raise ConfigError(f"{kind!r} feedback needs a session that edited files; this session "
                           "changed none (send a 'follow_up' with the user's message instead)")
@@ -225,6 +232,14 @@ def validate_payload(kind: str, payload: dict[str, Any], files: tuple[str, ...])
     if kind == "partially_kept" and not out.get("files"):
         raise ConfigError(f"partially_kept feedback needs 'files': the kept subset of {list(files)}")
     return out
+
+
+def _check_turn(turn: Any, turns: int | None) -> int:
+    """A follow-up's ``turn`` if the session has that agent reply."""
+    if isinstance(turn, bool) or not isinstance(turn, int) or not 1 <= turn <= (turns or 0):
+        raise ConfigError(f"'turn' {turn!r} must name one of the session's {turns or 0} agent "
+                          "replies (1-based; leave it out for the last)")
+    return turn
 
 
 def _is_unicode(text: str) -> bool:
@@ -385,11 +400,13 @@ class FeedbackStore:
         ``event_id``: the client's id for it (default: a new one, for callers that never retry);
         the same id with the same content again is a replay: counted, not stored. ``at``: when the
         user acted (default: now)."""
-        s = self.session(session_id, with_trajectory=False)
+        named_turn = kind == "follow_up" and (payload or {}).get("turn") is not None
+        s = self.session(session_id, with_trajectory=named_turn)
         if s.is_infra_error:
             raise FailedSessionError(f"session {session_id} failed for infrastructure reasons and is never "
                               "scored; its feedback is not recorded")
-        clean = validate_payload(kind, payload or {}, s.files)
+        turns = len(turn_messages(s.trajectory.messages)) if s.trajectory is not None else None
+        clean = validate_payload(kind, payload or {}, s.files, turns)
         cid = check_event_id(event_id) if event_id is not None else uuid.uuid4().hex
         now = time.time()
         when = check_at(at, s.created_at, now) if at is not None else now

@@ -31,7 +31,7 @@ Routes (JSON, ``Authorization: Bearer <token>`` on all but /healthz):
 - ``POST /v1/sessions`` {user, prompt, repo, venv?} -> {session_id, arm, policy_version, experiment, diff,
   files, stop_reason, messages (summary), turns, latency_s}
 - ``POST /v1/sessions/{id}/feedback`` {event_id, kind: kept|reverted|partially_kept|follow_up,
-  files?, text?, at?} -> {event_id, duplicate, replays, reward}. ``event_id`` is the client's id
+  files?, text?, turn?, at?} -> {event_id, duplicate, replays, reward}. ``event_id`` is the client's id
   for the user's action (e.g. a uuid4 made when it happened), resent unchanged on retry: a replay
   is answered like the original and counted, never stored twice. ``at`` (unix seconds) is when the
   user acted; outcomes follow ``at``, not arrival (``feedback.signals``).
@@ -178,6 +178,9 @@ class FeedbackReq(StrictBody):
     text: str | None = None
     at: float | None = None
     """When the user acted (unix seconds); default: when the event arrives."""
+    turn: int | None = None
+    """A follow-up's: the agent reply it answers (1-based, of the session's ``turns``);
+    default: the last."""
 
 
 class OutsideRootsError(ConfigError):
@@ -421,6 +424,8 @@ class Server:
             payload["files"] = req.files
         if req.text is not None:
             payload["text"] = req.text
+        if req.turn is not None:
+            payload["turn"] = req.turn
         rec = self.store.add_event(sid, req.kind, payload, event_id=req.event_id, at=req.at)
         ev = rec.event
         return {"event_id": ev.client_id, "duplicate": rec.duplicate, "replays": ev.replays,

@@ -95,10 +95,11 @@ class FeedbackDistill:
     """Hinted continuations per group, at most (each costs a rollout from the hinted turn and
     a grading)."""
     follow_ups: bool = False
-    """The real-time loop (``looprl feedback loop``): users' dissatisfied follow-ups are the
-    hints, each after the turn it answers (``feedback.follow_ups``), continued by the serving
-    policy and distilled in the window's training (needs ``coef > 0``). ``looprl train`` has
-    no users: its hints come from the environment whatever this says."""
+    """The real-time loop (``looprl feedback loop``, ``looprl feedback cycle --follow-ups``):
+    users' dissatisfied follow-ups are the hints, each after the turn it answers
+    (``feedback.follow_ups``), continued by the serving policy and distilled in the window's
+    training (needs ``coef > 0``). ``looprl train`` has no users: its hints come from the
+    environment whatever this says."""
 
     @property
     def hints_per_group(self) -> int:
