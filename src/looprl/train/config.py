@@ -228,7 +228,7 @@ class ModelSection:
             raise FieldError("start", f"is empty: give one of {', '.join(START_KINDS)} or a "
                              "directory (a run's, or its model_rl)")
         if self.path and self.start not in ("auto", "scratch"):
-            raise FieldError("start", f"={self.start!r} starts the default model, but model.path "
+            raise FieldError("start", f"is {self.start!r}: it starts the default model, but model.path "
                              "trains its own checkpoint: set one of them (model.start=scratch "
                              "beside model.path)")
         if self.experimental.tool_format not in ("", "hermes") and not self.path:

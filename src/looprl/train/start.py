@@ -80,7 +80,7 @@ def resolve_start(cfg: TrainConfig, runs_root: Path) -> ModelStart:
         if found is None:
             console.print(f"model.start=auto: no quickstart model in {quick}, so the default model starts "
                   "from scratch and learns little in minutes; for a competent start run `make "
-                  "quickstart` first (then this run starts from its model)")
+                  "quickstart` first (then this run starts from its model)", soft_wrap=True)
             return ModelStart("scratch", None)
         origin = ModelStart("quickstart", found)
     else:
