@@ -91,9 +91,9 @@ def test_a_local_directory_wins_over_a_hub_id(hub_cache):
 def test_train_model_path_takes_a_hub_id(hub_cache, monkeypatch, tmp_path):
     from looprl.config import load_config
     from looprl.train.config import TrainConfig
-    from looprl.train.stages import init_model
+    from looprl.train.start import ModelStart, resolve_start
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     snap = cache_model(hub_cache, "acme/tiny-coder")
     cfg = load_config(TrainConfig, None, ["model.path=acme/tiny-coder"])
-    assert init_model(cfg, tmp_path / "run") == snap
+    assert resolve_start(cfg, tmp_path / "runs") == ModelStart("path", snap)

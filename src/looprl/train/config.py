@@ -173,12 +173,26 @@ class ModelExperimental:
                              "model.experimental.pretrain_steps > 0; set both or drills=0")
 
 
+START_KINDS = ("auto", "quickstart", "scratch")
+"""``model.start``'s named values (else it names a directory)."""
+
+
 @dataclass(frozen=True)
 class ModelSection:
     path: str = ""
     """An HF checkpoint to train (safetensors, a tokenizer with a chat template): a local
-    directory or a hub id ``org/name[@revision]`` (``looprl.models.hub``); empty = init the
-    default model."""
+    directory or a hub id ``org/name[@revision]`` (``looprl.models.hub``); empty = the default
+    model, started as ``start`` says."""
+    start: str = "scratch"
+    """Where the default model starts (``looprl.train.start``): scratch (a fresh default model,
+    pretrained and SFT'd by this run), quickstart (the quickstart run's model under the runs
+    root: ``model_rl``, or ``model_start`` before its RL ran), auto (quickstart when it has a
+    model, else scratch, saying so), or a directory (another run's, or a checkpoint in it). A
+    checkpoint must be a default model of ``size``; it skips pretraining and the synthetic
+    demos (the quickstart's SFT had thousands from the same corpus: more only costs minutes),
+    while the oracle's demos on this run's own tasks still SFT it briefly: the one supervised
+    look at the user's code, in the harness, before RL. Recorded in ``start.json`` and the
+    report."""
     engine: str = "torch"
     """Rollout engine: torch (in-process, CPU or GPU), vllm (a worker in ``make vllm``'s venv),
     openai (a server at ``engine_options.base_url`` that takes weight updates: ``looprl model
@@ -210,6 +224,13 @@ class ModelSection:
                              "DIR --port 8000` and -o model.engine_options.base_url="
                              "http://127.0.0.1:8000/v1")
         check_choice("size", self.size, SIZES)
+        if not self.start.strip():
+            raise FieldError("start", f"is empty: give one of {', '.join(START_KINDS)} or a "
+                             "directory (a run's, or its model_rl)")
+        if self.path and self.start not in ("auto", "scratch"):
+            raise FieldError("start", f"is {self.start!r}: it starts the default model, but model.path "
+                             "trains its own checkpoint: set one of them (model.start=scratch "
+                             "beside model.path)")
         if self.experimental.tool_format not in ("", "hermes") and not self.path:
             raise FieldError("experimental.tool_format", f"{self.experimental.tool_format!r} "
                              "needs model.path (a checkpoint whose chat template writes it); "

@@ -22,6 +22,7 @@ from looprl.bench.turns import TurnAccuracy
 from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
 from looprl.train.stages import RLSummary
+from looprl.train.start import ModelStart
 from looprl.train.tasks import TaskSets
 from looprl.trainer.loggers import scalars
 from looprl.trainer.step import ENGINE_MISMATCH_TOL
@@ -133,9 +134,10 @@ def _eval_table(title: str, a: dict[str, Any], b: dict[str, Any], cmp: Compariso
 
 
 def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, *,
-                 n_demos: int, sft: dict[str, Any] | None, rl: RLSummary,
-                 total_minutes: float, turns: dict[str, TurnAccuracy]) -> Path:
-    """Write ``report.md`` (and the evaluations as JSON) into ``run_dir``; returns its path."""
+                 n_demos: int, sft: dict[str, Any] | None, origin: ModelStart | None,
+                 rl: RLSummary, total_minutes: float, turns: dict[str, TurnAccuracy]) -> Path:
+    """Write ``report.md`` (and the evaluations as JSON) into ``run_dir``; returns its path.
+    ``origin``: what the start was made from (None: not recorded)."""
     start_label = "SFT" if sft else "start"
     gate = evals.gate(cfg)
     pkg_gate = evals.packages_gate(cfg)
@@ -161,6 +163,7 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
         + (f", {len(sets.heldout_packages)} of held-out packages "
            f"({', '.join(cfg.tasks.heldout_packages)})" if sets.heldout_packages else "")
         + f" (from {sources}).",
+        *([f"Start: {origin.describe()}."] if origin else []),
     ]
     if cfg.tasks.train_packages:
         lines.append(f"Task kinds: {', '.join(f'{k} {v:.0%}' for k, v in cfg.tasks.experimental.mix.items())}; "

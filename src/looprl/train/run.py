@@ -7,7 +7,8 @@ runner, the GRPO loop, the weight store, evaluation and the report together.
 Stages, each with a progress bar, each leaving its result in ``runs/<name>/``:
 
 1. **tasks** — ``tasks/{train,heldout,heldout_packages}.jsonl`` (``looprl.train.tasks``);
-2. **model** — ``model.path`` or the default model (pretrained on source and the demos);
+2. **model** — ``model.path``, another run's model (``model.start``, ``looprl.train.start``) or
+   the default model from scratch (pretrained on source and the demos);
 3. **SFT** — on the demos, when there are any (``demos.oracle``, ``demos.synthetic``) →
    ``model_sft/``; the validation demos' teacher-forced turn accuracy;
 4. **evaluation of the start** — ``eval_start.json`` (and ``eval_start_packages.json``);
@@ -49,6 +50,7 @@ from looprl.train import stages
 from looprl.train.config import TrainConfig
 from looprl.train.plots import plot_curves
 from looprl.train.report import Evals, loss_ends, write_report, write_stopped_report
+from looprl.train.start import ModelStart, demos_config, resolve_start
 from looprl.train.tasks import TaskSets, build_tasks
 from looprl.trainer import ddp
 from looprl.types import Trajectory
@@ -134,9 +136,14 @@ class Start:
     """Demos kept out of SFT for the turn-accuracy diagnostic."""
     turns: dict[str, dict[str, dict[str, int]]]
     """Turn accuracies so far (``TurnAccuracy.to_json``), by checkpoint label."""
+    origin: ModelStart | None
+    """What the start was made from (None: a run from before ``start.json`` recorded it)."""
 
 
-def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.device) -> Start:
+def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.device,
+                 origin: ModelStart | None) -> Start:
+    """The start of RL; ``origin`` (``model.start`` resolved) is None only once ``start.json``
+    holds it."""
     rd = RunDir(run_dir)
     start_dir, record_path, val_path = rd.model_start, rd.start_record, rd.validation_demos
     record = _cached_json(record_path)
@@ -144,13 +151,18 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
         loaded = load_model(start_dir)
         val = [Trajectory.from_json(x) for x in val_path.read_text().splitlines() if x.strip()]
         return Start(_on(loaded.model, device), loaded.tokenizer, start_dir, record["demos"],
-                     record["sft"], val, record["turns"])
-    model_dir = stages.init_model(cfg, run_dir)
+                     record["sft"], val, record["turns"],
+                     ModelStart.from_json(record["origin"]) if "origin" in record else None)
+    assert origin is not None, "the start stage runs with model.start resolved"
+    console.print(f"[bold]start[/]: {origin.describe()}")
+    model_dir = stages.init_model(cfg, run_dir, origin.path)
     tok = load_model(model_dir).tokenizer
-    demos, val = stages.split_validation(stages.make_demos(sets.train, tok, cfg),
-                                         cfg.demos.experimental.validation, cfg.seed)
-    stages.pretrain_model(cfg, model_dir, demos, tok,
-                          sets.train + sets.heldout + sets.heldout_packages)
+    demos, val = stages.split_validation(
+        stages.make_demos(sets.train, tok, demos_config(cfg, origin)),
+        cfg.demos.experimental.validation, cfg.seed)
+    if origin.path is None:  # a checkpoint was pretrained by whoever made it
+        stages.pretrain_model(cfg, model_dir, demos, tok,
+                              sets.train + sets.heldout + sets.heldout_packages)
     demos = stages.rename_demos(demos, tok, cfg)  # for SFT: pretraining reads the real code
     model = _on(load_model(model_dir).model, device)
     turns = {"init": turn_accuracy(model, tok, val).to_json()} if val else {}
@@ -176,8 +188,9 @@ def _start_model(cfg: TrainConfig, run_dir: Path, sets: TaskSets, device: torch.
     # start evaluation loads. Written before start.json, which marks the stage done.
     stages.save_model(model, tok, start_dir)
     val_path.write_text("".join(v.to_json() + "\n" for v in val))
-    _json(record_path, {"sft": sft_record, "demos": len(demos), "turns": turns})
-    return Start(model, tok, start_dir, len(demos), sft_record, val, turns)
+    _json(record_path, {"sft": sft_record, "demos": len(demos), "turns": turns,
+                        "origin": origin.to_json()})
+    return Start(model, tok, start_dir, len(demos), sft_record, val, turns, origin)
 
 
 def _evaluate(cfg: TrainConfig, run_dir: Path, model_dir: Path, sets: TaskSets, label: str
@@ -345,7 +358,9 @@ def _stages(cfg: TrainConfig, rd: RunDir, resume: bool, dist: ddp.DistInfo, life
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, rd.config)
         life.at("model")
-        stages.check_model_path(cfg)  # minutes before the model stage would find it
+        # minutes before the model stage would find a bad one; the runs root is the run
+        # directory's parent (``name`` is one path component)
+        origin = None if rd.start_record.is_file() else resolve_start(cfg, run_dir.parent)
         life.at("tasks")
     reopened_at = _reopen_rl(cfg, rd) if resume and dist.is_main else None
     reopened_at = ddp.broadcast_object(reopened_at, dist)
@@ -353,7 +368,7 @@ def _stages(cfg: TrainConfig, rd: RunDir, resume: bool, dist: ddp.DistInfo, life
     if dist.is_main:
         sets = _tasks(cfg, run_dir)
         life.at("model")
-        start = _start_model(cfg, run_dir, sets, device)
+        start = _start_model(cfg, run_dir, sets, device, origin)
         life.at("eval_start")
         start_eval, start_pkg = _evaluate(cfg, run_dir, start.dir, sets, "start")
         before_rl = _minutes_before_rl(rd, t_start)
@@ -364,7 +379,7 @@ def _stages(cfg: TrainConfig, rd: RunDir, resume: bool, dist: ddp.DistInfo, life
         saved = TaskSets.load(run_dir)
         assert saved is not None, "rank 0 saved the tasks before the barrier"
         sets = saved
-        start = _start_model(cfg, run_dir, sets, device)
+        start = _start_model(cfg, run_dir, sets, device, None)
 
     rl_dir, rl_path = rd.model_rl, rd.rl_record
     done = _cached_json(rl_path)
@@ -397,7 +412,7 @@ def _stages(cfg: TrainConfig, rd: RunDir, resume: bool, dist: ddp.DistInfo, life
     life.at("report")
     total = before_rl + summary.minutes + (time.monotonic() - t_after_rl) / 60
     report = write_report(run_dir, cfg, sets, Evals(start_eval, rl_eval, start_pkg, rl_pkg),
-                          n_demos=start.demos, sft=start.sft, rl=summary,
+                          n_demos=start.demos, sft=start.sft, origin=start.origin, rl=summary,
                           total_minutes=total, turns=turns)
     life.end("finished")  # before the export: the page shows the run as finished
     from looprl.dashboard import DashboardConfig, export_html

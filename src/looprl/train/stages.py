@@ -133,16 +133,14 @@ def check_model_path(cfg: TrainConfig) -> None:
                           "save_pretrained it there")
 
 
-def init_model(cfg: TrainConfig, run_dir: Path) -> Path:
-    """The model this run trains: the checkpoint in ``model.path``, or a fresh copy of the
-    default model (pretrained later, by ``pretrain_model``, once the demos exist)."""
+def init_model(cfg: TrainConfig, run_dir: Path, checkpoint: Path | None) -> Path:
+    """The model this run trains: ``checkpoint`` as it is (``model.path``, or ``model.start``'s,
+    resolved by ``looprl.train.start``), else a fresh copy of the default model (pretrained
+    later, by ``pretrain_model``, once the demos exist)."""
     from looprl.models.tiny import default_model_dir
 
-    if cfg.model.path:  # a real checkpoint (a directory or a hub id): train it as it is
-        from looprl.models.hub import resolve_model_path
-
-        check_model_path(cfg)
-        return resolve_model_path(cfg.model.path)
+    if checkpoint is not None:
+        return checkpoint
     with console.status(f"the default model ({cfg.model.size}) and its tokenizer"):
         cache = default_model_dir(cfg.model.size, cfg.seed)
     dest = RunDir(run_dir).model_init
@@ -165,9 +163,10 @@ def pretrain_model(cfg: TrainConfig, model_dir: Path, demos: list[Trajectory], t
     """``model.experimental.pretrain_steps`` of next-token pretraining of the default model on
     the source corpus (``models.corpus``, minus the packages of the config and of ``tasks``) plus
     the whole transcripts of ``demos`` (tool output included: a loss on every token, where SFT
-    has one on the model's turns only), and ``drills`` copy drills per copying step of ``demos``."""
+    has one on the model's turns only), and ``drills`` copy drills per copying step of ``demos``.
+    Only a fresh default model is pretrained (``init_model`` without a checkpoint)."""
     x = cfg.model.experimental
-    if cfg.model.path or not x.pretrain_steps:
+    if not x.pretrain_steps:
         return
     from looprl.models.pretrain import pretrain
     from looprl.tasks.drills import copy_drills
