@@ -1,15 +1,22 @@
 """looprl.asgi's pieces at their seams: ``unless_gone`` with a request double whose client has
-left (or not), and ``StrictBody``'s refusals. The HTTP-level behaviour is tested against the real
-servers (tests/sandbox/test_server_abuse.py, tests/serve/test_api_abuse.py)."""
+left (or not), ``StrictBody``'s refusals, and ``run`` returning after a signal (a real process).
+The HTTP-level behaviour is tested against the real servers (tests/sandbox/test_server_abuse.py,
+tests/serve/test_api_abuse.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
+import time
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
 from looprl.asgi import ClientGone, Drain, Draining, StrictBody, unless_gone
+from looprl.sandbox.server import free_port
 
 
 class RequestDouble:
@@ -107,3 +114,45 @@ def test_strict_bodies_name_the_bad_field(data, field):
     with pytest.raises(ValidationError) as e:
         Body.model_validate(data)
     assert e.value.errors()[0]["loc"][0] == field
+
+
+SERVED = """
+import sys
+from pathlib import Path
+from fastapi import FastAPI
+from looprl.asgi import run
+
+app = FastAPI()
+app.get("/healthz")(lambda: {"ok": True})
+try:
+    run(app, host="127.0.0.1", port=int(sys.argv[1]), drain_s=2)
+finally:  # what `looprl serve` does here: close its engines
+    Path(sys.argv[2]).write_text("closed")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_drains_the_server_then_its_caller_cleans_up_and_exits_0(tmp_path, sig):
+    """uvicorn re-raises the signal after its shutdown, which killed the process before the
+    caller's ``finally`` ran (a vLLM worker outlived ``looprl serve``); ``run`` returns instead."""
+    port, marker = free_port(), tmp_path / "closed"
+    proc = subprocess.Popen([sys.executable, "-c", SERVED, str(port), str(marker)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600  # importing fastapi takes minutes on a loaded machine
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0, proc.stdout.read()
+        assert marker.read_text() == "closed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -6,7 +6,7 @@ bodies, and a shutdown that drains with a deadline.
     class ExecReq(StrictBody): ...              # unknown fields, NaN/Infinity, lone surrogates: 422
     install_error_handlers(app)                 # 422 bodies carry one readable line
     result = await unless_gone(request, drain, pool.acquire(...), undo=release)
-    run(app, host="127.0.0.1", port=8377, drain=drain, drain_s=30.0)  # SIGTERM: drain, then exit
+    run(app, host="127.0.0.1", port=8377, drain=drain, drain_s=30.0)  # SIGTERM: drain, then return
 
 ``Guard`` sits in front of the app (plain ASGI, no body buffering by Starlette): it answers 401 from
 the headers alone, so an unauthenticated client cannot make the server read, buffer or parse a body;
@@ -24,9 +24,12 @@ token travels in clear; bind to loopback or terminate TLS in front).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
-from collections.abc import Awaitable, Callable, Iterable
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import uvicorn
@@ -310,7 +313,8 @@ def draining_reply() -> JSONResponse:
 
 class Server(uvicorn.Server):
     """uvicorn that, on SIGTERM/SIGINT (or ``begin_drain``), sets ``drain`` at once; in-flight
-    requests then get ``timeout_graceful_shutdown`` seconds before they are cancelled."""
+    requests then get ``timeout_graceful_shutdown`` seconds before they are cancelled, and
+    ``serve`` returns."""
 
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
         super().__init__(config)
@@ -323,6 +327,21 @@ class Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
         self.drain.start()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, less its re-raising of the signal once the shutdown is done: that killed
+        the process there (SIGTERM's default action), so the caller's ``finally`` (closing an
+        engine and its worker process) never ran. The caller returns instead, and exits 0."""
+        if threading.current_thread() is not threading.main_thread():  # signals: main thread only
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def begin_drain(self) -> None:
         """What a signal does, for a server run in a thread (tests, ``EnvServer``)."""
@@ -343,5 +362,5 @@ def make_server(app: ASGIApp, *, host: str, port: int, drain_s: float, drain: Dr
 
 def run(app: ASGIApp, *, host: str, port: int, drain_s: float, drain: Drain | None = None,
         log_level: str = "warning") -> None:
-    """Serve until SIGTERM/SIGINT; then drain for at most ``drain_s`` seconds and exit."""
+    """Serve until SIGTERM/SIGINT; then drain for at most ``drain_s`` seconds and return."""
     make_server(app, host=host, port=port, drain=drain, drain_s=drain_s, log_level=log_level).run()

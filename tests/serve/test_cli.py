@@ -44,7 +44,7 @@ def test_serve_command_runs_sessions(tmp_path):
         assert r.status_code == 403 and "--allowed-root" in r.json()["message"]
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
+        assert proc.wait(timeout=20) == 0, proc.stdout.read()  # drained, engine closed, exit 0
         assert time.monotonic() - t0 < 2 + 5, "SIGTERM: the server outlived its 2 s drain"
     finally:
         if proc.poll() is None:

@@ -1,6 +1,7 @@
 """``looprl serve --engine vllm`` as a user runs it: the agent server in a real process whose turns
-vLLM samples (its CPU build, in `make vllm`'s venv), sessions over HTTP in real sandboxes, then a
-promotion of the policies dir going live on the running vLLM worker.
+vLLM samples (its CPU build, in `make vllm`'s venv), sessions over HTTP in real sandboxes: the
+policies dir's candidate A/B-tested on a second vLLM worker (arm B), a promotion going live on
+arm A's running worker, and SIGTERM ending the server (exit 0) and every vLLM process under it.
 
 The policies dir holds two versions of a tiny model taught (``tests/inference/taught.py``) the one
 turn a session takes here: on the server's own prompt (the harness's system prompt and tools, the
@@ -27,7 +28,7 @@ import pytest
 import torch
 
 from looprl.chat import ChatFormat
-from looprl.feedback.policies import promote
+from looprl.feedback.policies import offer_candidate, promote, withdraw_candidate
 from looprl.feedback.store import FeedbackStore
 from looprl.harness.agent import AgentConfig, initial_messages
 from looprl.harness.tools import make_tools, tool_schemas
@@ -57,18 +58,36 @@ def _served_prompt(fmt: ChatFormat, repo: Path) -> list[int]:
     return fmt.prompt_ids(initial_messages(task, AgentConfig()), tool_schemas(tools))
 
 
-def _children(pid: int) -> dict[int, str]:
-    """``pid``'s child processes: pid -> command line."""
-    out = {}
+def _descendants(pid: int) -> dict[int, str]:
+    """``pid``'s child processes and theirs, all the way down: pid -> command line."""
+    out: dict[int, str] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            out[int(child)] = cmd
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:  # the thread or the process ended meanwhile
+            continue
+        for child in map(int, children):
+            try:
+                out[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            out.update(_descendants(child))
     return out
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped by its parent, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.slow
-def test_serve_on_vllm_runs_sessions_and_takes_a_promotion(tmp_path):
+def test_serve_on_vllm_ab_tests_a_candidate_takes_a_promotion_and_exits_0_on_sigterm(tmp_path):
+    """Arm A serves the current policy, arm B (a second vLLM worker) the candidate the real-time
+    loop offers (``candidate.json``); a promotion goes live on A; SIGTERM drains the server, which
+    closes both engines and exits 0, and no vLLM process outlives it."""
     require_vllm()
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -110,6 +129,11 @@ def test_serve_on_vllm_runs_sessions_and_takes_a_promotion(tmp_path):
         ids = [t for t, m in zip(seg.token_ids_T, seg.loss_mask_T, strict=True) if m]
         return ids, {v for v, m in zip(seg.policy_version_T, seg.loss_mask_T, strict=True) if m}
 
+    def reload() -> dict:
+        r = httpx.post(url + "/v1/reload", headers=auth, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()
+
     try:
         while True:
             assert proc.poll() is None, Path(log.name).read_text()[-3000:]
@@ -118,32 +142,44 @@ def test_serve_on_vllm_runs_sessions_and_takes_a_promotion(tmp_path):
                     break
             except httpx.TransportError:
                 pass
-            assert time.monotonic() - t0 < 600, Path(log.name).read_text()[-3000:]
+            assert time.monotonic() - t0 < 900, Path(log.name).read_text()[-3000:]
             time.sleep(1)
-        print(f"looprl serve --engine vllm up in {time.monotonic() - t0:.0f} s")
-        assert httpx.get(url + "/healthz").json()["arms"] == {"A": 1}
-        workers = [pid for pid, cmd in _children(proc.pid).items() if "vllm_worker.py" in cmd]
-        assert workers, _children(proc.pid)
+        print(f"looprl serve --engine vllm (arms A and B) up in {time.monotonic() - t0:.0f} s")
+        assert httpx.get(url + "/healthz").json()["arms"] == {"A": 1}  # B: no candidate yet
+        vllm = _descendants(proc.pid)
+        workers = [pid for pid, cmd in vllm.items() if "vllm_worker.py" in cmd]
+        assert len(workers) == 2, vllm  # one per arm
 
         first = session()
-        assert first["policy_version"] == 1 and first["tool_calls"] == 1, first
+        assert (first["arm"], first["policy_version"], first["tool_calls"]) == ("A", 1, 1), first
         assert "-    return a - b\n+    return a + b" in first["diff"], first["diff"]
         assert sampled(first["session_id"]) == (turns[1], {1})
 
+        offer_candidate(policies, 2, "v2-vs-v1", 1.0)  # every user on B
+        r = reload()
+        assert r["B"]["changed"] and r["arms"] == {"A": 1, "B": 2} and r["candidate"], r
+        on_b = session()
+        assert (on_b["arm"], on_b["policy_version"]) == ("B", 2), on_b
+        assert "-    return a - b\n+    return b + a" in on_b["diff"], on_b["diff"]
+        assert sampled(on_b["session_id"]) == (turns[2], {2})
+
+        withdraw_candidate(policies)
         promote(policies, 2)
-        r = httpx.post(url + "/v1/reload", headers=auth, timeout=300)
-        assert r.status_code == 200, r.text
-        assert r.json()["A"]["changed"] and r.json()["arms"] == {"A": 2}
+        r = reload()
+        assert r["A"]["changed"] and r["arms"] == {"A": 2}, r
         second = session()
-        assert second["policy_version"] == 2
+        assert (second["arm"], second["policy_version"]) == ("A", 2), second
         assert "-    return a - b\n+    return b + a" in second["diff"], second["diff"]
         assert sampled(second["session_id"]) == (turns[2], {2})
 
-        proc.send_signal(signal.SIGTERM)  # drains, then exits with SIGTERM's status (uvicorn)
-        proc.wait(timeout=60)
-        deadline = time.monotonic() + 60  # the worker sees its socket close and shuts vLLM down
-        while any(Path(f"/proc/{pid}").exists() for pid in workers):
-            assert time.monotonic() < deadline, f"vLLM worker {workers} outlived looprl serve"
+        vllm = _descendants(proc.pid)  # the workers and vLLM's engine processes under them
+        t_term = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, Path(log.name).read_text()[-3000:]
+        print(f"SIGTERM: exit 0 after {time.monotonic() - t_term:.1f} s; vLLM processes {sorted(vllm)}")
+        deadline = time.monotonic() + 30  # helpers of vLLM's (a resource tracker) end on EOF
+        while left := {pid: cmd for pid, cmd in vllm.items() if _alive(pid)}:
+            assert time.monotonic() < deadline, f"outlived looprl serve: {left}"
             time.sleep(0.5)
     finally:
         if proc.poll() is None:

@@ -11,8 +11,8 @@ version, which is what the cycle and the A/B report select on.
 
 A served policies dir is followed by itself (``--watch SECONDS``, default 5; 0: only on
 ``POST /v1/reload``): a promotion (``current.json``) goes live on arm A without a restart, and with
-the torch engine a second engine (arm B, started on A's weights, no traffic) serves the dir's
-``candidate.json`` (``feedback.policies.offer_candidate``: version, experiment, split_b) to that
+the torch or vllm engine a second engine (arm B, started on A's weights, no traffic; with vllm a
+second worker, its own start-up and KV reservation) serves the dir's ``candidate.json`` (``feedback.policies.offer_candidate``: version, experiment, split_b) to that
 share of users until it is withdrawn. ``--policies DIR`` beside a plain model dir ``--model M``
 serves M until DIR has a ``current.json``, then follows DIR. ``--model-b`` is a fixed arm B (split
 by ``--experiment``/``--split-b``; no candidate pointer). A pointer that cannot be read is logged
@@ -42,6 +42,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+LOCAL_ENGINES = ("torch", "vllm")
+"""The built-in engines that load ``--model`` themselves: each arm's starts on its policy's
+version, and an engine B can take a candidate's weights."""
 
 app = typer.Typer(help="Serve the agent to users and record feedback on its edits.",
                   invoke_without_command=True)
@@ -111,8 +115,8 @@ def serve(
     # arm A starts on the policies dir's current policy when there is one, else on --model
     source_a = policies if policies is not None and (policies / POINTER).is_file() else model
     refs = {arm: read_policy(m) for arm, m in (("A", source_a), ("B", model_b)) if m is not None}
-    # an in-process torch engine B follows the dir's candidate.json (--model-b: a fixed arm B)
-    candidate_b = engine == "torch" and policies is not None and model_b is None
+    # a local engine B (torch, vllm) follows the dir's candidate.json (--model-b: a fixed arm B)
+    candidate_b = engine in LOCAL_ENGINES and policies is not None and model_b is None
     tokenizer_dir = tokenizer or (refs["A"].path if "A" in refs else None)
     if engine == "openai":
         specs, chat_tok = _remote_specs(refs, _engine_options(engine_option), tokenizer_dir,
@@ -154,11 +158,9 @@ def _run_server(engine: str, specs: dict[str, dict[str, Any]], chat_tok: Any,
         typer.echo(f"looprl agent server on http://{host}:{port} — {engine} engine, arms {arms}"
                    f"{follows} — token {cfg.token}")
         run(app_, host=host, port=port, drain=app_.state.drain, drain_s=cfg.drain_s)
-    finally:
+    finally:  # on SIGTERM/SIGINT too (``asgi.run`` returns): no engine worker outlives the server
         for e in engines.values():
-            close = getattr(e, "close", None)  # an in-process engine stops its decode thread
-            if close is not None:
-                close()
+            _close(e)
 
 
 def _followed(model: Path | None, policies: Path | None) -> tuple[Path | None, Path | None]:
@@ -209,7 +211,7 @@ def _local_specs(engine: str, refs: dict[str, Any], options: dict[str, Any],
                                  "--model DIR", param_hint="--model")
     key = {"torch": "path", "vllm": "model_path"}.get(engine, "path")
     specs = {arm: {key: str(ref.path), **options} for arm, ref in refs.items()}
-    if engine in ("torch", "vllm"):
+    if engine in LOCAL_ENGINES:
         for arm, spec in specs.items():
             spec.setdefault("policy_version", refs[arm].version)
             if engine == "vllm":
@@ -261,6 +263,16 @@ def _make_engines(name: str, specs: dict[str, dict[str, Any]]) -> dict[str, Any]
     try:
         for arm, kwargs in specs.items():
             engines[arm] = make_engine(name, **kwargs)
-    except TypeError as e:  # an engine option it does not take
-        raise typer.BadParameter(f"engine {name!r}: {e}", param_hint="--engine-option") from None
+    except BaseException as e:
+        for started in engines.values():  # arm A's worker must not outlive B's failed start
+            _close(started)
+        if isinstance(e, TypeError):  # an engine option it does not take
+            raise typer.BadParameter(f"engine {name!r}: {e}", param_hint="--engine-option") from None
+        raise
     return engines
+
+
+def _close(engine: Any) -> None:
+    close = getattr(engine, "close", None)  # an in-process engine stops its decode thread / worker
+    if close is not None:
+        close()

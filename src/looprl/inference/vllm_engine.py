@@ -136,9 +136,13 @@ class VLLMEngine:
                   "max_model_len": max_model_len,
                   "gpu_memory_utilization": gpu_memory_utilization or (0.8 if gpu else 0.1), "seed": seed,
                   "threads": threads, "policy_version": policy_version, **engine_kwargs}
+        # its own session: a terminal's Ctrl-C reaches the process that owns this engine, which
+        # closes it in order (``close``), not the worker mid-step; a dead owner's socket EOF
+        # shuts the worker down too
         self._proc = subprocess.Popen([str(exe), str(WORKER), str(theirs.fileno()), json.dumps(config)],
                                       pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
-                                      stdout=self._log, stderr=subprocess.STDOUT)
+                                      stdout=self._log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
         theirs.close()
         self._ready = threading.Event()
         self._error: str | None = None
