@@ -302,6 +302,10 @@ def parse_args() -> argparse.Namespace:
                    help="optimizer steps per arm (auto probes 1 + 2 steps per schedule)")
     p.add_argument("--size", default="small", help="default model size (looprl.models.tiny.SIZES)")
     p.add_argument("--package", default="inflection==0.5.1")
+    p.add_argument("--tasks-file", default="",
+                   help="a task JSONL to use (e.g. a set cached under LOOPRL_HOME/tasks) instead of "
+                        "building --package's; building screens mutations under a time budget, "
+                        "which a loaded machine can spend before any task is kept")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--groups-per-step", type=int, default=2)
     p.add_argument("--queue-size", type=int, default=2)
@@ -323,7 +327,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     try:
-        base = real_tasks(args.package, 20)
+        base = ([Task.from_json(line) for line in Path(args.tasks_file).read_text().splitlines()
+                 if line.strip()] if args.tasks_file else real_tasks(args.package, 20))
     except Exception as e:  # noqa: BLE001 — no network / no bwrap: say so, don't fake a number
         print(f"could not build real tasks from {args.package}: {e}\n(needs the package cached "
               f"under LOOPRL_HOME or PyPI access, and bubblewrap)", file=sys.stderr)

@@ -130,7 +130,7 @@ def test_sync_never_decodes_during_a_train_step_and_async_does(schedule):
         assert sum(overlap) > 0, "async never decoded during a step"
     for r in rows:  # the step's wall time, split both ways
         assert r["loop/trainer_busy_s"] + r["loop/trainer_idle_s"] == pytest.approx(
-            r["loop/step_s"], abs=0.05)
+            r["loop/step_s"], rel=0.02, abs=0.05)  # less the budget checks between them
         assert r["loop/engine_busy_s"] + r["loop/engine_idle_s"] >= r["loop/step_s"] - 1e-6
     assert sum(r["loop/engine_busy_s"] for r in rows) > 0
 
