@@ -1,13 +1,14 @@
-"""Async vs sync GRPO: how long the trainer waits for rollouts, same model, tasks and settings.
+"""Auto vs sync vs async GRPO schedules: wall time to the same steps, same model, tasks and settings.
 
-    .venv/bin/python benchmarks/async.py                     # 4 steps x 2 arms x 2 reps, ~2 min
-    .venv/bin/python benchmarks/async.py --steps 20 --reps 2 # the must-show length, ~12 min loaded
+    .venv/bin/python benchmarks/async.py --steps 8 --reps 1   # short form, 3 arms, ~5 min loaded
+    .venv/bin/python benchmarks/async.py                      # 20 steps x 3 arms x 2 reps (must-show)
     .venv/bin/python benchmarks/async.py --engine-threads 2 --trainer-threads 1  # oversubscribed
 
-Runs ``GRPOLoop`` twice on the real pieces — the default model (random init, cached under
+Runs ``GRPOLoop`` three times on the real pieces — the default model (random init, cached under
 LOOPRL_HOME), real inflection tasks in bubblewrap sandboxes, the harness, ``TorchEngine``,
-``make_scorer`` (hidden tests + shaped reward) — once with ``LoopConfig(sync=False)`` and once
-with ``sync=True``, for the same number of optimizer steps. Both start from the same weights.
+``make_scorer`` (hidden tests + shaped reward) — with ``loop.experimental.schedule`` set to
+``auto`` (the default: measures on the first steps whether overlap pays, keeps the faster),
+``sync`` and ``async``, for the same number of optimizer steps. All start from the same weights.
 
 Measured: the trainer's idle fraction (``LoopStats.idle_fraction``: time waiting for groups over
 waiting + training), wall time, rollout tokens/s (sampled tokens of trained groups over wall) and
@@ -17,20 +18,25 @@ Honesty notes: a random model rarely passes tests, so most groups have equal rew
 run with ``skip_zero_variance=False`` so every step does its full forward/backward work (advantages
 are then zero — the compute, which is what is measured here, is the same). The single-epoch sampler
 needs more tasks than the 14 cached ones, so task copies get distinct ids (``<id>~k``).
-The last line is ``speedup=… speedup_min=… speedup_max=… reps=… wall_async_s=… …``.
+The last line is ``speedup_auto_vs_sync=… speedup_async_vs_sync=… … wall_auto_s=… auto_kept=…``.
 
-Baseline and fairness: the sync arm is the same loop, code and settings with
-``experimental.sync=True`` (roll out a step's groups, then train), run in the same process,
-the arms interleaved ABBA over ``--reps`` so other jobs' load falls on both alike; the headline
-is the median of the per-pair wall ratios (sync / async) with its range.
+Baseline and fairness: the baseline is the sync schedule (roll out a step's groups, then
+train: no overlap), the simplest correct loop and the one a sceptic would run instead; the
+headline is what the default (``auto``) gains over it, probe steps included, and the async
+arm's ratio (what overlap alone gives on this machine) is printed beside it. All three arms are
+the same loop, code and settings but for ``schedule``, run in the same process, interleaved
+(auto/sync/async, then reversed, ...) over ``--reps`` so other jobs' load falls on each alike;
+each ratio is the median of the per-rep wall ratios (sync / arm) with its range.
 
 Where the time goes (printed per run and summed up in the last line): the trainer step's wall
 time split into CPU it got (``time.thread_time``), time runnable but waiting for a core
 (``/proc/thread-self/schedstat``) and the rest, blocked (the GIL: the step does no I/O); the
 weight hand-off (trainer busy time outside the step: clone, ``update_weights``, logging); the
 decode thread's CPU per sampled token and mean batch; grading subprocesses' CPU; the cores the
-run got (its CPU over wall) and how idle the machine was. When async loses, a ``why:`` line
-says so with those figures. Async can only win by using cycles the sync schedule leaves idle:
+run got (its CPU over wall) and how idle the machine was. When async loses, a ``why async
+loses:`` line (before the last) says so with those figures. Async can only win by using cycles
+the sync schedule leaves idle (``auto`` reads them on its sync steps and tries async only where
+there are some, ``trainer.grpo.MIN_SPARE_CORES``):
 on a machine whose cores other jobs already fill (``machine_idle`` ~0) there are none, and
 running the trainer and the decode thread at once costs CPU (more tokens in flight, caches
 shared by two hot threads), so there it loses; see docs/experiments.md (issue 55, stop 63).
@@ -140,6 +146,7 @@ def machine_jiffies() -> tuple[int, int]:
 @dataclass(frozen=True)
 class ModeResult:
     mode: str
+    """The schedule asked for: auto, sync or async."""
     stats: LoopStats
     wall_s: float
     generated_tokens: int
@@ -172,7 +179,7 @@ class ModeResult:
         return self.stats.train_tokens / max(self.stats.trainer_busy_s, 1e-9)
 
 
-async def run_mode(args: argparse.Namespace, sync: bool, tasks: list[Task]) -> ModeResult:
+async def run_mode(args: argparse.Namespace, schedule: str, tasks: list[Task]) -> ModeResult:
     lm = load_model(default_model_dir(args.size))
     tok = lm.tokenizer
     torch.manual_seed(args.seed)
@@ -196,10 +203,10 @@ async def run_mode(args: argparse.Namespace, sync: bool, tasks: list[Task]) -> M
         loop = GRPOLoop(step, engine, runner, TaskSampler(tasks, seed=args.seed), LoopConfig(
             groups_per_step=args.groups_per_step, max_steps=args.steps, max_minutes=10.0,
             experimental=LoopExperimental(max_staleness=args.max_staleness,
-                                          queue_size=args.queue_size, sync=sync)))
+                                          queue_size=args.queue_size, schedule=schedule)))
         t0, times0, jiffies0 = time.monotonic(), os.times(), machine_jiffies()
         stats = await loop.run(progress=lambda s: print(
-            f"  [{'sync' if sync else 'async'}] step {s.steps} t={time.monotonic() - t0:.1f}s "
+            f"  [{schedule}] step {s.steps} t={time.monotonic() - t0:.1f}s "
             f"idle={s.idle_fraction:.2f}", flush=True))
         wall = time.monotonic() - t0
         times1, jiffies1 = os.times(), machine_jiffies()
@@ -208,7 +215,7 @@ async def run_mode(args: argparse.Namespace, sync: bool, tasks: list[Task]) -> M
         await pool.close()
         engine.close()
     idle = (jiffies1[0] - jiffies0[0]) / max(jiffies1[1] - jiffies0[1], 1)
-    return ModeResult("sync" if sync else "async", stats, wall, engine.stats.generated_tokens,
+    return ModeResult(schedule, stats, wall, engine.stats.generated_tokens,
                       step.wall_s, step.cpu_s, step.runqueue_s, stats.trainer_busy_s - step.wall_s, engine_cpu,
                       (times1.children_user + times1.children_system)
                       - (times0.children_user + times0.children_system),
@@ -230,18 +237,27 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def summary(runs: dict[str, list[ModeResult]], args: argparse.Namespace) -> str:
-    """The last line: the wall-time ratio (median over reps, with its range), then the breakdown
-    that says where the async arm's time went, and why when it loses."""
-    a, s = runs["async"], runs["sync"]
-    ratios = [x.wall_s / max(y.wall_s, 1e-9) for x, y in zip(s, a, strict=True)]
-    speedup = med(ratios)
+def ratios(sync: list[ModeResult], arm: list[ModeResult]) -> list[float]:
+    """Per-rep wall-time ratios, sync over ``arm`` (above 1: the arm is faster)."""
+    return [x.wall_s / max(y.wall_s, 1e-9) for x, y in zip(sync, arm, strict=True)]
+
+
+def summary(runs: dict[str, list[ModeResult]], args: argparse.Namespace) -> tuple[str, str]:
+    """(why, last line). The last line: auto's and async's wall-time ratios to sync (median over
+    reps, with their range), what auto kept, then the breakdown that says where the async arm's
+    time went; ``why`` says why async lost, when it did (empty otherwise)."""
+    a, s, u = runs["async"], runs["sync"], runs["auto"]
+    auto, rs = ratios(s, u), ratios(s, a)
+    speedup = med(rs)
+    kept = ",".join(sorted({x.stats.schedule for x in u}))
     # the CPU each arm's work needed; async can only win by using cores the sync arm left idle
     work_a = med([x.process_cpu_s + x.grading_cpu_s for x in a])
     work_s = med([x.process_cpu_s + x.grading_cpu_s for x in s])
-    line = (f"speedup={speedup:.2f} speedup_min={min(ratios):.2f} speedup_max={max(ratios):.2f} "
-            f"reps={len(ratios)} wall_async_s={med([x.wall_s for x in a]):.1f} "
-            f"wall_sync_s={med([x.wall_s for x in s]):.1f} "
+    line = (f"speedup_auto_vs_sync={med(auto):.2f} speedup_async_vs_sync={speedup:.2f} "
+            f"auto_min={min(auto):.2f} auto_max={max(auto):.2f} async_min={min(rs):.2f} "
+            f"async_max={max(rs):.2f} reps={len(rs)} wall_auto_s={med([x.wall_s for x in u]):.1f} "
+            f"wall_sync_s={med([x.wall_s for x in s]):.1f} wall_async_s={med([x.wall_s for x in a]):.1f} "
+            f"auto_kept={kept} "
             f"trainer_idle_async={med([x.stats.idle_fraction for x in a]):.3f} "
             f"trainer_idle_sync={med([x.stats.idle_fraction for x in s]):.3f} "
             f"step_s_async={med([x.step_wall_s / max(x.stats.steps, 1) for x in a]):.2f} "
@@ -265,8 +281,9 @@ def summary(runs: dict[str, list[ModeResult]], args: argparse.Namespace) -> str:
             f"stale_async={med([x.stats.groups_stale for x in a]):.0f} steps={args.steps} "
             f"threads=engine:{args.engine_threads},trainer:{args.trainer_threads} "
             f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
+    why = ""
     if speedup < 1.0:
-        line += (f"\nwhy: the async arm needed {work_a:.0f} CPU-s against the sync arm's {work_s:.0f} "
+        why = (f"why async loses: the async arm needed {work_a:.0f} CPU-s against the sync arm's {work_s:.0f} "
                  f"and got {med([cores_used(x) for x in a]):.2f} cores against "
                  f"{med([cores_used(x) for x in s]):.2f}; overlap can only hide what the sync arm "
                  f"leaves idle, and the machine was {med([x.machine_idle for x in s]):.0%} idle "
@@ -276,14 +293,19 @@ def summary(runs: dict[str, list[ModeResult]], args: argparse.Namespace) -> str:
                  f"{med([x.step_runqueue_s / max(x.step_wall_s, 1e-9) for x in a]):.0%} of it waiting "
                  f"for a core and {med([blocked(x) / max(x.step_wall_s, 1e-9) for x in a]):.0%} "
                  f"blocked (the GIL it shares with the decode thread and the event loop)")
-    return line
+    return why, line
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=20,
+                   help="optimizer steps per arm (auto probes 1 + 2 steps per schedule)")
     p.add_argument("--size", default="small", help="default model size (looprl.models.tiny.SIZES)")
     p.add_argument("--package", default="inflection==0.5.1")
+    p.add_argument("--tasks-file", default="",
+                   help="a task JSONL to use (e.g. a set cached under LOOPRL_HOME/tasks) instead of "
+                        "building --package's; building screens mutations under a time budget, "
+                        "which a loaded machine can spend before any task is kept")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--groups-per-step", type=int, default=2)
     p.add_argument("--queue-size", type=int, default=2)
@@ -305,7 +327,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     try:
-        base = real_tasks(args.package, 20)
+        base = ([Task.from_json(line) for line in Path(args.tasks_file).read_text().splitlines()
+                 if line.strip()] if args.tasks_file else real_tasks(args.package, 20))
     except Exception as e:  # noqa: BLE001 — no network / no bwrap: say so, don't fake a number
         print(f"could not build real tasks from {args.package}: {e}\n(needs the package cached "
               f"under LOOPRL_HOME or PyPI access, and bubblewrap)", file=sys.stderr)
@@ -315,13 +338,15 @@ def main() -> int:
     tasks = repeat_tasks(base, need)
     print(f"{len(base)} real tasks ({args.package}) -> {len(tasks)} with copies; model {args.size}; "
           f"threads engine={args.engine_threads} trainer={args.trainer_threads}", flush=True)
-    runs: dict[str, list[ModeResult]] = {"async": [], "sync": []}
-    for rep in range(args.reps):  # ABBA: each arm sees the other jobs' load as often first as second
-        for sync in ((False, True) if rep % 2 == 0 else (True, False)):
-            r = asyncio.run(run_mode(args, sync, tasks))
+    runs: dict[str, list[ModeResult]] = {"auto": [], "sync": [], "async": []}
+    for rep in range(args.reps):  # ABCCBA: each arm sees the other jobs' load early and late alike
+        for schedule in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+            r = asyncio.run(run_mode(args, schedule, tasks))
             runs[r.mode].append(r)
             s = r.stats
-            print(f"{r.mode:>5} rep {rep}: steps={s.steps} wall={r.wall_s:.1f}s idle={s.idle_fraction:.3f} "
+            if s.schedule_decision:
+                print(f"  [{schedule}] {s.schedule_decision}", flush=True)
+            print(f"{r.mode:>5} rep {rep}: kept={s.schedule} steps={s.steps} wall={r.wall_s:.1f}s idle={s.idle_fraction:.3f} "
                   f"(idle {s.trainer_idle_s:.1f}s busy {s.trainer_busy_s:.1f}s) step={r.step_wall_s:.1f}s "
                   f"wall/{r.step_cpu_s:.1f}s cpu/{r.step_runqueue_s:.1f}s runqueue/"
                   f"{blocked(r):.1f}s blocked handoff={r.handoff_s:.2f}s engine_cpu={r.engine_cpu_s:.1f}s "
@@ -332,7 +357,10 @@ def main() -> int:
                   f"engine_tok/s={r.generated_tokens / r.wall_s:.0f} wasted_tokens="
                   f"{r.generated_tokens - s.rollout_tokens} stale={s.groups_stale} "
                   f"dropped={s.groups_dropped}", flush=True)
-    print(summary(runs, args))
+    why, line = summary(runs, args)
+    if why:
+        print(why)
+    print(line)
     return 0
 
 

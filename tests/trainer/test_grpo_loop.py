@@ -63,7 +63,7 @@ def _model(tok):
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384))
 
 
-def _run(tmp_path, tok, policy, model, engine, store, sync, tasks=4, max_new_tokens=24,
+def _run(tmp_path, tok, policy, model, engine, store, schedule, tasks=4, max_new_tokens=24,
          push_start=False):
     async def main():
         pool = SandboxPool(max_running=4)
@@ -74,7 +74,7 @@ def _run(tmp_path, tok, policy, model, engine, store, sync, tasks=4, max_new_tok
             step = GRPOStep(model, GRPO_CFG, pad_id=tok.pad_token_id)
             loop = GRPOLoop(step, engine, runner, TaskSampler(_tasks(tmp_path, tasks)),
                             LoopConfig(groups_per_step=2, max_steps=2,
-                                       experimental=LoopExperimental(sync=sync)),
+                                       experimental=LoopExperimental(schedule=schedule)),
                             store=store, run_dir=tmp_path / "run", batch_metrics=reward_metrics,
                             push_start=push_start)
             return await loop.run()
@@ -89,7 +89,7 @@ def test_loop_on_the_torch_engine_publishes_and_swaps_weights(tmp_path):
     model = _model(tok)
     engine = TorchEngine(copy.deepcopy(model), tok, max_len=16384, speculative="on", lookup=4)
     store = LocalWeightStore(str(tmp_path / "weights"))
-    stats = _run(tmp_path, tok, engine, model, engine, store, sync=False)
+    stats = _run(tmp_path, tok, engine, model, engine, store, schedule="async")
     assert stats.steps == 2 and stats.groups_trained == 4
     assert engine.policy_version == 2 and store.latest() == 2
     fetched = store.fetch(2)
@@ -122,7 +122,7 @@ def test_an_engine_started_apart_samples_the_first_rollout_from_the_loops_start(
         return engine
 
     try:
-        stats = _run(tmp_path, tok, policy_for, model, engine, None, sync=False,
+        stats = _run(tmp_path, tok, policy_for, model, engine, None, schedule="async",
                      push_start=push_start)
     finally:
         engine.close()
@@ -153,7 +153,7 @@ def test_lora_loop_syncs_merged_weights_to_the_engine(tmp_path):
 
     store = LocalWeightStore(str(tmp_path / "weights"), dtype="float32")
     try:
-        stats = _run(tmp_path, tok, policy_for, policy, engine, store, sync=False,
+        stats = _run(tmp_path, tok, policy_for, policy, engine, store, schedule="async",
                      max_new_tokens=1024)
     finally:
         engine.close()
@@ -166,8 +166,8 @@ def test_lora_loop_syncs_merged_weights_to_the_engine(tmp_path):
     assert all(torch.equal(merged[k], start[k]) for k in merged if "proj" not in k)
 
 
-@pytest.mark.parametrize("sync", [False, True])
-def test_loop_moves_the_policy_toward_the_rewarded_trajectory(tmp_path, sync):
+@pytest.mark.parametrize("schedule", ["async", "sync"])
+def test_loop_moves_the_policy_toward_the_rewarded_trajectory(tmp_path, schedule):
     """Each group holds one oracle (tests pass) and one null (finishes at once) trajectory: after
     two steps the trained model gives the oracle's tokens a higher likelihood."""
     tok = build_tokenizer(None)
@@ -193,7 +193,8 @@ def test_loop_moves_the_policy_toward_the_rewarded_trajectory(tmp_path, sync):
     before = oracle_logprob()
     store = LocalWeightStore(str(tmp_path / "weights"))
     recorder = ScriptedPolicy(tok, [])
-    stats = _run(tmp_path, tok, policy_for, model, recorder, store, sync=sync, max_new_tokens=1024)
+    stats = _run(tmp_path, tok, policy_for, model, recorder, store, schedule=schedule,
+                 max_new_tokens=1024)
     assert stats.steps == 2 and stats.zero_variance_groups == 0
     assert recorder.policy_version == 2
     assert oracle_logprob() > before + 1.0

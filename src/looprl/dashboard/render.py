@@ -77,6 +77,9 @@ HINT_CARDS = (("hints", "train/hints"), ("hint KL", "train/hint_kl"),
 THROUGHPUT_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("throughput (tokens/s)", ("rollout/tokens_per_s", "train/tokens_per_s")),
     ("trainer idle fraction", ("loop/trainer_idle_fraction",)),
+    ("schedule: trainer and engine busy / idle, overlap per step (s)",
+     ("loop/trainer_busy_s", "loop/trainer_idle_s", "loop/engine_busy_s", "loop/engine_idle_s",
+      "loop/overlap_s")),
     ("groups stale / dropped / screened out, infra errors",
      ("loop/groups_stale", "loop/groups_dropped", "loop/groups_screened_out",
       "runner/infra_errors")),
@@ -93,7 +96,7 @@ TRAINING_CARDS = (("step", "step"), ("reward", "reward/total_mean"),
                   ("loss", "train/loss"), ("KL", "train/kl_mean"),
                   ("broken calls", "broken_call_rate"), ("elapsed (min)", "elapsed_s"))
 THROUGHPUT_CARDS = (("rollout tok/s", "rollout/tokens_per_s"), ("train tok/s", "train/tokens_per_s"),
-                    ("trainer idle", "loop/trainer_idle_fraction"),
+                    ("trainer idle", "loop/trainer_idle_fraction"), ("schedule", "loop/schedule"),
                     ("groups stale", "loop/groups_stale"), ("groups dropped", "loop/groups_dropped"),
                     ("infra errors", "runner/infra_errors"))
 POOL_CARDS = (("busy", "busy"), ("idle", "idle"), ("warm", "warm"), ("queued", "queued"),

@@ -114,6 +114,9 @@ class EngineStats:
     reused_group_tokens: int = 0
     generated_tokens: int = 0
     decode_steps: int = 0
+    busy_s: float = 0.0
+    """Seconds the decode thread spent admitting (prefill) and decoding: the loop's per-step
+    engine busy/idle and its overlap with the trainer's step (``trainer.grpo``)."""
     evictions: int = 0
     weight_updates: int = 0
     threads: int = 0
@@ -165,6 +168,8 @@ class TorchEngine:
         self._commands: queue.Queue = queue.Queue()
         self._waiting: list[_Request] = []
         self._rows: list[_Request] = []  # running requests; row i decodes in cache slot i
+        self._answers: list[tuple[_Request, Generation]] = []
+        """Requests the current step finished, answered once it is counted (``_answer``)."""
         self._entries: dict[str, _Entry] = {}
         self._owner: list[_Entry | None] = [None] * num_slots
         self._ids = itertools.count()
@@ -214,6 +219,7 @@ class TorchEngine:
         return {**{f"engine/{k}": v for k, v in self.spec.metrics().items()},
                 "engine/generated_tokens": float(st.generated_tokens),
                 "engine/decode_steps": float(st.decode_steps),
+                "engine/busy_s": st.busy_s,
                 "engine/prefill_fraction": st.prefilled_tokens / max(st.prompt_tokens, 1)}
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
@@ -268,12 +274,16 @@ class TorchEngine:
                 continue  # drain every queued command before the next step
             except queue.Empty:
                 pass
+            working, t = bool(self._rows or self._waiting), time.monotonic()
             try:
                 self._admit()
                 if self._rows:
                     self._step()
             except Exception as e:  # an engine bug must not hang the callers: fail them as infra
                 self._fail_all(PolicyError(f"TorchEngine step failed: {type(e).__name__}: {e}"))
+            if working:
+                self.stats.busy_s += time.monotonic() - t
+            self._answer()
 
     def _apply(self, cmd: str, arg) -> None:
         if cmd == "generate":
@@ -534,7 +544,14 @@ class TorchEngine:
         routes = Routes.of(torch.stack(r.routes).numpy()) if r.routes else None
         gen = Generation(tuple(r.out_ids), tuple(r.logprobs), tuple(r.versions), r.finish or "abort",
                          self.tokenizer.decode(r.out_ids, skip_special_tokens=False), routes)
-        r.loop.call_soon_threadsafe(_resolve, r.future, gen, None)
+        self._answers.append((r, gen))
+
+    def _answer(self) -> None:
+        """Resolve the requests this step finished, after its busy time is counted: a caller
+        that reads ``busy_s`` once its answer came sees every step that produced it."""
+        for r, gen in self._answers:
+            r.loop.call_soon_threadsafe(_resolve, r.future, gen, None)
+        self._answers.clear()
 
     def _fail_all(self, err: Exception) -> None:
         for r in self._rows + self._waiting:

@@ -156,7 +156,10 @@ def write_report(run_dir: Path, cfg: TrainConfig, sets: TaskSets, evals: Evals, 
            if rl.groups_screened_out else "")
         + (f"; in pass {passes} of {cfg.loop.experimental.passes} over the train tasks" if passes > 1 else
            f"; {len(seen)} of the {len(sets.train)} train tasks rolled out")
+        + (f"; schedule {hist[-1]['loop/schedule']}" if hist and "loop/schedule" in hist[-1] else "")
         + ".", "",
+        *[line for h in hist if "loop/schedule_decision" in h
+          for line in (f"{h['loop/schedule_decision']}.", "")],
         *([f"**{rl.no_pass_warning()}** (`train/no_pass_groups` in metrics.jsonl).", ""]
           if rl.learned_from_no_pass else []),
         f"Tasks: {len(sets.train)} train, {len(sets.heldout)} held-out functions"

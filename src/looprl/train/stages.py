@@ -423,10 +423,12 @@ def _train_rl(cfg: TrainConfig, model: Any, tok: Any, start_dir: Path, train: li
                 console.print(f"resumed RL at step {loop.stats.steps} (weights v{loop.version})")
             kept_s = loop.kept_s  # the earlier lives' RL time, counted in RL's minutes
             with progress_bar() as bar:
-                job = bar.add_task("async GRPO", total=None)
+                job = bar.add_task("GRPO", total=None)
 
                 def tick(stats: Any) -> None:
                     last = stats.history[-1]
+                    if "loop/schedule_decision" in last:  # auto's choice, once
+                        bar.console.print(last["loop/schedule_decision"])
                     bar.update(job, completed=stats.steps, description=(
                         f"GRPO step {stats.steps} reward {last.get('reward/total_mean', 0):+.3f} "
                         f"pass {last.get('rollout/pass_rate', 0):.2f}"))

@@ -176,6 +176,10 @@ class GRPOConfig:
         check_choice("std_norm", self.std_norm, ADVANTAGES)
 
 
+SCHEDULES = ("auto", "async", "sync")
+"""``LoopExperimental.schedule``'s choices."""
+
+
 @dataclass(frozen=True)
 class LoopExperimental:
     """Policy lag, checkpoints and the task walk: research switches and tuning knobs
@@ -188,8 +192,17 @@ class LoopExperimental:
     When the trainer is the slower side the queue stays full and a group waits
     ``queue_size / groups_per_step`` steps before it is trained on: keep that under
     ``max_staleness`` or finished groups go stale in the queue."""
-    sync: bool = False
-    """Synchronous baseline: roll out a step's groups, then train, then roll out again."""
+    schedule: str = "auto"
+    """When rollouts run relative to the trainer's step (a name in ``SCHEDULES``). ``async``:
+    rollouts keep producing groups while the trainer steps (they overlap). ``sync``: roll out a
+    step's groups, then train, then roll out again (no overlap). ``auto``: measure both on this
+    run's first steps and keep the faster (``trainer.grpo``'s module docstring): overlap only pays
+    where the trainer and the engine do not fight over the same cores, which a config cannot
+    know, so it is measured rather than assumed."""
+    schedule_probe_steps: Annotated[int, Range(1, 1000)] = 2
+    """``auto``: steps timed under each schedule, after one unmeasured step each (the first
+    step warms up, the first async one fills the pipeline); async is timed only if the sync
+    steps left cores idle."""
     checkpoint_every: Annotated[int, Range(0, 10**9)] = 0
     """Steps between checkpoints (0 = only at the end)."""
     save_trajectories: bool = True
@@ -210,6 +223,14 @@ class LoopExperimental:
     failures (GRPO's signal), then those with no pass (or not seen), and last those every
     rollout passed (``TaskSampler.record``): when the time runs out before the pass does, what
     is left untried is what taught least (``docs/experiments.md``, stop 44)."""
+
+    RETIRED: ClassVar[dict[str, str]] = {
+        "sync": 'set schedule = "sync" (or leave the default "auto", which measures both)'}
+    """Keys older configs may hold (``looprl.config``)."""
+
+    def __post_init__(self) -> None:
+        check_choice("schedule", self.schedule, SCHEDULES)
+
 
 
 @dataclass(frozen=True)

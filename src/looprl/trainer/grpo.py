@@ -49,8 +49,25 @@ engine takes the new weights; rank 0 alone publishes, checkpoints and writes the
 ranks' groups. Pass the weight store to rank 0 only, and the same ``run_dir`` to every rank: all
 of them resume from its checkpoint.
 
-``sync=True`` runs the same code synchronously (generate a step's groups, then train), the
-baseline for ``benchmarks/async.py``. Per-step metrics go to ``metrics.jsonl`` and the trackers of
+The schedule (``LoopExperimental.schedule``): ``async`` as above; ``sync`` runs the same code
+synchronously (roll out a step's groups, then train: the engine never decodes during a step);
+``auto``, the default, measures which is faster on this run and keeps it. Overlap hides the
+shorter of rollout and training only where the two do not contend: with rollouts on their own
+cores or nodes async wins, but on one small machine the decode thread and the trainer share its
+cores, caches and the GIL, and overlap can cost more than it hides (``benchmarks/async.py``,
+``docs/experiments.md``). Which case a run is in depends on the machine, its other load and the
+model, so ``auto`` measures it. It runs ``schedule_probe_steps`` steps sync (after one unmeasured
+warm-up step) and reads how many of the machine's cores those steps left idle (``/proc/stat``,
+other jobs' load included): overlap can only use cycles the sync schedule leaves unused, so
+under ``MIN_SPARE_CORES`` it keeps sync without trying async (a probe that would cost more than
+it could find). Otherwise it runs as many steps async (after one that fills the pipeline) and
+keeps the schedule whose steps took less wall time (median; a tie goes to sync, whose groups are
+never stale). The decision is logged in one line and in the next row
+(``loop/schedule_decision``). Leaving async, the groups already in flight finish and are trained
+first; none is lost. Every row says the schedule in use and the step's trainer and engine
+busy/idle seconds (``_log``).
+
+Per-step metrics go to ``metrics.jsonl`` and the trackers of
 ``LoopConfig.loggers`` (``looprl.trainer.loggers``: TensorBoard, W&B, plugins); ``looprl
 train`` draws them in its report once the loop ends (``looprl.train.plots``). Which task comes
 next is the ``TaskSampler``'s (``trainer.sampler``).
@@ -61,10 +78,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import os
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,10 +98,12 @@ from looprl.trainer.config import LoopConfig
 from looprl.trainer.loggers import Loggers, make_loggers, read_metrics
 from looprl.trainer.sampler import TaskSampler
 from looprl.trainer.step import GRPOStep
-from looprl.types import Group, GroupResult, Trajectory
+from looprl.types import Group, GroupResult, Task, Trajectory
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -105,6 +126,10 @@ class LoopStats:
     trainer_idle_s: float = 0.0
     rollout_tokens: int = 0
     train_tokens: int = 0
+    schedule: str = ""
+    """The schedule in use (``sync`` or ``async``; ``auto`` starts on sync)."""
+    schedule_decision: str = ""
+    """What ``auto`` measured and kept, one line (empty before it decides, or without ``auto``)."""
     history: list[dict[str, Any]] = field(default_factory=list)  # rows: metrics and task ids
 
     @property
@@ -143,6 +168,14 @@ class GRPOLoop:
         self.config_to_save = config_to_save
         self._resumed: Resumed | None = None
         self._loggers: Loggers | None = None
+        self._mark = 0.0
+        """When the last step ended (the next one's wall time starts there)."""
+        self._idle_step_s = 0.0
+        """The trainer's wait for groups since the last step."""
+        self._engine_busy = 0.0
+        """The engine's busy seconds when the last step ended."""
+        self._decision: dict[str, Any] = {}
+        """``auto``'s decision, for the next row."""
         if self.run_dir:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._loggers = make_loggers(cfg.loggers, self.run_dir, run_name=self.run_dir.name,
@@ -232,10 +265,18 @@ class GRPOLoop:
                 "resume the run that published it (loop.resume(), --resume) or use an empty store")
         if self._resumed is not None or self.push_start:  # the engine samples from these weights
             await self.engine.update_weights(self._weights(), self.version)
-        if self.cfg.experimental.sync:
-            await self._run_sync(progress)
+        tasks = iter(self.sampler)  # one walk, whichever schedule draws from it
+        self._mark = time.monotonic()
+        self._idle_step_s = 0.0
+        self._engine_busy = self._engine_busy_s()
+        schedule = self.cfg.experimental.schedule
+        self.stats.schedule = "sync" if schedule == "auto" else schedule
+        if schedule == "auto":
+            await self._run_auto(tasks, progress)
+        elif schedule == "sync":
+            await self._run_sync(tasks, progress)
         else:
-            await self._run_async(progress)
+            await self._run_async(tasks, progress)
         self._finish()
         return self.stats
 
@@ -245,7 +286,7 @@ class GRPOLoop:
 
     async def _stop(self) -> bool:
         """Out of budget (rank 0's clock decides for every rank)."""
-        return await asyncio.to_thread(ddp.broadcast_object, self._out_of_budget(), self.dist)
+        return await self._broadcast(self._out_of_budget())
 
     async def _any_rank(self, items: Sequence[Any]) -> bool:
         """Whether some rank has ``items``; in a thread, so this rank's rollouts go on while it
@@ -256,15 +297,43 @@ class GRPOLoop:
     def _per_rank(self) -> int:
         return ddp.per_rank(self.cfg.groups_per_step, self.dist, "loop.groups_per_step")
 
-    async def _run_async(self, progress: Any) -> None:
+    async def _run_auto(self, tasks: Iterator[Task | None], progress: Any) -> None:
+        """Time the sync schedule, then (if the machine had cycles to spare) the async one, and
+        keep the faster (module docstring)."""
+        n = self.cfg.experimental.schedule_probe_steps
+        if len(await self._run_sync(tasks, progress, steps=1)) < 1:  # warms up, unmeasured
+            return
+        idle0, t0 = idle_core_s(), time.monotonic()
+        sync_s = await self._run_sync(tasks, progress, steps=n)
+        if len(sync_s) < n:  # the budget or the tasks ran out while probing
+            return
+        spare = (idle_core_s() - idle0) / max(time.monotonic() - t0, 1e-9) \
+            if idle0 is not None else math.inf
+        if await self._broadcast(spare < MIN_SPARE_CORES):
+            self._decided("sync", f"schedule auto: the sync steps left {spare:.2f} cores of this "
+                          f"machine idle (under {MIN_SPARE_CORES}): overlap has no cycles to use; "
+                          f"keeping sync ({statistics.median(sync_s):.2f} s/step)")
+            await self._run_sync(tasks, progress)
+            return
+        self.stats.schedule = "async"
+        carry = await self._run_async(tasks, progress, probe=sync_s)
+        if carry is not None:
+            await self._run_sync(tasks, progress, carry=carry)
+
+    async def _run_async(self, tasks: Iterator[Task | None], progress: Any,
+                         probe: list[float] | None = None) -> list[GroupResult] | None:
+        """Overlap rollouts with training. With ``probe`` (the sync schedule's step times),
+        decide after as many async steps (and one more) which schedule to keep; if sync, stop
+        handing out tasks, let the groups in flight finish and return them (None: stayed async
+        to the end)."""
         queue: asyncio.Queue[GroupResult] = asyncio.Queue(maxsize=self.cfg.experimental.queue_size)
-        exhausted = asyncio.Event()
+        exhausted, closed = asyncio.Event(), asyncio.Event()
 
         async def produce() -> None:
             try:
                 # Finished groups wait in ``queue``, not in the runner: it admits no new group
                 # while one it finished is still untaken, so the queue bounds the policy lag.
-                async for result in self.runner.run(iter(self.sampler), max_ready=1):
+                async for result in self.runner.run(_until(tasks, closed), max_ready=1):
                     if result.screened_out:  # nothing to train: never holds a place in the queue
                         self._admit(result)
                     else:
@@ -273,15 +342,53 @@ class GRPOLoop:
                 exhausted.set()
 
         producer = asyncio.create_task(produce())
+        step_s: list[float] = []
         try:
             while not await self._stop():
                 groups = await self._take(queue, exhausted, producer)
                 if not await self._any_rank(groups):
                     break
-                await self._train(groups, progress)
+                step_s.append(await self._train(groups, progress))
+                if probe is not None and len(step_s) == len(probe) + 1:  # the first fills up
+                    if await self._decide(probe, step_s[1:]) == "sync":
+                        closed.set()  # the runner finishes what it started, admits nothing new
+                        return await self._drain(queue, producer)
+                    probe = None
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
+        return None
+
+    async def _drain(self, queue: asyncio.Queue[GroupResult],
+                     producer: asyncio.Task[None]) -> list[GroupResult]:
+        """Every group still in flight or queued, once the producer has finished them."""
+        t0, carry = time.monotonic(), []
+        while not (producer.done() and queue.empty()):
+            try:
+                carry.append(await asyncio.wait_for(queue.get(), timeout=0.1))
+            except asyncio.TimeoutError:
+                continue
+        producer.result()  # a rollout failure that ended the producer surfaces here
+        self._waited(time.monotonic() - t0)
+        return carry
+
+    async def _decide(self, sync_s: list[float], async_s: list[float]) -> str:
+        """``auto``'s choice from the probe steps' wall times (rank 0's, for every rank)."""
+        choice = await self._broadcast(pick_schedule(sync_s, async_s))
+        self._decided(choice, f"schedule auto: sync {statistics.median(sync_s):.2f} s/step, "
+                      f"async {statistics.median(async_s):.2f} s/step (median of {len(sync_s)} "
+                      f"steps each, after step {self.stats.steps}): keeping {choice}")
+        return choice
+
+    def _decided(self, choice: str, why: str) -> None:
+        """Keep ``choice``; ``why`` goes to the log, ``LoopStats`` and the next row."""
+        self.stats.schedule, self.stats.schedule_decision = choice, why
+        self._decision = {"loop/schedule_decision": why}
+        log.info(why)
+
+    async def _broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value``, on every rank."""
+        return await asyncio.to_thread(ddp.broadcast_object, value, self.dist)
 
     async def _take(self, queue: asyncio.Queue[GroupResult], exhausted: asyncio.Event,
                     producer: asyncio.Task[None]) -> list[Group]:
@@ -299,8 +406,13 @@ class GRPOLoop:
             group = self._admit(result)
             if group is not None:
                 groups.append(group)
-        self.stats.trainer_idle_s += time.monotonic() - t0
+        self._waited(time.monotonic() - t0)
         return groups
+
+    def _waited(self, seconds: float) -> None:
+        """The trainer waited ``seconds`` for groups (this step's idle time and the run's)."""
+        self.stats.trainer_idle_s += seconds
+        self._idle_step_s += seconds
 
     def _admit(self, result: GroupResult) -> Group | None:
         self.sampler.returned()
@@ -322,22 +434,35 @@ class GRPOLoop:
             return None
         return result.group
 
-    async def _run_sync(self, progress: Any) -> None:
-        tasks = iter(self.sampler)
-        while not await self._stop():
-            batch = [t for _, t in zip(range(self._per_rank), tasks, strict=False) if t is not None]
-            if not await self._any_rank(batch):
+    async def _run_sync(self, tasks: Iterator[Task | None], progress: Any, steps: int | None = None,
+                        carry: Sequence[GroupResult] = ()) -> list[float]:
+        """Roll out a step's groups, then train, ``steps`` times (None: to the end); the groups
+        in ``carry`` (left in flight by the async schedule) go first. Returns the steps' wall
+        times."""
+        left, step_s = list(carry), []
+        while (steps is None or len(step_s) < steps) and not await self._stop():
+            t0, groups = time.monotonic(), []
+            while left and len(groups) < self._per_rank:
+                if (g := self._admit(left.pop(0))) is not None:
+                    groups.append(g)
+            batch = [t for _, t in zip(range(self._per_rank - len(groups)), tasks, strict=False)
+                     if t is not None]
+            if not await self._any_rank(groups + batch):
                 break
-            t0 = time.monotonic()
-            groups = [g for r in [r async for r in self.runner.run(batch)]
-                      if (g := self._admit(r)) is not None] if batch else []
-            self.stats.trainer_idle_s += time.monotonic() - t0
+            if batch:
+                groups += [g for r in [r async for r in self.runner.run(batch)]
+                           if (g := self._admit(r)) is not None]
+            self._waited(time.monotonic() - t0)
             if await self._any_rank(groups):
-                await self._train(groups, progress)
+                step_s.append(await self._train(groups, progress))
+        return step_s
 
-    async def _train(self, groups: list[Group], progress: Any) -> None:
-        t0 = time.monotonic()
+    async def _train(self, groups: list[Group], progress: Any) -> float:
+        """Step on ``groups``, publish and hand over the weights, log; returns the step's wall
+        time (since the previous step ended: waiting for groups included)."""
+        t0, engine0 = time.monotonic(), self._engine_busy_s()
         metrics = await asyncio.to_thread(self.step.on_groups, groups, current_version=self.version)
+        overlap_s = self._engine_busy_s() - engine0
         if self.dist.enabled:  # every rank's groups: all are marked trained, rank 0 logs them
             groups = [g for share in await asyncio.to_thread(ddp.gather_objects, groups, self.dist)
                       for g in share]
@@ -351,19 +476,39 @@ class GRPOLoop:
         await self.engine.update_weights(state, self.version)
         self.sampler.mark_trained([g.task_id for g in groups])
         self.sampler.record(groups)
-        self.stats.trainer_busy_s += time.monotonic() - t0
+        now = time.monotonic()
+        busy_s, step_s, self._mark = now - t0, now - self._mark, now
+        self.stats.trainer_busy_s += busy_s
         self.stats.steps += 1
         self.stats.groups_trained += len(groups)
         self.stats.zero_variance_groups += metrics.zero_variance_groups
         self.stats.train_tokens += metrics.tokens
-        self._log(groups, metrics.to_dict(), publish_s)
+        engine = self._engine_busy_s()
+        engine_s, self._engine_busy = engine - self._engine_busy, engine
+        self._log(groups, metrics.to_dict(), publish_s, {
+            "loop/step_s": step_s, "loop/trainer_busy_s": busy_s,
+            "loop/trainer_idle_s": self._idle_step_s,
+            **({"loop/engine_busy_s": engine_s, "loop/engine_idle_s": max(step_s - engine_s, 0.0),
+                "loop/overlap_s": overlap_s} if engine else {})})
+        self._idle_step_s = 0.0
         if progress is not None:
             progress(self.stats)
         every = self.cfg.experimental.checkpoint_every
         if every and self.stats.steps % every == 0:
             self.checkpoint()
+        return step_s
 
-    def _log(self, groups: list[Group], step_metrics: dict[str, float], publish_s: float) -> None:
+    def _engine_busy_s(self) -> float:
+        """The engine's decode-busy seconds so far (``engine/busy_s``; 0 if it reports none)."""
+        return self._engine_metrics().get("engine/busy_s", 0.0)
+
+    def _log(self, groups: list[Group], step_metrics: dict[str, float], publish_s: float,
+             schedule: dict[str, float]) -> None:
+        """One row of ``metrics.jsonl`` and the trackers. ``schedule``: the step's wall time and
+        where it went: ``loop/trainer_busy_s`` (step, publish, hand-over), ``loop/trainer_idle_s``
+        (waiting for groups), ``loop/engine_busy_s``/``loop/engine_idle_s`` (the engine's decode
+        thread, for an engine that reports it) and ``loop/overlap_s`` (engine busy during the
+        trainer's step: 0 under the sync schedule)."""
         trajs = [t for g in groups for t in g.trajectories]
         rollout_tokens = sum(t.counters.output_tokens for t in trajs)
         self.stats.rollout_tokens += rollout_tokens
@@ -384,11 +529,16 @@ class GRPOLoop:
             "loop/screen_rollouts": self.stats.screen_rollouts,
             "loop/pass": self.sampler.passes_begun,
             "loop/publish_s": publish_s,
+            "loop/schedule": self.stats.schedule,
+            "loop/async": float(self.stats.schedule == "async"),
+            **schedule,
+            **self._decision,
             "runner/infra_errors": self.stats.infra_errors,
             **self._engine_metrics(),
             # last: the injected process kill (``looprl.faults``) strikes here, books written
             **(self.infra.step_row(self.stats.steps) if self.infra is not None else {}),
         }
+        self._decision = {}
         self.stats.history.append(row)
         if self._loggers is not None:
             self._loggers.log(self.stats.steps, row)
@@ -429,6 +579,41 @@ class GRPOLoop:
     def _finish(self) -> None:
         if self._loggers is not None:
             self._loggers.close()
+
+
+def pick_schedule(sync_step_s: Sequence[float], async_step_s: Sequence[float]) -> str:
+    """The schedule whose probe steps took less wall time (median); a tie goes to sync, whose
+    groups are never stale.
+
+    >>> pick_schedule([2.0, 2.2], [1.1, 1.3]), pick_schedule([2.0, 2.2], [4.0, 3.5])
+    ('async', 'sync')
+    """
+    return "async" if statistics.median(async_step_s) < statistics.median(sync_step_s) else "sync"
+
+
+MIN_SPARE_CORES = 0.5
+"""``auto`` tries async only if the sync steps left at least this many cores idle: overlap can
+only speed a step up with cycles the sync schedule leaves unused (other jobs' load counts)."""
+
+
+def idle_core_s() -> float | None:
+    """Idle core-seconds of this machine so far, every CPU (``/proc/stat``: idle + iowait);
+    None where there is no ``/proc/stat`` (then ``auto`` always times both schedules)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _until(tasks: Iterator[Task | None], closed: asyncio.Event) -> Iterator[Task | None]:
+    """``tasks`` until ``closed`` is set, checked before each is drawn, so none drawn is lost
+    and the rest stay in ``tasks`` for the next schedule."""
+    while not closed.is_set():
+        try:
+            yield next(tasks)
+        except StopIteration:
+            return
 
 
 def _as_dict(config: Any) -> dict[str, Any] | None:
