@@ -307,8 +307,9 @@ class GRPOLoop:
         sync_s = await self._run_sync(tasks, progress, steps=n)
         if len(sync_s) < n:  # the budget or the tasks ran out while probing
             return
-        spare = (idle_core_s() - idle0) / max(time.monotonic() - t0, 1e-9) \
-            if idle0 is not None else math.inf
+        idle1 = idle_core_s()
+        spare = ((idle1 - idle0) / max(time.monotonic() - t0, 1e-9)
+                 if idle0 is not None and idle1 is not None else math.inf)
         if await self._broadcast(spare < MIN_SPARE_CORES):
             self._decided("sync", f"schedule auto: the sync steps left {spare:.2f} cores of this "
                           f"machine idle (under {MIN_SPARE_CORES}): overlap has no cycles to use; "
@@ -439,9 +440,9 @@ class GRPOLoop:
         """Roll out a step's groups, then train, ``steps`` times (None: to the end); the groups
         in ``carry`` (left in flight by the async schedule) go first. Returns the steps' wall
         times."""
-        left, step_s = list(carry), []
+        left, step_s = list(carry), list[float]()
         while (steps is None or len(step_s) < steps) and not await self._stop():
-            t0, groups = time.monotonic(), []
+            t0, groups = time.monotonic(), list[Group]()
             while left and len(groups) < self._per_rank:
                 if (g := self._admit(left.pop(0))) is not None:
                     groups.append(g)
