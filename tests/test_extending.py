@@ -31,7 +31,7 @@ def test_the_extending_example_trains_with_its_own_tool_reward_and_tasks(tmp_pat
     assert (run / "reward_curve.png").stat().st_size > 10_000  # the report's picture
     report = (run / "report.md").read_text().splitlines()
     assert report[-1].startswith("heldout_pass1_sft=")
-    assert re.search(r"; [1-3] of the 3 train tasks rolled out\.$", report[2]), report[2]
+    assert re.search(r"; [1-3] of the 3 train tasks rolled out; schedule a?sync\.$", report[2]), report[2]
     # the task file's relative repo paths were taken relative to the file
     task = json.loads((run / "tasks" / "train.jsonl").read_text().splitlines()[0])
     assert task["repo"].startswith(str(EXAMPLE / "repos"))
