@@ -15,6 +15,10 @@ model, its demos and the held-out sets stay the base's). Where and how the model
 runs (``model.device``, ``model.experimental.threads``, ``.rl_threads``, ``.speculative``,
 ``.lookup``) may change.
 
+``--start DIR`` replaces the copied start model with another checkpoint on the same tasks (e.g.
+``looprl model upcycle RUN/model_start DIR``: a MoE of the base's start); the start evaluations
+and turn accuracies are then not copied but measured again on it, and ``start.json`` records it.
+
 Last lines: the arm's report line, then the arm's RL model against ``RUN``'s, paired over the
 same held-out tasks (when ``RUN`` has its RL evaluation):
 ``arm_minus_base=… arm_minus_base_ci_low=… arm_minus_base_ci_high=…``.
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from looprl.bench.gate import compare, load
 from looprl.config import apply_overrides, from_dict
+from looprl.errors import ConfigError
 from looprl.pypi import spec_name
 from looprl.rundir import RunDir
 from looprl.train.config import TrainConfig
@@ -57,6 +62,8 @@ def main() -> None:
     ap.add_argument("run", type=Path, help="a run directory with its start evaluated "
                     "(config.json, start.json, model_start/, tasks/, eval_start.json)")
     ap.add_argument("--name", required=True, help="the arm's name: its run is RUN/../NAME")
+    ap.add_argument("--start", type=Path, default=None, metavar="DIR",
+                    help="another start model (a checkpoint dir) instead of RUN's model_start")
     ap.add_argument("-o", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
 
@@ -81,16 +88,29 @@ def main() -> None:
     if arm.exists():
         raise SystemExit(f"{arm} exists; pick another --name")
     saved = json.loads(base_rd.config.read_text())
-    base = from_dict(TrainConfig, saved)
-    cfg = from_dict(TrainConfig, apply_overrides(saved, [*args.overrides, f"name={args.name}"]))
+    try:
+        base = from_dict(TrainConfig, saved)
+        cfg = from_dict(TrainConfig, apply_overrides(saved, [*args.overrides, f"name={args.name}"]))
+    except ConfigError as e:  # e.g. a run saved before a key was renamed: edit its config.json
+        raise SystemExit(f"error: {base_rd.config}: {e}") from None
 
+    if args.start is not None and not (args.start / "config.json").is_file():
+        raise SystemExit(f"--start {args.start}: no config.json there; give a checkpoint "
+                         "directory (e.g. what `looprl model upcycle` saved)")
     arm_rd.trajectories.mkdir(parents=True)
-    for src in copied(base_rd):
+    take = copied(base_rd) if args.start is None else (
+        base_rd.tasks, base_rd.start_record, base_rd.validation_demos)
+    for src in take:
         dest = arm / src.relative_to(base_rd.root)
         if src.is_dir():
             shutil.copytree(src, dest)
         elif src.is_file():
             shutil.copy2(src, dest)
+    if args.start is not None:
+        shutil.copytree(args.start, arm_rd.model_start)
+        record = json.loads(arm_rd.start_record.read_text())
+        record.update(turns={}, origin={"kind": "dir", "path": str(args.start.resolve())})
+        arm_rd.start_record.write_text(json.dumps(record))
     added = (set(cfg.tasks.experimental.train_only_packages)
              - set(base.tasks.experimental.train_only_packages))
     if added:

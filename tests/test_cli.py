@@ -293,3 +293,23 @@ def test_a_rollout_server_that_cannot_serve_is_one_line_before_the_run(tmp_path)
             assert not list(tmp_path.glob("*/")), "a server that cannot serve must not claim a run"
     finally:
         server.shutdown()
+
+
+def test_model_upcycle_saves_a_moe_of_a_runs_model_and_refuses_a_non_llama_in_one_line(tmp_path):
+    from looprl.config import save_config
+    from looprl.models.loading import load_model
+    from looprl.models.tiny import init_default_model
+    from looprl.train import TrainConfig
+
+    run = tmp_path / "runs" / "mine"  # a run directory: its config.json is the run's, not a model's
+    init_default_model(run / "model_start", size="tiny", corpus_chars=200_000)
+    save_config(TrainConfig(), run / "config.json")
+    r = looprl("model", "upcycle", str(run), str(tmp_path / "moe"), "--experts", "4", "--top-k", "2")
+    assert r.returncode == 0, r.stderr
+    assert f"saved a Mixtral of {run / 'model_start'}: 4 experts, top-2" in " ".join(r.stdout.split())
+    moe = load_model(tmp_path / "moe")
+    assert moe.model.config.model_type == "mixtral" and moe.model.config.num_local_experts == 4
+    _one_error_line(looprl("model", "upcycle", str(tmp_path / "moe"), str(tmp_path / "moe2")),
+                    "upcycle takes a Llama without biases", "MixtralForCausalLM")
+    _one_error_line(looprl("model", "upcycle", str(tmp_path / "nothing"), str(tmp_path / "m3")),
+                    "no model")

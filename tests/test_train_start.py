@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from looprl.config import FieldError, load_config
+from looprl.config import FieldError, load_config, save_config
 from looprl.errors import ConfigError
 from looprl.models.loading import load_model
 from looprl.models.tiny import init_default_model
@@ -33,6 +33,8 @@ def _cfg(*overrides: str) -> TrainConfig:
 
 def _quickstart(runs, ckpt, *models: str) -> RunDir:
     rd = RunDir(runs / QUICKSTART_RUN)
+    rd.root.mkdir(parents=True)
+    save_config(_cfg(), rd.config)  # a run directory holds its run's config.json
     for m in models:
         shutil.copytree(ckpt, rd.root / m)
     return rd
@@ -67,6 +69,7 @@ def test_auto_without_a_quickstart_model_is_scratch_and_says_how_to_get_one(tmp_
 def test_a_start_that_is_no_model_is_one_line_saying_what_to_give(tmp_path, tiny_ckpt):
     half = RunDir(tmp_path / "half")  # a model_rl/ without a checkpoint in it is no model
     half.model_rl.mkdir(parents=True)
+    save_config(_cfg(), half.config)
     for where, says in ((tmp_path / "missing", "no such directory"),
                         (half.root, "holds no model")):
         with pytest.raises(ConfigError, match=f"^model.start={where}:? .*{says}") as e:

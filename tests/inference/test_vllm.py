@@ -207,3 +207,39 @@ def test_moe_routes_of_greedy_tokens_equal_a_torch_forward(moe_dir, engine):
     # a dense model records none
     dense = asyncio.run(engine.generate(_prompt(8), SamplingParams(max_new_tokens=2, temperature=0.0)))
     assert dense.routes is None
+
+
+@pytest.fixture(scope="module")
+def upcycled_dir(model_dir, tmp_path_factory):
+    from looprl.models.loading import load_model, save_model
+    from looprl.models.moe import upcycle
+    dense = load_model(model_dir)
+    return save_model(upcycle(dense.model, experts=8, top_k=2), dense.tokenizer,
+                      tmp_path_factory.mktemp("upcycled"))
+
+
+@pytest.mark.slow
+def test_an_upcycled_mixtral_samples_the_dense_models_tokens_and_records_its_routes(
+        upcycled_dir, hf):
+    """``looprl model upcycle``'s MoE on vLLM: the dense model's greedy tokens (the experts are
+    copies), and the routes of a transformers fp32 forward of the Mixtral."""
+    from transformers import AutoModelForCausalLM
+    moe = AutoModelForCausalLM.from_pretrained(upcycled_dir, dtype=torch.float32).eval()
+    assert moe.config.model_type == "mixtral"
+    e = VLLMEngine(str(upcycled_dir), stop_on_eos=False, max_model_len=1024)
+    prompts = [_prompt(n, seed=40 + n) for n in (17, 200)]
+    try:
+        async def main():
+            return await asyncio.gather(*(e.generate(p, SamplingParams(max_new_tokens=10, temperature=0.0))
+                                          for p in prompts))
+        gens = asyncio.run(main())
+    finally:
+        e.close()
+    for p, g in zip(prompts, gens, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False,
+                              min_new_tokens=10, eos_token_id=None)[0, len(p):].tolist()
+        assert list(g.token_ids) == ref
+        want = _hf_routes(moe, p + list(g.token_ids))[len(p) - 1:len(p) - 1 + len(g.token_ids)]
+        assert torch.equal(torch.from_numpy(g.routes.array().copy()).long().sort(-1).values,
+                           want.sort(-1).values)

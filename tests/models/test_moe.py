@@ -8,14 +8,20 @@ import json
 
 import pytest
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
 from looprl.harness.run_state import AgentRun
 from looprl.inference.kv_forward import CachedForward
 from looprl.inference.torch_engine import TorchEngine
 from looprl.models.config import SIZES
-from looprl.models.moe import NO_ROUTE, RouterTap, moe_blocks, shifted_routes
+from looprl.models.moe import NO_ROUTE, RouterTap, moe_blocks, shifted_routes, upcycle
 from looprl.models.tiny import model_config
 from looprl.models.tokenizer import build_tokenizer
 from looprl.trainer.batch import build_batch
@@ -238,3 +244,50 @@ def test_a_grpo_step_on_the_moe_logs_engine_agreement_and_the_aux_loss(replay):
     assert m["router_disagree"] < 0.02 and m["router_disagree_l0"] <= m["router_disagree"] * 2 + 1e-9
     assert abs(m["engine_kl"]) < 1e-3 and m["engine_mismatch_frac"] < 0.05
     assert m["moe_aux_loss"] > 1.0  # top-2: 2 when balanced
+
+
+def make_dense(seed: int = 0):
+    tok = build_tokenizer(None)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=96, max_position_embeddings=512,
+                      initializer_range=0.1, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    return model, tok
+
+
+def test_an_upcycled_moe_is_the_dense_models_function_with_routes_of_its_own():
+    dense, tok = make_dense()
+    moe = upcycle(dense, experts=8, top_k=2, seed=3)
+    assert isinstance(moe, MixtralForCausalLM) and len(moe_blocks(moe)) == 2
+    ids = torch.tensor([prompt(40, 1)])
+    with torch.no_grad():
+        torch.testing.assert_close(moe(input_ids=ids).logits, dense(input_ids=ids).logits,
+                                   rtol=1e-5, atol=1e-5)
+    # the router is random, not collapsed: positions go to different experts
+    assert len(set(hf_topk(moe, prompt(40, 1))[:, 0].flatten().tolist())) > 2
+    # tied embeddings stay tied; experts are copies that train apart (not one shared tensor)
+    assert moe.lm_head.weight.data_ptr() == moe.model.embed_tokens.weight.data_ptr()
+    w = moe.model.layers[0].mlp.experts.gate_up_proj
+    w.data[0].add_(1.0)
+    assert not torch.equal(w[0], w[1])
+    # the engine samples it as HF does and records its routes
+    moe2 = upcycle(dense, experts=8, top_k=2, seed=3)
+    moe2.generation_config.eos_token_id = None
+    p = prompt(25, 2)
+    (gen,) = generate(moe2, tok, [p])
+    (ref,) = generate(dense, tok, [p])
+    assert gen.token_ids == ref.token_ids  # the same function: the same greedy tokens
+    want = hf_topk(moe2, p + list(gen.token_ids))[len(p) - 1:len(p) + len(gen.token_ids) - 1]
+    assert torch.equal(torch.from_numpy(gen.routes.array().copy()).long().sort(-1).values, want)
+
+
+def test_upcycle_refuses_what_it_cannot_copy_in_one_line():
+    moe, _ = make_moe()
+    with pytest.raises(ValueError, match="upcycle takes a Llama without biases"):
+        upcycle(moe)
+    dense, _ = make_dense()
+    with pytest.raises(ValueError, match=r"need 1 <= top_k \(3\) <= experts \(2\)"):
+        upcycle(dense, experts=2, top_k=3)

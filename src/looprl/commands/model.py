@@ -2,6 +2,7 @@
 
     looprl model init ~/.cache/looprl/models/default --size small
     looprl model pretrain ~/.cache/looprl/models/default --steps 300
+    looprl model upcycle runs/quickstart/model_start runs/moe_start --experts 8 --top-k 2
     looprl model serve ~/.cache/looprl/models/default --port 8000 --api-key s3cret   # OpenAI API
     looprl model serve                  # the newest trained model: runs/<name>/model_rl
 """
@@ -66,6 +67,40 @@ def pretrain(model_dir: ModelDir = None,
             out_dir=out_dir, num_threads=threads)
     console.print(f"loss {r.losses_S[0]:.3f} -> {r.final_loss:.3f} (val {r.val_loss:.3f}), "
                   f"{r.tokens_seen / r.wall_s:.0f} tok/s; saved {r.model_dir}, curve {r.loss_png}")
+
+
+@app.command()
+def upcycle(src: Annotated[Path, typer.Argument(help="a dense default model: a checkpoint dir or "
+                                                "a run dir (its model_rl, else model_start)")],
+            out_dir: Annotated[Path, typer.Argument(help="where the MoE is saved (HF format)")],
+            experts: Annotated[int, typer.Option(min=1, max=255)] = 8,
+            top_k: Annotated[int, typer.Option(min=1)] = 2,
+            seed: int = 0) -> None:
+    """Make a Mixtral MoE of a trained dense model, every expert a copy of its MLP (sparse
+    upcycling): it starts as the dense model does, and RL trains it as any model."""
+    from looprl.errors import ConfigError
+    from looprl.models.loading import load_model, save_model
+    from looprl.models.moe import upcycle as make
+    from looprl.train.start import model_in
+
+    path = model_in(src)
+    if path is None:
+        raise ConfigError(f"{src}: no model (no config.json, no model_rl/ or model_start/ with "
+                          "one); give a checkpoint or a finished run's directory")
+    if top_k > experts:
+        raise typer.BadParameter(f"must be at most --experts ({experts}), got {top_k}",
+                                 param_hint="--top-k")
+    dense = load_model(path)
+    try:
+        moe = make(dense.model, experts, top_k, seed=seed)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    save_model(moe, dense.tokenizer, out_dir)
+    active = dense.num_params + (top_k - 1) * sum(
+        p.numel() for layer in dense.model.model.layers for p in layer.mlp.parameters())
+    console.print(f"saved a Mixtral of {path}: {experts} experts, top-{top_k}, "
+                  f"{sum(p.numel() for p in moe.parameters()) / 1e6:.2f}M params "
+                  f"({active / 1e6:.2f}M active) to {out_dir}")
 
 
 def _trained_model(runs: Path) -> Path:

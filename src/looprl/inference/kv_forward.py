@@ -8,7 +8,7 @@ no gather is needed.
 
 The forward reuses the model's own modules (norms, projections, MLP, rotary embedding), so weights
 swapped into the model are used at once. Supported: Llama, Qwen2, Qwen3, Mistral (no sliding window),
-and Qwen3-MoE, whose sparse blocks run through the model's own router and experts; the forward then
+and Qwen3-MoE and Mixtral (no sliding window), whose sparse blocks run through the model's own router and experts; the forward then
 also returns the top-k experts each returned position was routed to (``routes_B_T_L_K``, uint8,
 one entry per MoE layer), which the engine records with every sampled token (router replay,
 ``looprl.models.moe``).
@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 
 from looprl.errors import ConfigError
 
-SUPPORTED = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe")
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "mixtral")
 PREFILL_CHUNK = 1024  # bounds the attention matrix of a long prefill
 
 
@@ -82,7 +82,7 @@ class CachedForward:
             raise ConfigError(f"TorchEngine supports {SUPPORTED} architectures, not {cfg.model_type!r}; "
                               "serve other models through the 'openai' or 'vllm' engine")
         if getattr(cfg, "use_sliding_window", False) or (
-                cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)):
+                cfg.model_type in ("mistral", "mixtral") and getattr(cfg, "sliding_window", None)):
             raise ConfigError("sliding-window attention is not supported by TorchEngine; "
                               "disable it in config.json or use the 'vllm' engine")
         self.model = model

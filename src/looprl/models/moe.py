@@ -18,8 +18,12 @@ trainer's own: a softmax over its router logits at the recorded experts (renorma
 top-k as the router does), so the router still gets a gradient. Positions without a record (the
 prompt, tool output, the first position) keep the trainer's own routing.
 
-Supports HF routers shaped like Qwen3-MoE's and OLMoE's (``mlp.gate`` returning ``(logits,
-weights, indices)``, ``mlp.experts``).
+Supports HF routers shaped like Qwen3-MoE's, Mixtral's and OLMoE's (``mlp.gate`` returning
+``(logits, weights, indices)``, ``mlp.experts``).
+
+``upcycle`` makes a MoE of a trained dense Llama (sparse upcycling, Komatsuzaki et al. 2022,
+arXiv 2212.05055): a Mixtral whose every expert is a copy of the dense MLP, so it starts as the
+dense model's function and RL moves the experts apart from a competent start.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 NO_ROUTE = 255
 """The uint8 route of a token the engine did not record (prompt and tool tokens)."""
@@ -147,3 +152,44 @@ def aux_loss_coef(model: nn.Module) -> float:
     """The model's load-balancing coefficient (``router_aux_loss_coef`` in its config; 0 dense)."""
     cfg = getattr(model, "config", None)
     return float(getattr(cfg, "router_aux_loss_coef", 0.0) or 0.0) if is_moe(model) else 0.0
+
+
+def upcycle(dense: LlamaForCausalLM, experts: int = 8, top_k: int = 2, *, seed: int = 0,
+            router_std: float = 0.02, aux_loss_coef: float = 0.01) -> MixtralForCausalLM:
+    """A Mixtral of ``dense``: the same attention, norms and embeddings, ``experts`` copies of each
+    layer's MLP and a router drawn N(0, ``router_std``) (seeded). Mixtral renormalises its top-k
+    mixing weights to sum to 1, so with equal experts its logits are the dense model's whatever
+    the routing; the router gets a gradient once RL has made the experts differ."""
+    c = dense.config
+    if not isinstance(dense, LlamaForCausalLM) or getattr(c, "mlp_bias", False) or c.attention_bias:
+        raise ValueError(f"upcycle takes a Llama without biases (the default model), not "
+                         f"{type(dense).__name__}")
+    if not 1 <= top_k <= experts <= 255:  # routes are uint8 with 255 for "none"
+        raise ValueError(f"upcycle: need 1 <= top_k ({top_k}) <= experts ({experts}) <= 255")
+    cfg = MixtralConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, hidden_act=c.hidden_act,
+        max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=c.tie_word_embeddings, pad_token_id=c.pad_token_id,
+        eos_token_id=c.eos_token_id, bos_token_id=c.bos_token_id, num_local_experts=experts,
+        num_experts_per_tok=top_k, router_aux_loss_coef=aux_loss_coef, sliding_window=None)
+    cfg.rope_parameters = dict(c.rope_parameters)
+    moe = MixtralForCausalLM(cfg)
+    state = {k: v for k, v in dense.state_dict().items() if ".mlp." not in k}
+    gen = torch.Generator().manual_seed(seed)
+    for i, layer in enumerate(dense.model.layers):
+        m = layer.mlp
+        gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()
+        state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up.expand(experts, -1, -1).clone()
+        state[f"model.layers.{i}.mlp.experts.down_proj"] = (
+            m.down_proj.weight.detach().expand(experts, -1, -1).clone())
+        state[f"model.layers.{i}.mlp.gate.weight"] = router_std * torch.randn(
+            experts, c.hidden_size, generator=gen)
+    missing, unexpected = moe.load_state_dict(state, strict=False)
+    # a tied lm_head is the embedding's; anything else left out is a mapping error
+    if [k for k in missing if k != "lm_head.weight"] or unexpected:
+        raise AssertionError(f"upcycle: unmapped weights {missing} {unexpected}")
+    if c.tie_word_embeddings:
+        moe.tie_weights()
+    return moe.to(dense.dtype).eval()

@@ -99,15 +99,21 @@ def demos_config(cfg: TrainConfig, origin: ModelStart) -> TrainConfig:
     return dataclasses.replace(cfg, demos=dataclasses.replace(cfg.demos, synthetic=0))
 
 
+def model_in(where: Path) -> Path | None:
+    """The checkpoint ``where`` names: itself when it holds weights beside a ``config.json`` (a
+    run directory has a ``config.json`` too, the run's), else its run's model (``run_model``)."""
+    if (where / "config.json").is_file() and any(where.glob("*.safetensors")):
+        return where
+    return run_model(where) if where.is_dir() else None
+
+
 def _named_model(where: Path) -> Path:
     """``model.start=DIR``: a checkpoint directory, or a run directory's model (``run_model``)."""
-    if (where / "config.json").is_file():
-        return where
     if not where.is_dir():
         raise ConfigError(f"model.start={where}: no such directory; give a run directory "
                           "(runs/NAME) or a checkpoint (runs/NAME/model_rl), or one of "
                           f"{', '.join(START_KINDS)}")
-    found = run_model(where)
+    found = model_in(where)
     if found is None:
         raise ConfigError(f"model.start={where} holds no model (no config.json, no model_rl/ or "
                           "model_start/ with one); give a finished run's directory or its "
