@@ -100,7 +100,7 @@ def upcycle(src: Annotated[Path, typer.Argument(help="a dense default model: a c
         p.numel() for layer in dense.model.model.layers for p in layer.mlp.parameters())
     console.print(f"saved a Mixtral of {path}: {experts} experts, top-{top_k}, "
                   f"{sum(p.numel() for p in moe.parameters()) / 1e6:.2f}M params "
-                  f"({active / 1e6:.2f}M active) to {out_dir}")
+                  f"({active / 1e6:.2f}M active) to {out_dir}", soft_wrap=True)  # paths stay whole
 
 
 def _trained_model(runs: Path) -> Path:

@@ -69,8 +69,11 @@ def loss_ends(losses: list[float]) -> tuple[float, float]:
 
 ENGINE_KEYS = (("train/engine_kl", "engine KL (engine − trainer logprob)", ".2e"),
                ("train/engine_mismatch_frac", f"tokens > {ENGINE_MISMATCH_TOL} nat apart", ".4f"),
-               ("train/is_ratio_mean", "IS ratio trainer/engine", ".4f"))
-"""The per-step train–inference measures the report sums up (``GRPOStepStats``)."""
+               ("train/is_ratio_mean", "IS ratio trainer/engine", ".4f"),
+               ("train/router_disagree", "MoE router decisions unlike the engine's", ".4f"),
+               ("train/moe_aux_loss", "MoE load-balancing loss", ".3f"))
+"""The per-step train–inference measures the report sums up (``GRPOStepStats``; a MoE's steps
+log the router's two)."""
 
 
 def engine_line(hist: list[dict[str, Any]]) -> str:
