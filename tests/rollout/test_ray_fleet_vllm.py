@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-import ray
 import torch
-from ray.cluster_utils import Cluster
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from looprl.fleet.config import FleetConfig, FleetExperimental
@@ -35,10 +30,10 @@ from looprl.models.tokenizer import build_tokenizer
 from looprl.rewards.composite import RewardConfig
 from looprl.rollout.config import RolloutConfig
 from looprl.rollout.runner import RolloutRunner
-from looprl.sandbox.server import free_port
 from looprl.types import Trajectory
 from looprl.weights.store import LocalWeightStore
 from tests.bwrap_support import needs_bwrap
+from tests.ray_support import loopback_cluster
 from tests.rollout.test_ray_fleet import IP, _tasks
 from tests.vllm_support import require_vllm
 
@@ -52,26 +47,8 @@ LOGPROB_ATOL = 1e-4
 @pytest.fixture(scope="module")
 def cluster():
     require_vllm()
-    # Ray's files (sessions, sockets: a short path) and the address file a Cluster writes for
-    # `ray.init()` to find go under a dir of this module's own, not the machine's /tmp/ray
-    temp = tempfile.mkdtemp(prefix="rayv-", dir="/tmp")
-    os.makedirs(os.path.join(temp, "ray"))
-    before = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = temp
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "node_ip_address": IP, "include_dashboard": False,
-        "gcs_server_port": free_port()})
-    try:
-        c.add_node(num_cpus=1, node_ip_address=IP)
+    with loopback_cluster(IP, workers=1, prefix="rayv-") as c:
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        if before is None:
-            os.environ.pop("RAY_TMPDIR")
-        else:
-            os.environ["RAY_TMPDIR"] = before
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _logprobs(model: LlamaForCausalLM, traj: Trajectory) -> tuple[list[float], list[float]]:
