@@ -118,6 +118,12 @@ def test_edit_warns_on_python_syntax_error(ctx):
     assert "no longer parses as Python" in out and "line 5" in out
 
 
+def test_code_that_python_warns_about_is_written_without_a_warning_on_our_console(ctx, recwarn):
+    out = run(WriteFile(), ctx, path="w.py", content="x = None\nif x is 1:\n    y = None(1)\n")
+    assert out.startswith("Wrote w.py") and "no longer parses" not in out
+    assert not [w for w in recwarn if issubclass(w.category, SyntaxWarning)]
+
+
 def test_write_file_creates_parents(ctx, sandbox):
     assert run(WriteFile(), ctx, path="pkg/sub/new.py", content="X = 1\n") == "Wrote pkg/sub/new.py (1 line, 6 bytes)."
     assert asyncio.run(sandbox.read("pkg/sub/new.py")) == b"X = 1\n"

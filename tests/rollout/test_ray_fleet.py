@@ -313,3 +313,41 @@ def test_a_config_error_on_a_node_stops_the_start_at_once(tmp_path, monkeypatch)
         asyncio.run(RayFleet.start(FleetConfig(backend="ray", experimental=FleetExperimental(
             start_timeout_s=30)), fleet.spec))
     assert time.monotonic() - t0 < 10  # not after fleet.experimental.start_timeout_s
+
+
+def test_a_moes_routes_come_back_through_the_fleet_as_the_trainer_routes(cluster, tmp_path):
+    """Router replay across Ray: a MoE's rollouts on the nodes' torch replicas carry their routes
+    (uint8, one per token of every model segment), and the trainer's own fp32 routing of those
+    tokens agrees with them — so the positions survived the trip, and replay has them to use."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from looprl.trainer.batch import build_batch
+
+    tok = build_tokenizer(None)
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=16384,
+        initializer_range=0.1)).eval()
+    save_model(model, tok, tmp_path / "model")
+    cfg = FleetConfig(backend="ray", address=cluster.address, experimental=FleetExperimental(
+        node_ip=IP, min_nodes=2, poll_s=0.5))
+    spec = MemberSpec(str(tmp_path / "model"), tok, str(tmp_path / "weights"), ROLLOUT,
+                      RewardConfig())
+
+    async def main():
+        fleet = await RayFleet.start(cfg, spec)
+        try:
+            return [r async for r in RolloutRunner.over(fleet, ROLLOUT).run(_tasks(tmp_path, 1))]
+        finally:
+            await fleet.close()
+
+    [res] = asyncio.run(main())
+    segs = [s for t in res.group.trajectories for s in t.segments if any(s.loss_mask_T)]
+    assert segs and all(s.routes is not None and s.routes.tokens == len(s.token_ids_T)
+                        and (s.routes.layers, s.routes.top_k) == (2, 2) for s in segs)
+    step = GRPOStep(model, GRPOConfig(lr=1e-4, experimental=GRPOExperimental(
+        credit=Credit(skip_zero_variance=False))))
+    m = step.on_batch(build_batch([res.group])).to_dict()
+    assert m["tokens"] > 0 and m["router_disagree"] < 0.02, m  # fp32 on both sides: ties aside

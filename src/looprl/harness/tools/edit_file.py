@@ -12,6 +12,7 @@ so, with the line, so the model can fix it.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from looprl.errors import ToolError
@@ -32,7 +33,11 @@ def python_syntax_note(path: str, text: str) -> str:
     try:
         # a full compile, not ast.parse: building AST objects for odd input can trip CPython
         # 3.11's "AST constructor recursion depth mismatch" and poison later ast.parse calls
-        compile(text, path, "exec", dont_inherit=True)
+        # the model's code may warn (SyntaxWarning: "is" with a literal, ...); in this process
+        # that is noise on the trainer's console, not the model's output
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(text, path, "exec", dont_inherit=True)
     except SyntaxError as e:
         return (f"\nWarning: {path} no longer parses as Python: {e.msg} at line {e.lineno}. "
                 "The edit was applied; fix the file before running it.")
