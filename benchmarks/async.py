@@ -18,8 +18,8 @@ Honesty notes: a random model rarely passes tests, so most groups have equal rew
 run with ``skip_zero_variance=False`` so every step does its full forward/backward work (advantages
 are then zero — the compute, which is what is measured here, is the same). The single-epoch sampler
 needs more tasks than the 14 cached ones, so task copies get distinct ids (``<id>~k``).
-An untimed sync run of ``--warmup-steps`` (3) goes first, so no timed arm pays the process's
-one-off start-up. The last line is ``speedup_auto_vs_sync=… speedup_async_vs_sync=… … wall_auto_s=… auto_kept=…``.
+An untimed sync run over every distinct task goes first (``--no-warmup`` skips it): a task's
+first rollouts are slow, and without it the first timed arm alone paid for every task's. The last line is ``speedup_auto_vs_sync=… speedup_async_vs_sync=… … wall_auto_s=… auto_kept=…``.
 
 Baseline and fairness: the baseline is the sync schedule (roll out a step's groups, then
 train: no overlap), the simplest correct loop and the one a sceptic would run instead; the
@@ -322,8 +322,8 @@ def parse_args() -> argparse.Namespace:
                    help="harness tools offered (all 11 make a ~1.8k-token prompt, these ~0.6k)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=2, help="runs of each arm, interleaved ABBA")
-    p.add_argument("--warmup-steps", type=int, default=3,
-                   help="an untimed sync run of this many steps first (0: none)")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="an untimed sync run over every distinct task first")
     return p.parse_args()
 
 
@@ -341,13 +341,14 @@ def main() -> int:
     tasks = repeat_tasks(base, need)
     print(f"{len(base)} real tasks ({args.package}) -> {len(tasks)} with copies; model {args.size}; "
           f"threads engine={args.engine_threads} trainer={args.trainer_threads}", flush=True)
-    if args.warmup_steps:
-        # The process's first run pays one-off start-up costs, which would otherwise fall on
-        # the first timed arm (always auto) alone.
+    if args.warmup:
+        # A task's first rollouts cost several times its later ones: without this the first
+        # timed arm, always auto, paid that for every task.
         warm = copy.copy(args)
-        warm.steps = args.warmup_steps
-        r = asyncio.run(run_mode(warm, "sync", tasks))
-        print(f"warm-up (untimed): {r.stats.steps} sync steps in {r.wall_s:.1f}s", flush=True)
+        warm.steps = -(-len(base) // args.groups_per_step)
+        r = asyncio.run(run_mode(warm, "sync", tasks[:warm.steps * args.groups_per_step]))
+        print(f"warm-up (untimed): {r.stats.steps} sync steps over the {len(base)} tasks in "
+              f"{r.wall_s:.1f}s", flush=True)
     runs: dict[str, list[ModeResult]] = {"auto": [], "sync": [], "async": []}
     for rep in range(args.reps):  # ABCCBA: each arm sees the other jobs' load early and late alike
         for schedule in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
