@@ -33,7 +33,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+from transformers import LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, PreTrainedModel
 
 NO_ROUTE = 255
 """The uint8 route of a token the engine did not record (prompt and tool tokens)."""
@@ -154,14 +154,15 @@ def aux_loss_coef(model: nn.Module) -> float:
     return float(getattr(cfg, "router_aux_loss_coef", 0.0) or 0.0) if is_moe(model) else 0.0
 
 
-def upcycle(dense: LlamaForCausalLM, experts: int = 8, top_k: int = 2, *, seed: int = 0,
+def upcycle(dense: PreTrainedModel, experts: int = 8, top_k: int = 2, *, seed: int = 0,
             router_std: float = 0.02, aux_loss_coef: float = 0.01) -> MixtralForCausalLM:
     """A Mixtral of ``dense``: the same attention, norms and embeddings, ``experts`` copies of each
     layer's MLP and a router drawn N(0, ``router_std``) (seeded). Mixtral renormalises its top-k
     mixing weights to sum to 1, so with equal experts its logits are the dense model's whatever
     the routing; the router gets a gradient once RL has made the experts differ."""
     c = dense.config
-    if not isinstance(dense, LlamaForCausalLM) or getattr(c, "mlp_bias", False) or c.attention_bias:
+    if not isinstance(dense, LlamaForCausalLM) or getattr(c, "mlp_bias", False) or getattr(
+            c, "attention_bias", False):
         raise ValueError(f"upcycle takes a Llama without biases (the default model), not "
                          f"{type(dense).__name__}")
     if not 1 <= top_k <= experts <= 255:  # routes are uint8 with 255 for "none"
@@ -169,12 +170,12 @@ def upcycle(dense: LlamaForCausalLM, experts: int = 8, top_k: int = 2, *, seed: 
     cfg = MixtralConfig(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, hidden_act=c.hidden_act,
+        num_key_value_heads=c.num_key_value_heads or c.num_attention_heads, head_dim=c.head_dim, hidden_act=c.hidden_act,
         max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
         tie_word_embeddings=c.tie_word_embeddings, pad_token_id=c.pad_token_id,
         eos_token_id=c.eos_token_id, bos_token_id=c.bos_token_id, num_local_experts=experts,
         num_experts_per_tok=top_k, router_aux_loss_coef=aux_loss_coef, sliding_window=None)
-    cfg.rope_parameters = dict(c.rope_parameters)
+    cfg.rope_parameters = dict(c.rope_parameters or {})
     moe = MixtralForCausalLM(cfg)
     state = {k: v for k, v in dense.state_dict().items() if ".mlp." not in k}
     gen = torch.Generator().manual_seed(seed)
@@ -192,4 +193,6 @@ def upcycle(dense: LlamaForCausalLM, experts: int = 8, top_k: int = 2, *, seed: 
         raise AssertionError(f"upcycle: unmapped weights {missing} {unexpected}")
     if c.tie_word_embeddings:
         moe.tie_weights()
-    return moe.to(dense.dtype).eval()
+    for p in moe.parameters():  # the dense model's dtype (built in the default one)
+        p.data = p.data.to(dense.dtype)
+    return moe.eval()
