@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from ray.cluster_utils import Cluster
 
-from looprl.sandbox.server import free_port
 from tests.bwrap_support import needs_bwrap
+from tests.ray_support import loopback_cluster
 from tests.rollout.test_ray_fleet import IP
 from tests.vllm_support import require_vllm
 
@@ -31,16 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_smoke_training_runs_on_a_ray_fleet_of_vllm_replicas(tmp_path):
     require_vllm()
-    temp = tempfile.mkdtemp(prefix="raytv-", dir="/tmp")  # Ray's sockets want a short path
-    os.makedirs(os.path.join(temp, "ray"))
-    before = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = temp
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "node_ip_address": IP, "include_dashboard": False,
-        "gcs_server_port": free_port()})
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, node_ip_address=IP)
+    with loopback_cluster(IP, workers=2, prefix="raytv-") as cluster:
         cmd = [sys.executable, "-m", "looprl", "train", "-c", "configs/smoke.toml",
                "--runs", str(tmp_path), "-o", "fleet.backend=ray", "-o", "model.engine=vllm",
                "-o", f"fleet.address={cluster.address}", "-o", f"fleet.experimental.node_ip={IP}",
@@ -55,10 +43,3 @@ def test_smoke_training_runs_on_a_ray_fleet_of_vllm_replicas(tmp_path):
         assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
         fleet = json.loads((tmp_path / "smoke" / "fleet.json").read_text())
         print(json.dumps(fleet)[:3000])
-    finally:
-        cluster.shutdown()
-        if before is None:
-            os.environ.pop("RAY_TMPDIR")
-        else:
-            os.environ["RAY_TMPDIR"] = before
-        shutil.rmtree(temp, ignore_errors=True)
