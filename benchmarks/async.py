@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/async.py --steps 8 --reps 1   # short form, 3 arms, ~5 min loaded
     .venv/bin/python benchmarks/async.py                      # 20 steps x 3 arms x 2 reps (must-show)
+    .venv/bin/python benchmarks/async.py --pin 0:1            # rollouts and trainer on a core each
     .venv/bin/python benchmarks/async.py --engine-threads 2 --trainer-threads 1  # oversubscribed
 
 Runs ``GRPOLoop`` three times on the real pieces — the default model (random init, cached under
@@ -18,8 +19,14 @@ Honesty notes: a random model rarely passes tests, so most groups have equal rew
 run with ``skip_zero_variance=False`` so every step does its full forward/backward work (advantages
 are then zero — the compute, which is what is measured here, is the same). The single-epoch sampler
 needs more tasks than the 14 cached ones, so task copies get distinct ids (``<id>~k``).
-An untimed sync run over every distinct task goes first (``--no-warmup`` skips it): a task's
-first rollouts are slow, and without it the first timed arm alone paid for every task's. The last line is ``speedup_auto_vs_sync=… speedup_async_vs_sync=… … wall_auto_s=… auto_kept=…``.
+An untimed sync run of an arm's whole workload goes first (``--no-warmup`` skips it): a run's
+first pass is slow, and without it the first timed arm alone paid for it. The last line is
+``speedup_auto_vs_sync=… speedup_async_vs_sync=… … wall_auto_s=… auto_kept=…``.
+
+Two cases: by default every thread may run on every core, as a run does on one machine; with
+``--pin 0:1`` rollouts (the decode thread, the event loop, grading subprocesses) keep to core 0
+and the trainer's step to core 1, every arm alike — the case of rollouts on resources of their
+own (nodes or cores), where sync leaves one side's core idle while the other works.
 
 Baseline and fairness: the baseline is the sync schedule (roll out a step's groups, then
 train: no overlap), the simplest correct loop and the one a sceptic would run instead; the
@@ -98,9 +105,11 @@ class ThreadedStep(GRPOStep):
     ``TorchEngine(num_threads=)``), timing each step's wall and CPU time (``time.thread_time``:
     the CPU this thread got; wall over it is how long it waited for a core)."""
 
-    def __init__(self, *args, threads: int | None = None, **kwargs):
+    def __init__(self, *args, threads: int | None = None, cores: set[int] | None = None,
+                 rollout_cores: set[int] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.threads = threads
+        self.cores, self.rollout_cores = cores, rollout_cores
         self.wall_s = 0.0
         self.cpu_s = 0.0
         self.runqueue_s = 0.0
@@ -109,10 +118,14 @@ class ThreadedStep(GRPOStep):
         if self.threads:
             torch.get_num_threads()  # this worker's lazy init first, so it keeps the count below
             torch.set_num_threads(self.threads)  # per OS thread: only this worker is affected
+        if self.cores:  # Linux affinity is per thread: only this worker moves
+            os.sched_setaffinity(0, self.cores)
         t, c, q = time.monotonic(), time.thread_time(), runqueue_wait_s()
         try:
             return super().on_groups(groups, current_version=current_version)
         finally:
+            if self.cores and self.rollout_cores:  # the pool's thread may run rollout work next
+                os.sched_setaffinity(0, self.rollout_cores)
             self.wall_s += time.monotonic() - t
             self.cpu_s += time.thread_time() - c
             self.runqueue_s += runqueue_wait_s() - q
@@ -183,6 +196,10 @@ class ModeResult:
 async def run_mode(args: argparse.Namespace, schedule: str, tasks: list[Task]) -> ModeResult:
     lm = load_model(default_model_dir(args.size))
     tok = lm.tokenizer
+    everything = os.sched_getaffinity(0)
+    rollout_cores, trainer_cores = pinning(args.pin)
+    if rollout_cores:  # the engine's thread, the event loop and grading subprocesses inherit it
+        os.sched_setaffinity(0, rollout_cores)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.engine_threads)  # the decode thread inherits this count
     engine = TorchEngine(copy.deepcopy(lm.model), tok, max_len=args.context, seed=args.seed,
@@ -195,7 +212,7 @@ async def run_mode(args: argparse.Namespace, schedule: str, tasks: list[Task]) -
         micro_batch_tokens=args.micro_batch_tokens,
         objective=LossParams(norm_tokens=args.max_new_tokens * args.max_turns),
         credit=Credit(skip_zero_variance=False))), pad_id=tok.pad_token_id,
-        threads=args.trainer_threads)
+        threads=args.trainer_threads, cores=trainer_cores, rollout_cores=rollout_cores)
     pool = SandboxPool(max_running=args.max_in_flight)
     try:
         runner = RolloutRunner(engine, ChatFormat(tok), pool, make_scorer(), RolloutConfig(
@@ -215,6 +232,7 @@ async def run_mode(args: argparse.Namespace, schedule: str, tasks: list[Task]) -
     finally:
         await pool.close()
         engine.close()
+        os.sched_setaffinity(0, everything)
     idle = (jiffies1[0] - jiffies0[0]) / max(jiffies1[1] - jiffies0[1], 1)
     return ModeResult(schedule, stats, wall, engine.stats.generated_tokens,
                       step.wall_s, step.cpu_s, step.runqueue_s, stats.trainer_busy_s - step.wall_s, engine_cpu,
@@ -222,6 +240,21 @@ async def run_mode(args: argparse.Namespace, schedule: str, tasks: list[Task]) -
                       - (times0.children_user + times0.children_system),
                       (times1.user + times1.system) - (times0.user + times0.system), idle,
                       engine.stats.decode_steps)
+
+
+def pinning(spec: str) -> tuple[set[int] | None, set[int] | None]:
+    """``--pin ROLLOUT:TRAINER`` (core lists, e.g. ``0:1``) as (rollout cores, trainer cores);
+    (None, None) for no pinning."""
+    if not spec:
+        return None, None
+    try:
+        a, b = (set(map(int, part.split(","))) for part in spec.split(":"))
+    except ValueError:
+        raise SystemExit(f"--pin {spec!r}: give ROLLOUT_CORES:TRAINER_CORES, e.g. 0:1 or 0,1:2,3") from None
+    if a & b or not (a | b) <= os.sched_getaffinity(0):
+        raise SystemExit(f"--pin {spec!r}: the two sets must be disjoint cores of "
+                         f"{sorted(os.sched_getaffinity(0))}")
+    return a, b
 
 
 def cores_used(r: ModeResult) -> float:
@@ -281,6 +314,7 @@ def summary(runs: dict[str, list[ModeResult]], args: argparse.Namespace) -> tupl
             f"wasted_tokens_async={med([x.generated_tokens - x.stats.rollout_tokens for x in a]):.0f} "
             f"stale_async={med([x.stats.groups_stale for x in a]):.0f} steps={args.steps} "
             f"threads=engine:{args.engine_threads},trainer:{args.trainer_threads} "
+            f"pin={args.pin or 'none'} "
             f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
     why = ""
     if speedup < 1.0:
@@ -323,7 +357,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=2, help="runs of each arm, interleaved ABBA")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                   help="an untimed sync run over every distinct task first")
+                   help="an untimed sync run of an arm's whole workload first")
+    p.add_argument("--pin", default="",
+                   help="ROLLOUT:TRAINER core lists (e.g. 0:1): rollouts (decode thread, event "
+                        "loop, grading) and the trainer's step each on cores of their own, every "
+                        "arm alike (the separate-resources case); empty: no pinning")
     return p.parse_args()
 
 
@@ -342,12 +380,11 @@ def main() -> int:
     print(f"{len(base)} real tasks ({args.package}) -> {len(tasks)} with copies; model {args.size}; "
           f"threads engine={args.engine_threads} trainer={args.trainer_threads}", flush=True)
     if args.warmup:
-        # A task's first rollouts cost several times its later ones: without this the first
-        # timed arm, always auto, paid that for every task.
-        warm = copy.copy(args)
-        warm.steps = -(-len(base) // args.groups_per_step)
-        r = asyncio.run(run_mode(warm, "sync", tasks[:warm.steps * args.groups_per_step]))
-        print(f"warm-up (untimed): {r.stats.steps} sync steps over the {len(base)} tasks in "
+        # Without it the first timed arm (auto, in rep 0) ran ~1.6x the others: a run's first
+        # pass over its workload is slow, and a warm-up over only the distinct tasks (not the
+        # arm's own ids, steps and order) still left most of that to the first arm.
+        r = asyncio.run(run_mode(args, "sync", tasks))
+        print(f"warm-up (untimed): {r.stats.steps} sync steps, the arms' workload, in "
               f"{r.wall_s:.1f}s", flush=True)
     runs: dict[str, list[ModeResult]] = {"auto": [], "sync": [], "async": []}
     for rep in range(args.reps):  # ABCCBA: each arm sees the other jobs' load early and late alike

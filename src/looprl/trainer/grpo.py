@@ -592,9 +592,12 @@ def pick_schedule(sync_step_s: Sequence[float], async_step_s: Sequence[float]) -
     return "async" if statistics.median(async_step_s) < statistics.median(sync_step_s) else "sync"
 
 
-MIN_SPARE_CORES = 0.5
+MIN_SPARE_CORES = 0.25
 """``auto`` tries async only if the sync steps left at least this many cores idle: overlap can
-only speed a step up with cycles the sync schedule leaves unused (other jobs' load counts)."""
+only speed a step up with cycles the sync schedule leaves unused (other jobs' load counts). A
+quarter of a core: sync steps that left 0.4-0.5 of two cores idle still ran 1.15x slower than
+async (docs/experiments.md, ``benchmarks/async.py``), and on a machine other jobs fill (~0 idle)
+async lost; under a quarter, the probe costs more than overlap could find."""
 
 
 def idle_core_s() -> float | None:
