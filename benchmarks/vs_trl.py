@@ -10,12 +10,20 @@ Both sides start from the same default model (``init_default_model(size=...)``, 
 The task form both can run: single-turn prompts from the real inflection tasks, by default in the
 agent's real first-turn form (the harness's tool schemas rendered by the chat template, then the
 task's terse prompt: ~1,800 tokens, the context every rollout starts from), ``G`` completions per
-prompt, and a pure reward on the completion text both compute with the same function (``name_reward``: the share of
-the completion's characters that spell the function under repair — a toy objective a random-init
-model can climb in a few dozen steps; the agent's real reward needs sandboxes TRL cannot drive).
+prompt, and a pure reward on the completion text both compute with the same function
+(``name_reward``: half for using the letters of the function under repair, which a random-init
+model learns in a few steps, half for spelling it whole, which takes longer, so the reward does
+not saturate early; the agent's real reward needs sandboxes TRL cannot drive).
 
 Same algorithm on both: Dr. GRPO (``loss_type="dr_grpo"``, ``scale_rewards="none"``, no KL, one
-update per batch), same lr, temperature 1, same prompts per step, G and completion length.
+update per batch, the loss summed over tokens and divided by sequences x completion length on
+both), AdamW with the same betas, no weight decay, gradient norm clipped at 1.0, same lr,
+temperature 1 with no top-k/top-p, same prompts per step, G and completion length; TRL without
+gradient checkpointing (trl 1.16 turns it on by default; looprl's step does not recompute).
+
+Fairness of the clock: the two sides take steps in turn in one process (``Turns``: a looprl step,
+then a TRL step in its thread, ...), so other jobs' load falls on both alike, and each side's
+time is the sum of its own steps only.
 
 Reported: the reward curve of each (smoothed over ``--window`` steps); the target is 80% of the way
 from the start reward to the best reward *both* reached; time-to-target on each side and the
@@ -32,6 +40,7 @@ import asyncio
 import copy
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -55,21 +64,60 @@ from looprl.types import (
 
 
 def name_reward(completion: str, name: str) -> float:
-    """Share of the completion's non-space characters that occur in ``name``.
+    """Half the share of the completion's non-space characters that occur in ``name`` (easy:
+    a few steps teach a random model to use those letters), half the share of them inside whole
+    occurrences of ``name`` (hard: it must spell it), so the reward keeps climbing after the
+    easy half saturates.
 
     >>> name_reward("titleize ok", "titleize")
     0.8
+    >>> round(name_reward("titleizetitleize", "titleize"), 3)
+    1.0
     >>> name_reward("", "titleize")
     0.0
     """
-    chars = [c for c in completion if not c.isspace()]
-    return sum(c in name for c in chars) / len(chars) if chars else 0.0
+    chars = "".join(c for c in completion if not c.isspace())
+    if not chars:
+        return 0.0
+    letters = sum(c in name for c in chars) / len(chars)
+    spelled = chars.count(name) * len(name) / len(chars) if name else 0.0
+    return 0.5 * letters + 0.5 * spelled
 
 
 @dataclass(frozen=True)
 class Prompt:
     text: str
     function: str
+
+
+class Turns:
+    """Steps taken in turn: the looprl side runs one step, then hands the machine to TRL's
+    trainer (in a thread of its own) for one, and waits for it to finish, so the other jobs'
+    load falls on both sides alike and neither runs while the other is timed."""
+
+    def __init__(self) -> None:
+        self.go, self.done = threading.Event(), threading.Event()
+        self.finished = False
+        self.error: BaseException | None = None
+
+    def trl_turn(self) -> None:
+        """The looprl side's: let TRL run one step, wait for it (or for its end)."""
+        if self.finished:
+            return
+        self.done.clear()
+        self.go.set()
+        self.done.wait()
+        if self.error is not None:
+            raise RuntimeError(f"the TRL side failed: {self.error}") from self.error
+
+    def wait_turn(self) -> None:
+        """TRL's, at the start of each of its steps."""
+        self.go.wait()
+        self.go.clear()
+
+    def end_turn(self, finished: bool = False) -> None:
+        self.finished = self.finished or finished
+        self.done.set()
 
 
 @dataclass
@@ -104,7 +152,8 @@ def prompts_from_tasks(tok, spec: str, form: str) -> list[Prompt]:
 
 # ----------------------------------------------------------------------------- looprl side
 
-def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Curve:
+def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace,
+               turns: Turns | None = None) -> Curve:
     lm = load_model(model_dir)
     tok = lm.tokenizer
     torch.manual_seed(args.seed)
@@ -116,7 +165,7 @@ def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Cu
         experimental=GRPOExperimental(objective=LossParams(norm_tokens=args.max_new_tokens))),
                     pad_id=tok.pad_token_id)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0)
-    curve, t0 = Curve(), time.monotonic()
+    curve, own = Curve(), 0.0  # own: this side's step time, without TRL's turns
 
     async def sample(p: Prompt, gid: str, ids: list[int]) -> Trajectory:
         g = await engine.generate(ids, params, group_id=gid)
@@ -133,6 +182,7 @@ def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Cu
         return Group(p.function, gid, tuple(trajs))
 
     async def main() -> None:
+        nonlocal own
         for s in range(args.steps):
             tr = time.monotonic()
             batch = [prompts[(s * args.prompts_per_step + i) % len(prompts)] for i in range(args.prompts_per_step)]
@@ -147,10 +197,13 @@ def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Cu
             curve.rollout_tokens += sum(t.counters.output_tokens for t in trajs)
             curve.train_tokens += sum(len(t.segments[0].token_ids_T) for t in trajs)
             curve.rewards.append(sum(t.reward.total for t in trajs) / len(trajs))
-            curve.elapsed_s.append(time.monotonic() - t0)
+            own += time.monotonic() - tr
+            curve.elapsed_s.append(own)
             if (s + 1) % 10 == 0:
                 print(f"  [looprl] step {s + 1} reward {curve.rewards[-1]:.3f} t={curve.elapsed_s[-1]:.1f}s "
                       f"(kl {m.kl_mean:.4f})", flush=True)
+            if turns is not None:
+                await asyncio.to_thread(turns.trl_turn)
 
     try:
         asyncio.run(main())
@@ -161,7 +214,8 @@ def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Cu
 
 # ----------------------------------------------------------------------------- TRL side
 
-def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Curve:
+def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace,
+            turns: Turns | None = None) -> Curve:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig as TRLConfig
@@ -208,18 +262,23 @@ def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace) -> Curve
             return res
 
         trainer._generate_and_score_completions = timed_gen
-        t0 = [0.0]
+        began, own = [0.0], [0.0]  # own: this side's step time, without looprl's turns
 
         class Clock(TrainerCallback):
-            def on_train_begin(self, *a, **k):
-                t0[0] = time.monotonic()
+            def on_step_begin(self, *a, **k):
+                if turns is not None:
+                    turns.wait_turn()
+                began[0] = time.monotonic()
 
             def on_step_end(self, *a, **k):
-                curve.elapsed_s.append(time.monotonic() - t0[0])
+                own[0] += time.monotonic() - began[0]
+                curve.elapsed_s.append(own[0])
                 curve.rewards.append(step_rewards[-1])
                 if len(curve.rewards) % 10 == 0:
                     print(f"  [trl] step {len(curve.rewards)} reward {curve.rewards[-1]:.3f} "
                           f"t={curve.elapsed_s[-1]:.1f}s", flush=True)
+                if turns is not None:
+                    turns.end_turn()
 
         trainer.add_callback(Clock())
         trainer.train()
@@ -276,8 +335,24 @@ def main() -> int:
     print(f"{len(prompts)} prompts from {args.package} ({args.prompt_form} form, median "
           f"{n_prompt[len(n_prompt) // 2]} tokens); {args.size} model; {args.steps} steps x {args.prompts_per_step} "
           f"prompts x G={args.group_size} x {args.max_new_tokens} tokens; lr {args.lr}", flush=True)
-    ours = run_looprl(model_dir, prompts, args)
-    theirs = run_trl(model_dir, prompts, args)
+    turns = Turns()
+    theirs = Curve()
+
+    def trl_side() -> None:
+        torch.set_num_threads(args.threads)  # per OS thread
+        try:
+            theirs.__dict__.update(run_trl(model_dir, prompts, args, turns).__dict__)
+        except BaseException as e:  # noqa: BLE001 — reported by the looprl side's next turn
+            turns.error = e
+        finally:
+            turns.end_turn(finished=True)
+
+    trl_thread = threading.Thread(target=trl_side, name="trl", daemon=True)
+    trl_thread.start()
+    ours = run_looprl(model_dir, prompts, args, turns)
+    trl_thread.join()
+    if turns.error is not None:
+        raise RuntimeError(f"the TRL side failed: {turns.error}") from turns.error
     w = args.window
     start = (sum(ours.rewards[:w]) + sum(theirs.rewards[:w])) / (2 * w)
     best = min(max(smooth(ours.rewards, w)), max(smooth(theirs.rewards, w)))
