@@ -367,6 +367,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    pinning(args.pin)  # a malformed --pin stops here, before any task is built
     try:
         base = ([Task.from_json(line) for line in Path(args.tasks_file).read_text().splitlines()
                  if line.strip()] if args.tasks_file else real_tasks(args.package, 20))

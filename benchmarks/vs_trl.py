@@ -2,7 +2,7 @@
 training reward, same model, prompts, reward and algorithm.
 
     .venv/bin/pip install -e ".[trl]"    # trl 1.16.0 (pyproject's extra; `make bench` does it)
-    .venv/bin/python benchmarks/vs_trl.py                      # ~15 min on 2 cores
+    .venv/bin/python benchmarks/vs_trl.py                      # ~4 min on 2 quiet cores
     .venv/bin/python benchmarks/vs_trl.py --size small         # the quickstart's model, ~5x longer
     .venv/bin/python benchmarks/vs_trl.py --prompt-form bare   # the task prompt alone (short)
 
