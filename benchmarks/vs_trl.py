@@ -101,12 +101,12 @@ class Turns:
         self.error: BaseException | None = None
 
     def trl_turn(self) -> None:
-        """The looprl side's: let TRL run one step, wait for it (or for its end)."""
-        if self.finished:
-            return
-        self.done.clear()
-        self.go.set()
-        self.done.wait()
+        """The looprl side's: let TRL run one step, wait for it (or for its end); a failure of
+        the TRL side, even before its first step, stops the looprl side here."""
+        if not self.finished:
+            self.done.clear()
+            self.go.set()
+            self.done.wait()
         if self.error is not None:
             raise RuntimeError(f"the TRL side failed: {self.error}") from self.error
 
@@ -152,8 +152,7 @@ def prompts_from_tasks(tok, spec: str, form: str) -> list[Prompt]:
 
 # ----------------------------------------------------------------------------- looprl side
 
-def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace,
-               turns: Turns | None = None) -> Curve:
+def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace, turns: Turns) -> Curve:
     lm = load_model(model_dir)
     tok = lm.tokenizer
     torch.manual_seed(args.seed)
@@ -202,8 +201,7 @@ def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace,
             if (s + 1) % 10 == 0:
                 print(f"  [looprl] step {s + 1} reward {curve.rewards[-1]:.3f} t={curve.elapsed_s[-1]:.1f}s "
                       f"(kl {m.kl_mean:.4f})", flush=True)
-            if turns is not None:
-                await asyncio.to_thread(turns.trl_turn)
+            await asyncio.to_thread(turns.trl_turn)
 
     try:
         asyncio.run(main())
@@ -214,8 +212,7 @@ def run_looprl(model_dir, prompts: list[Prompt], args: argparse.Namespace,
 
 # ----------------------------------------------------------------------------- TRL side
 
-def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace,
-            turns: Turns | None = None) -> Curve:
+def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace, turns: Turns) -> Curve:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig as TRLConfig
@@ -266,8 +263,7 @@ def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace,
 
         class Clock(TrainerCallback):
             def on_step_begin(self, *a, **k):
-                if turns is not None:
-                    turns.wait_turn()
+                turns.wait_turn()
                 began[0] = time.monotonic()
 
             def on_step_end(self, *a, **k):
@@ -277,8 +273,7 @@ def run_trl(model_dir, prompts: list[Prompt], args: argparse.Namespace,
                 if len(curve.rewards) % 10 == 0:
                     print(f"  [trl] step {len(curve.rewards)} reward {curve.rewards[-1]:.3f} "
                           f"t={curve.elapsed_s[-1]:.1f}s", flush=True)
-                if turns is not None:
-                    turns.end_turn()
+                turns.end_turn()
 
         trainer.add_callback(Clock())
         trainer.train()
@@ -336,12 +331,12 @@ def main() -> int:
           f"{n_prompt[len(n_prompt) // 2]} tokens); {args.size} model; {args.steps} steps x {args.prompts_per_step} "
           f"prompts x G={args.group_size} x {args.max_new_tokens} tokens; lr {args.lr}", flush=True)
     turns = Turns()
-    theirs = Curve()
+    trl_curve: list[Curve] = []
 
     def trl_side() -> None:
         torch.set_num_threads(args.threads)  # per OS thread
         try:
-            theirs.__dict__.update(run_trl(model_dir, prompts, args, turns).__dict__)
+            trl_curve.append(run_trl(model_dir, prompts, args, turns))
         except BaseException as e:  # noqa: BLE001 — reported by the looprl side's next turn
             turns.error = e
         finally:
@@ -351,8 +346,8 @@ def main() -> int:
     trl_thread.start()
     ours = run_looprl(model_dir, prompts, args, turns)
     trl_thread.join()
-    if turns.error is not None:
-        raise RuntimeError(f"the TRL side failed: {turns.error}") from turns.error
+    turns.trl_turn()  # raises what the TRL side failed with after looprl's last turn
+    [theirs] = trl_curve
     w = args.window
     start = (sum(ours.rewards[:w]) + sum(theirs.rewards[:w])) / (2 * w)
     best = min(max(smooth(ours.rewards, w)), max(smooth(theirs.rewards, w)))
